@@ -1,0 +1,118 @@
+"""The history's schema: the one contract between the run stage and the checkers.
+
+A history is a directory of Parquet part files (``events-00000.parquet``, ...) plus ``manifest.json``.
+Every observation is one row of a single wide ``events`` table; ``kind`` says which columns are filled.
+One table keeps the checkers at one scan per stream instead of many joins.  See docs/history.md for the
+meaning of each kind and column; this module is the machine-readable half of that document.
+
+Bump ``SCHEMA_VERSION`` on any incompatible change; checkers refuse (verdict unknown) versions they do
+not know.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+PART_GLOB = "events-*.parquet"
+PARQUET_META_KEY = b"ordeal.history.schema_version"
+
+
+class Kind:
+    """The values of the ``kind`` column.  Plain strings so Parquet readers need nothing of ours."""
+
+    # Publisher side.  One invoke per publish; then exactly one outcome row (ack, fail or indeterminate).
+    PUBLISH_INVOKE = "publish_invoke"
+    PUBLISH_ACK = "publish_ack"  # PUBACK / PUBCOMP received (reason_code < 0x80 on MQTT 5)
+    PUBLISH_FAIL = "publish_fail"  # definite failure: error reason code, or never sent on the wire
+    PUBLISH_INDETERMINATE = "publish_indeterminate"  # sent, outcome unknown (timeout, connection lost)
+    # Client session lifecycle.
+    CONNECT = "connect"  # CONNACK received: session_present, reason_code, clean_start, session_expiry_s
+    CONNECT_FAIL = "connect_fail"  # connection attempt failed (refused, timeout)
+    DISCONNECT = "disconnect"  # initiator: client | server | harness ; abrupt: socket closed, no DISCONNECT
+    SUBSCRIBE_ACK = "subscribe_ack"  # SUBACK: topic = filter, qos = granted QoS (>= 0x80 = refused)
+    UNSUBSCRIBE_ACK = "unsubscribe_ack"
+    # Subscriber side.
+    DELIVERY = "delivery"  # a PUBLISH received by a subscriber, identity decoded from the payload
+    DELIVERY_ACK_SENT = "delivery_ack_sent"  # PUBACK (QoS 1) / PUBCOMP (QoS 2) sent by the subscriber
+    # The system and the nemesis.
+    NODE_EVENT = "node_event"  # detail: {"action": start|stop|kill|pause|resume|restart|ready, ...}
+    FAULT_START = "fault_start"
+    FAULT_HEAL = "fault_heal"
+    FAULT_EVIDENCE = "fault_evidence"  # detail: what proves the fault bit; bit = True/False
+    FAULT_ERROR = "fault_error"  # the fault could not be applied; makes the run unknown
+    # White box (reference broker only), taken after the drain.
+    SESSION_SNAPSHOT = "session_snapshot"
+    # Run phases: detail {"phase": ...}; see docs/history.md.
+    PHASE = "phase"
+
+    ALL = (
+        PUBLISH_INVOKE, PUBLISH_ACK, PUBLISH_FAIL, PUBLISH_INDETERMINATE, CONNECT, CONNECT_FAIL, DISCONNECT,
+        SUBSCRIBE_ACK, UNSUBSCRIBE_ACK, DELIVERY, DELIVERY_ACK_SENT, NODE_EVENT, FAULT_START, FAULT_HEAL,
+        FAULT_EVIDENCE, FAULT_ERROR, SESSION_SNAPSHOT, PHASE,
+    )
+
+
+class Phase:
+    """Values of detail.phase on PHASE rows, in the order a run passes them."""
+
+    RUN_START = "run_start"
+    WORKLOAD_START = "workload_start"
+    WORKLOAD_END = "workload_end"
+    HEAL_ALL = "heal_all"  # every fault healed, every node restarted
+    DRAIN_START = "drain_start"
+    DRAIN_END = "drain_end"  # detail.reason: "quiet" (nothing new for quiet_s) or "timeout"
+    SNAPSHOT_DONE = "snapshot_done"
+    RUN_END = "run_end"
+
+
+EVENT_SCHEMA = pa.schema(
+    [
+        # Order and time.  seq is the recorder's global order (strictly increasing within a run).
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("t_mono_us", pa.int64(), nullable=False),  # monotonic clock, µs since run start
+        pa.field("t_wall_us", pa.int64(), nullable=False),  # wall clock, µs since the Unix epoch (UTC)
+        pa.field("kind", pa.string(), nullable=False),
+        # Who.  client = the MQTT client id that observed it; node = the broker node (or system node).
+        pa.field("client", pa.string()),
+        pa.field("node", pa.string()),
+        pa.field("protocol", pa.int8()),  # 4 = MQTT 3.1.1, 5 = MQTT 5.0
+        # The message.
+        pa.field("topic", pa.string()),
+        pa.field("qos", pa.int8()),
+        pa.field("packet_id", pa.int32()),
+        pa.field("dup", pa.bool_()),
+        pa.field("retain", pa.bool_()),
+        pa.field("payload_size", pa.int32()),
+        pa.field("expiry_s", pa.int64()),  # publish: requested message expiry interval (null = none)
+        pa.field("remaining_expiry_s", pa.int64()),  # delivery: MQTT 5 message expiry interval received
+        # Identity decoded from the payload (see harness/payload.py); null when undecodable.
+        pa.field("publisher", pa.string()),  # the publishing client's id
+        pa.field("pub_seq", pa.int64()),  # per-publisher sequence number, from 1
+        pa.field("send_wall_us", pa.int64()),  # when the publisher built the payload
+        pa.field("body_hash", pa.string()),  # blake2b-64 hex of the whole payload as sent / as received
+        # Connection facts.
+        pa.field("reason_code", pa.int32()),
+        pa.field("session_present", pa.bool_()),
+        pa.field("clean_start", pa.bool_()),
+        pa.field("session_expiry_s", pa.int64()),
+        pa.field("initiator", pa.string()),  # disconnect: client | server | harness
+        pa.field("abrupt", pa.bool_()),  # disconnect: socket closed without DISCONNECT
+        # Faults.
+        pa.field("fault_id", pa.string()),
+        pa.field("fault_kind", pa.string()),
+        pa.field("bit", pa.bool_()),  # fault_evidence: did it take effect
+        # White box (session_snapshot).
+        pa.field("zset_size", pa.int64()),
+        pa.field("last_packet_id", pa.int64()),
+        pa.field("orphan_payloads", pa.int64()),  # payload keys with no ZSET member
+        pa.field("dangling_refs", pa.int64()),  # ZSET members whose payload key is gone
+        # Anything else, as a JSON object (fault parameters, evidence, snapshot members, phase details).
+        pa.field("detail", pa.string()),
+    ],
+    metadata={PARQUET_META_KEY: str(SCHEMA_VERSION).encode()},
+)
+
+COLUMNS = tuple(EVENT_SCHEMA.names)
+REQUIRED_COLUMNS = ("seq", "t_mono_us", "t_wall_us", "kind")

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs everything Ordeal needs on a fresh Debian 12 machine, idempotently:
+# system packages through apt-get (when root), Node's s3rver, and the Python packages into ./.venv.
+# Prints nothing but progress; safe to run again (it skips what is already there).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+
+need_apt=()
+for pair in redis-server:redis-server mosquitto:mosquitto nft:nftables ip:iproute2 unshare:util-linux java:openjdk-17-jre-headless node:nodejs npm:npm; do
+  bin="${pair%%:*}"; pkg="${pair#*:}"
+  command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "bootstrap: apt-get install ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    # Debian starts these as services on install; Ordeal runs its own, so stop the system ones.
+    for svc in redis-server mosquitto; do
+      if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
+      if [ -x "/etc/init.d/$svc" ]; then "/etc/init.d/$svc" stop >/dev/null 2>&1 || true; fi
+    done
+  else
+    echo "bootstrap: missing system packages: ${need_apt[*]} (not root: install them yourself; continuing)" >&2
+  fi
+fi
+
+# s3rver: a disk-backed S3 API, so Tansu's storage survives a kill of the storage server too.
+if [ ! -x .cache/node/node_modules/.bin/s3rver ] && command -v npm >/dev/null 2>&1; then
+  echo "bootstrap: npm install s3rver"
+  mkdir -p .cache/node
+  (cd .cache/node && npm install --silent --no-audit --no-fund --prefix . s3rver@3 >/dev/null 2>&1) \
+    || echo "bootstrap: s3rver could not be installed; the moto S3 server will be used" >&2
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv"
+  python3 -m venv .venv
+fi
+stamp=.venv/.ordeal-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "bootstrap: pip install -e .[dev] (first time: a few minutes, pyspark is large)"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  if ! .venv/bin/python -m pip install -q -e ".[dev]" >.venv/pip-install.log 2>&1; then
+    grep -vE "is ignored: it is neither" .venv/pip-install.log >&2
+    echo "bootstrap: pip install failed (log: .venv/pip-install.log)" >&2
+    exit 1
+  fi
+  touch "$stamp"
+fi

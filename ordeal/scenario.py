@@ -1,0 +1,569 @@
+"""Scenario files: TOML in, frozen dataclasses out, validated on load.
+
+Every error names the file, the ``[section] key``, the offending value and what is allowed, so the user
+knows what to change.  Unknown sections and keys are rejected (a typo must not silently fall back to a
+default).  ``Scenario.to_dict()`` is the normalised form (every default filled in) written as
+``scenario.json`` in the run directory.  See docs/scenarios.md for every key.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+TIERS = ("smoke", "nightly", "soak")
+TARGET_KINDS = ("reference", "external")
+PATTERNS = ("p2p", "fan-in")
+QOS_KEYS = {"qos0": 0, "qos1": 1, "qos2": 2}
+PROTOCOL_KEYS = {"mqtt311": 4, "mqtt5": 5}
+RECONNECT_NODES = ("same", "other", "any")
+APPENDFSYNC = ("always", "everysec", "no")
+KAFKA_STORAGE = ("s3rver", "moto", "memory")
+
+# The fault kinds the nemesis implements.  Empty until the faults issue lands; a scenario naming any
+# kind not listed here is rejected on load, never silently run without it.
+FAULT_KINDS: tuple[str, ...] = ()
+
+# The invariant vocabulary of docs/architecture.md (scenarios' checks.allowed uses these ids).
+INVARIANT_IDS: tuple[str, ...] = (
+    "durability.lost", "durability.session_lost", "durability.phantom",
+    "durability.unsubscribed_delivery", "durability.delivered_after_failed_publish",
+    "order.out_of_order", "order.packet_id_invalid", "order.packet_id_reused", "order.dup_flag",
+    "expiry.delivered_expired", "expiry.remaining_not_reduced", "expiry.dropped_early",
+    "limits.over_limit", "limits.trimmed_under_limit", "limits.trim_not_oldest",
+    "duplicates.redelivered_after_ack", "duplicates.qos2",
+    "whitebox.orphan_payloads", "whitebox.dangling_refs", "whitebox.last_packet_id_behind",
+    "liveness.unseen_over_time", "liveness.stuck_inflight",
+    "meta.history_complete", "meta.fault_bit", "meta.checker_error",
+)
+
+MIN_PAYLOAD_SIZE = 32  # the identity header (harness/payload.py) needs 30 bytes; keep a margin
+MAX_PACKET_ID = 65535
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be used; the message says where and what to change."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The dataclasses
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScenarioInfo:
+    name: str
+    description: str
+    tier: str
+    duration_s: float
+    drain_quiet_s: float
+    drain_timeout_s: float
+
+
+@dataclass(frozen=True)
+class TopologySpec:
+    """Sizes of the local topology when harness.topology_config is not importable (its from_mapping
+    validates [topology] otherwise, and the scenario keeps that normalised mapping)."""
+
+    redis_masters: int = 3
+    redis_replicas_per_master: int = 1
+    redis_appendfsync: str = "everysec"
+    redis_node_timeout_ms: int = 1000
+    kafka_storage: str = "s3rver"
+    broker_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Which broker is under test.  ``reference``: the local topology with reference-broker nodes.
+    ``external``: any MQTT broker at host:port, started / stopped / killed with the given argv lists.
+    Placeholders in argv and config_text: {run_dir} {data_dir} {log_dir} {host} {port} {pid}."""
+
+    kind: str = "reference"
+    name: str = "broker"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free loopback port at run time
+    start: tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()  # empty = SIGTERM to the started process group
+    kill: tuple[str, ...] = ()  # empty = SIGKILL to the started process group
+    config_file: str = ""  # written to {run_dir}/<config_file> from config_text before start
+    config_text: str = ""
+    data_owner: str = ""  # chown {data_dir} and {log_dir} to this user (a daemon that drops root)
+    ready_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    pattern: str = "p2p"
+    pairs: int = 1  # p2p: publisher i -> subscriber i
+    publishers: int = 1  # fan-in: many publishers ...
+    subscribers: int = 1  # ... to every subscriber
+    rate_per_publisher: float = 1.0  # messages per second
+    qos_mix: tuple[tuple[int, float], ...] = ((1, 1.0),)
+    payload_size: int = 62
+    protocol_mix: tuple[tuple[int, float], ...] = ((4, 1.0),)
+    expiry_mix: tuple[tuple[int | None, float], ...] = ((None, 1.0),)  # None = no expiry interval
+    preset_last_packet_id: int = 0  # 0 = no preset; else the subscribers' sessions start here
+    subscription_qos: int = 1
+
+
+@dataclass(frozen=True)
+class SubscriberSpec:
+    disconnects_per_minute: float = 0.0
+    abrupt_fraction: float = 0.5
+    clean_start_fraction: float = 0.0
+    session_expiry_s: int = 3600
+    offline_s: tuple[float, float] = (1.0, 3.0)
+    reconnect_node: str = "any"
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    mix: tuple[tuple[str, float], ...] = ()
+    quiet_s: tuple[float, float] = (2.0, 5.0)
+    duration_s: tuple[float, float] = (1.0, 5.0)
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    clock_tolerance_ms: int = 500
+    allowed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    source: str
+    scenario: ScenarioInfo
+    topology: Mapping[str, Any]  # normalised [topology]; empty for an external target (nothing local)
+    target: TargetSpec
+    broker: Mapping[str, Any] = field(default_factory=dict)
+    workload: WorkloadSpec = WorkloadSpec()
+    subscribers: SubscriberSpec = SubscriberSpec()
+    faults: FaultSpec = FaultSpec()
+    checks: CheckSpec = CheckSpec()
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """The normalised scenario, JSON-able, every default filled in (written as scenario.json)."""
+        workload = asdict(self.workload)
+        workload["qos_mix"] = {f"qos{q}": w for q, w in self.workload.qos_mix}
+        workload["protocol_mix"] = {_protocol_key(p): w for p, w in self.workload.protocol_mix}
+        workload["expiry_mix"] = {("none" if e is None else str(e)): w for e, w in self.workload.expiry_mix}
+        faults = asdict(self.faults)
+        faults["mix"] = dict(self.faults.mix)
+        faults["quiet_s"] = list(self.faults.quiet_s)
+        faults["duration_s"] = list(self.faults.duration_s)
+        subscribers = asdict(self.subscribers)
+        subscribers["offline_s"] = list(self.subscribers.offline_s)
+        if self.target.kind == "reference":
+            target: dict[str, Any] = {"kind": "reference"}
+        else:
+            target = asdict(self.target)
+            for key in ("start", "stop", "kill"):
+                target[key] = list(target[key])
+        if self.workload.pattern == "p2p":
+            del workload["publishers"], workload["subscribers"]
+        else:
+            del workload["pairs"]
+        return {
+            "scenario": asdict(self.scenario),
+            "topology": _plain(self.topology),
+            "target": target,
+            "broker": _plain(self.broker),
+            "workload": workload,
+            "subscribers": subscribers,
+            "faults": faults,
+            "checks": {"clock_tolerance_ms": self.checks.clock_tolerance_ms,
+                       "allowed": list(self.checks.allowed)},
+        }
+
+
+def _protocol_key(protocol: int) -> str:
+    return {4: "mqtt311", 5: "mqtt5"}[protocol]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading and validation
+# --------------------------------------------------------------------------------------------------
+
+
+class _Section:
+    """Reads one TOML table, remembering which keys were used so unknown ones can be rejected."""
+
+    def __init__(self, source: str, name: str, table: Any):
+        self.source = source
+        self.name = name
+        if table is None:
+            table = {}
+        if not isinstance(table, dict):
+            raise ScenarioError(f"{source}: [{name}] must be a table, got {table!r}")
+        self.table = table
+        self.used: set[str] = set()
+
+    def fail(self, key: str, value: Any, expected: str) -> ScenarioError:
+        return ScenarioError(f"{self.source}: [{self.name}] {key} = {value!r}: {expected}")
+
+    def _get(self, key: str, default: Any, required: bool) -> Any:
+        self.used.add(key)
+        if key not in self.table:
+            if required:
+                raise ScenarioError(f"{self.source}: [{self.name}] {key} is required")
+            return default
+        return self.table[key]
+
+    def string(self, key: str, default: str = "", *, choices: tuple[str, ...] = (), required: bool = False,
+               non_empty: bool = False) -> str:
+        value = self._get(key, default, required)
+        if not isinstance(value, str):
+            raise self.fail(key, value, "must be a string")
+        if choices and value not in choices:
+            raise self.fail(key, value, f"must be one of {', '.join(repr(c) for c in choices)}")
+        if non_empty and not value.strip():
+            raise self.fail(key, value, "must not be empty")
+        return value
+
+    def integer(self, key: str, default: int = 0, *, minimum: int | None = None, maximum: int | None = None,
+                required: bool = False) -> int:
+        value = self._get(key, default, required)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, value, "must be an integer")
+        _check_range(self, key, value, minimum, maximum)
+        return value
+
+    def number(self, key: str, default: float = 0.0, *, minimum: float | None = None,
+               maximum: float | None = None, above: float | None = None, required: bool = False) -> float:
+        value = self._get(key, default, required)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.fail(key, value, "must be a finite number")
+        _check_range(self, key, value, minimum, maximum)
+        if above is not None and not value > above:
+            raise self.fail(key, value, f"must be > {above}")
+        return float(value)
+
+    def fraction(self, key: str, default: float) -> float:
+        return self.number(key, default, minimum=0.0, maximum=1.0)
+
+    def strings(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        value = self._get(key, list(default), False)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, value, "must be a list of strings")
+        return tuple(value)
+
+    def number_range(self, key: str, default: tuple[float, float], *, minimum: float = 0.0) -> tuple[float, float]:
+        value = self._get(key, list(default), False)
+        if (not isinstance(value, list) or len(value) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            raise self.fail(key, value, "must be a list of two numbers [low, high]")
+        low, high = float(value[0]), float(value[1])
+        if low < minimum or high < low:
+            raise self.fail(key, value, f"must satisfy {minimum} <= low <= high")
+        return (low, high)
+
+    def weights(self, key: str, default: dict[str, float], allowed: tuple[str, ...] | None,
+                what: str) -> dict[str, float]:
+        """A table of name -> non-negative weight, at least one weight > 0 (unless empty is allowed)."""
+        value = self._get(key, default, False)
+        if not isinstance(value, dict):
+            raise self.fail(key, value, f"must be a table of {what} = weight")
+        for name, weight in value.items():
+            if allowed is not None and name not in allowed:
+                known = ", ".join(allowed) if allowed else "(none available yet)"
+                raise self.fail(f"{key}.{name}", weight, f"unknown {what} {name!r}; allowed: {known}")
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
+                    math.isfinite(weight) and weight >= 0):
+                raise self.fail(f"{key}.{name}", weight, "weight must be a number >= 0")
+        return {name: float(weight) for name, weight in value.items()}
+
+    def raw_table(self, key: str) -> dict[str, Any]:
+        value = self._get(key, {}, False)
+        if not isinstance(value, dict):
+            raise self.fail(key, value, "must be a table")
+        return value
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.table) - self.used)
+        if unknown:
+            raise ScenarioError(
+                f"{self.source}: [{self.name}] unknown key {unknown[0]!r}; allowed keys: "
+                f"{', '.join(sorted(self.used))}")
+
+
+def _check_range(section: _Section, key: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise section.fail(key, value, f"must be >= {minimum}" + (f" and <= {maximum}" if maximum is not None else ""))
+    if maximum is not None and value > maximum:
+        raise section.fail(key, value, f"must be <= {maximum}" + (f" and >= {minimum}" if minimum is not None else ""))
+
+
+def _nonzero_total(section: _Section, key: str, weights: dict[str, float]) -> None:
+    if not weights or sum(weights.values()) <= 0:
+        raise section.fail(key, weights, "needs at least one entry with a weight > 0")
+
+
+SECTIONS = ("scenario", "topology", "target", "broker", "workload", "subscribers", "faults", "checks")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file.  Raises ScenarioError naming the file, key, value and rule."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ScenarioError(f"{source}: cannot read the scenario file: {error.strerror or error}") from error
+    return parse_scenario(text, source=source)
+
+
+def parse_scenario(text: str, *, source: str = "<string>") -> Scenario:
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ScenarioError(f"{source}: not valid TOML: {error}") from error
+    return scenario_from_mapping(document, source=source)
+
+
+def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mapping>") -> Scenario:
+    unknown = sorted(set(document) - set(SECTIONS))
+    if unknown:
+        raise ScenarioError(f"{source}: unknown section [{unknown[0]}]; allowed sections: {', '.join(SECTIONS)}")
+    if "scenario" not in document:
+        raise ScenarioError(f"{source}: the [scenario] section is required")
+
+    info = _read_info(_Section(source, "scenario", document.get("scenario")))
+    target = _read_target(_Section(source, "target", document.get("target")))
+    if target.kind == "external":
+        for section in ("topology", "broker"):
+            if document.get(section):
+                raise ScenarioError(
+                    f"{source}: [{section}] configures the local reference-broker topology only; remove it "
+                    "for an external target (configure that broker through [target] config_text)")
+        topology: Mapping[str, Any] = {}
+    else:
+        topology = _read_topology(source, document.get("topology"))
+    broker = _read_broker(source, document.get("broker"))
+    workload = _read_workload(_Section(source, "workload", document.get("workload")))
+    subscribers = _read_subscribers(_Section(source, "subscribers", document.get("subscribers")))
+    faults = _read_faults(_Section(source, "faults", document.get("faults")))
+    checks = _read_checks(_Section(source, "checks", document.get("checks")))
+
+    return Scenario(source=source, scenario=info, topology=topology, target=target, broker=broker,
+                    workload=workload, subscribers=subscribers, faults=faults, checks=checks)
+
+
+def _read_info(s: _Section) -> ScenarioInfo:
+    name = s.string("name", required=True, non_empty=True)
+    if not all(c.isalnum() or c in "-_." for c in name):
+        raise s.fail("name", name, "may only contain letters, digits, '-', '_' and '.' (it names run directories)")
+    info = ScenarioInfo(
+        name=name,
+        description=s.string("description", ""),
+        tier=s.string("tier", "smoke", choices=TIERS),
+        duration_s=s.number("duration_s", required=True, above=0.0, maximum=86400.0),
+        drain_quiet_s=s.number("drain_quiet_s", 3.0, above=0.0, maximum=3600.0),
+        drain_timeout_s=s.number("drain_timeout_s", 60.0, above=0.0, maximum=86400.0),
+    )
+    if info.drain_timeout_s < info.drain_quiet_s:
+        raise s.fail("drain_timeout_s", info.drain_timeout_s,
+                     f"must be >= drain_quiet_s ({info.drain_quiet_s})")
+    s.finish()
+    return info
+
+
+def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
+    """Validated by the topology's own TopologyConfig when it is importable, else by TopologySpec."""
+    if table is not None and not isinstance(table, dict):
+        raise ScenarioError(f"{source}: [topology] must be a table, got {table!r}")
+    mapping = dict(table or {})
+    mapping.setdefault("broker_nodes", 1)  # the reference target needs at least one broker node
+    if isinstance(mapping["broker_nodes"], int) and mapping["broker_nodes"] < 1:
+        raise ScenarioError(f"{source}: [topology] broker_nodes = {mapping['broker_nodes']!r}: the reference "
+                            "target needs at least 1 broker node")
+    try:
+        from harness.topology_config import TopologyConfig
+    except ImportError:
+        return asdict(_read_topology_fallback(_Section(source, "topology", mapping)))
+    try:
+        return TopologyConfig.from_mapping(mapping, source=f"{source} [topology]").to_dict()
+    except ValueError as error:
+        raise ScenarioError(str(error)) from error
+
+
+def _read_topology_fallback(s: _Section) -> TopologySpec:
+    d = TopologySpec()
+    spec = TopologySpec(
+        redis_masters=s.integer("redis_masters", d.redis_masters, minimum=3, maximum=16),
+        redis_replicas_per_master=s.integer("redis_replicas_per_master", d.redis_replicas_per_master,
+                                            minimum=0, maximum=3),
+        redis_appendfsync=s.string("redis_appendfsync", d.redis_appendfsync, choices=APPENDFSYNC),
+        redis_node_timeout_ms=s.integer("redis_node_timeout_ms", d.redis_node_timeout_ms, minimum=100,
+                                        maximum=60000),
+        kafka_storage=s.string("kafka_storage", d.kafka_storage, choices=KAFKA_STORAGE),
+        broker_nodes=s.integer("broker_nodes", d.broker_nodes, minimum=1, maximum=8),
+    )
+    s.finish()
+    return spec
+
+
+def _read_target(s: _Section) -> TargetSpec:
+    kind = s.string("kind", "reference", choices=TARGET_KINDS)
+    if kind == "reference":
+        s.finish()  # nothing else applies to the reference broker; its settings live in [broker]
+        return TargetSpec(kind="reference")
+    host = s.string("host", "127.0.0.1", non_empty=True)
+    if not host.startswith("127."):
+        raise s.fail("host", host, "must be a loopback address (127.0.0.0/8); traffic stays on this machine")
+    name = s.string("name", "broker", non_empty=True)
+    if not all(c.isalnum() or c in "-_" for c in name):
+        raise s.fail("name", name, "may only contain letters, digits, '-' and '_' (it names the log file)")
+    spec = TargetSpec(
+        kind=kind,
+        name=name,
+        host=host,
+        port=s.integer("port", 0, minimum=0, maximum=65535),
+        start=s.strings("start"),
+        stop=s.strings("stop"),
+        kill=s.strings("kill"),
+        config_file=s.string("config_file", ""),
+        config_text=s.string("config_text", ""),
+        data_owner=s.string("data_owner", ""),
+        ready_timeout_s=s.number("ready_timeout_s", 10.0, above=0.0, maximum=600.0),
+    )
+    if not spec.start:
+        raise s.fail("start", [], "an external target needs the argv that starts it, e.g. "
+                     "[\"mosquitto\", \"-c\", \"{run_dir}/mosquitto.conf\"]")
+    if bool(spec.config_file) != bool(spec.config_text):
+        raise s.fail("config_file", spec.config_file, "config_file and config_text go together")
+    if spec.config_file and ("/" in spec.config_file or spec.config_file.startswith(".")):
+        raise s.fail("config_file", spec.config_file, "must be a plain file name (written into the run directory)")
+    s.finish()
+    return spec
+
+
+def _read_broker(source: str, table: Any) -> Mapping[str, Any]:
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ScenarioError(f"{source}: [broker] must be a table, got {table!r}")
+    try:  # the reference broker validates its own configuration when it has landed
+        from reference_broker.config import BrokerConfig
+    except ImportError:
+        return dict(table)
+    try:
+        BrokerConfig.from_mapping(table, source=f"{source} [broker]")
+    except (ValueError, TypeError) as error:
+        raise ScenarioError(str(error) if source in str(error) else f"{source}: [broker] {error}") from error
+    return dict(table)
+
+
+def _read_workload(s: _Section) -> WorkloadSpec:
+    d = WorkloadSpec()
+    pattern = s.string("pattern", d.pattern, choices=PATTERNS)
+    if pattern == "p2p":
+        pairs = s.integer("pairs", d.pairs, minimum=1, maximum=5000)
+        publishers = subscribers = pairs
+    else:
+        pairs = 0
+        publishers = s.integer("publishers", d.publishers, minimum=1, maximum=5000)
+        subscribers = s.integer("subscribers", d.subscribers, minimum=1, maximum=5000)
+    rate = s.number("rate_per_publisher", d.rate_per_publisher, above=0.0, maximum=1000.0)
+    qos = s.weights("qos_mix", {"qos1": 1.0}, tuple(QOS_KEYS), "QoS")
+    _nonzero_total(s, "qos_mix", qos)
+    protocols = s.weights("protocol_mix", {"mqtt311": 1.0}, tuple(PROTOCOL_KEYS), "protocol")
+    _nonzero_total(s, "protocol_mix", protocols)
+    expiry_raw = s.weights("expiry_mix", {"none": 1.0}, None, "expiry")
+    _nonzero_total(s, "expiry_mix", expiry_raw)
+    expiry: list[tuple[int | None, float]] = []
+    for key, weight in expiry_raw.items():
+        if key == "none":
+            expiry.append((None, weight))
+        elif key.isdigit() and 1 <= int(key) <= 2**32 - 1:
+            expiry.append((int(key), weight))
+        else:
+            raise s.fail(f"expiry_mix.{key}", weight,
+                         "keys must be \"none\" or a whole number of seconds 1..4294967295, e.g. \"5\"")
+    if any(e is not None and w > 0 for e, w in expiry) and protocols.get("mqtt5", 0) <= 0:
+        raise s.fail("expiry_mix", expiry_raw, "message expiry needs MQTT 5 publishers: give protocol_mix "
+                     "an mqtt5 weight > 0, or use only \"none\"")
+    spec = WorkloadSpec(
+        pattern=pattern, pairs=pairs, publishers=publishers, subscribers=subscribers,
+        rate_per_publisher=rate,
+        qos_mix=tuple(sorted((QOS_KEYS[k], w) for k, w in qos.items())),
+        payload_size=s.integer("payload_size", d.payload_size, minimum=MIN_PAYLOAD_SIZE, maximum=256 * 1024),
+        protocol_mix=tuple(sorted((PROTOCOL_KEYS[k], w) for k, w in protocols.items())),
+        expiry_mix=tuple(sorted(expiry, key=lambda ew: -1 if ew[0] is None else ew[0])),
+        preset_last_packet_id=s.integer("preset_last_packet_id", 0, minimum=0, maximum=MAX_PACKET_ID),
+        subscription_qos=s.integer("subscription_qos", d.subscription_qos, minimum=0, maximum=2),
+    )
+    s.finish()
+    return spec
+
+
+def _read_subscribers(s: _Section) -> SubscriberSpec:
+    d = SubscriberSpec()
+    spec = SubscriberSpec(
+        disconnects_per_minute=s.number("disconnects_per_minute", d.disconnects_per_minute, minimum=0.0,
+                                        maximum=600.0),
+        abrupt_fraction=s.fraction("abrupt_fraction", d.abrupt_fraction),
+        clean_start_fraction=s.fraction("clean_start_fraction", d.clean_start_fraction),
+        session_expiry_s=s.integer("session_expiry_s", d.session_expiry_s, minimum=1, maximum=2**32 - 1),
+        offline_s=s.number_range("offline_s", d.offline_s),
+        reconnect_node=s.string("reconnect_node", d.reconnect_node, choices=RECONNECT_NODES),
+    )
+    s.finish()
+    return spec
+
+
+def _read_faults(s: _Section) -> FaultSpec:
+    d = FaultSpec()
+    mix = s.weights("mix", {}, FAULT_KINDS, "fault kind")
+    spec = FaultSpec(
+        mix=tuple(sorted(mix.items())),
+        quiet_s=s.number_range("quiet_s", d.quiet_s),
+        duration_s=s.number_range("duration_s", d.duration_s),
+    )
+    s.finish()
+    return spec
+
+
+def _read_checks(s: _Section) -> CheckSpec:
+    tolerance = s.integer("clock_tolerance_ms", CheckSpec().clock_tolerance_ms, minimum=0, maximum=600000)
+    allowed = s.strings("allowed")
+    for invariant in allowed:
+        if invariant not in INVARIANT_IDS:
+            raise s.fail("allowed", invariant, "unknown invariant id; see docs/architecture.md for the list")
+    s.finish()
+    return CheckSpec(clock_tolerance_ms=tolerance, allowed=tuple(sorted(set(allowed))))
+
+
+def find_scenario(name_or_path: str, scenarios_dir: Path | None = None) -> Path:
+    """``p2p-smoke`` or ``scenarios/p2p-smoke.toml`` -> the file's path (ScenarioError if missing)."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or candidate.exists():
+        if not candidate.is_file():
+            raise ScenarioError(f"{name_or_path}: no such scenario file")
+        return candidate
+    directory = scenarios_dir or default_scenarios_dir()
+    path = directory / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(p.stem for p in sorted(directory.glob("*.toml"))) or "(none)"
+        raise ScenarioError(f"{name_or_path}: no such scenario in {directory}; known: {known}")
+    return path
+
+
+def default_scenarios_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "scenarios"

@@ -1,0 +1,141 @@
+"""Scenario loading: every shipped file loads; bad files give errors naming file, key, value and rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ordeal.scenario import (
+    ScenarioError,
+    default_scenarios_dir,
+    find_scenario,
+    load_scenario,
+    parse_scenario,
+    scenario_from_mapping,
+)
+
+SHIPPED = sorted(default_scenarios_dir().glob("*.toml"))
+
+MINIMAL = """
+[scenario]
+name = "t"
+duration_s = 1
+"""
+
+
+def test_the_required_scenarios_are_shipped():
+    names = {p.stem for p in SHIPPED}
+    assert {"p2p-smoke", "p2p-offline-backlog", "p2p-wraparound", "p2p-limit-trim", "p2p-expiry",
+            "p2p-nightly", "mosquitto-smoke"} <= names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_scenarios_load_and_round_trip(path: Path):
+    scenario = load_scenario(path)
+    assert scenario.name == path.stem
+    normalised = scenario.to_dict()
+    json.dumps(normalised)  # JSON-able
+    again = scenario_from_mapping(normalised, source=str(path))
+    assert again.to_dict() == normalised
+
+
+def test_defaults_are_filled_in():
+    scenario = parse_scenario(MINIMAL, source="x.toml")
+    d = scenario.to_dict()
+    assert d["workload"]["payload_size"] == 62
+    assert d["workload"]["qos_mix"] == {"qos1": 1.0}
+    assert d["target"] == {"kind": "reference"}
+    assert d["scenario"]["drain_timeout_s"] == 60.0
+    assert d["faults"]["mix"] == {}
+
+
+def test_wraparound_scenario_presets_near_the_wrap():
+    assert load_scenario(find_scenario("p2p-wraparound")).workload.preset_last_packet_id > 65000
+
+
+def _error(text: str) -> str:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(text, source="bad.toml")
+    return str(info.value)
+
+
+def test_unknown_key_is_named_with_the_allowed_ones():
+    message = _error(MINIMAL + "\n[workload]\npairz = 3\n")
+    assert message.startswith("bad.toml: [workload] unknown key 'pairz'; allowed keys:")
+    assert "pairs" in message
+
+
+def test_unknown_section():
+    assert _error(MINIMAL + "\n[wrokload]\n") == (
+        "bad.toml: unknown section [wrokload]; allowed sections: scenario, topology, target, broker, "
+        "workload, subscribers, faults, checks")
+
+
+def test_wrong_type_names_key_and_value():
+    assert _error(MINIMAL + '\n[workload]\npairs = "3"\n') == "bad.toml: [workload] pairs = '3': must be an integer"
+
+
+def test_impossible_values():
+    assert _error(MINIMAL + "\n[workload]\npayload_size = 31\n") == (
+        "bad.toml: [workload] payload_size = 31: must be >= 32 and <= 262144")
+    assert _error(MINIMAL + "\n[workload]\npreset_last_packet_id = 65536\n") == (
+        "bad.toml: [workload] preset_last_packet_id = 65536: must be <= 65535 and >= 0")
+    assert _error(MINIMAL + "\n[scenario]\n".replace("[scenario]\n", "") + "[subscribers]\nabrupt_fraction = 1.5\n") \
+        .endswith("abrupt_fraction = 1.5: must be <= 1.0 and >= 0.0")
+    assert "must be >= drain_quiet_s" in _error(
+        "[scenario]\nname='t'\nduration_s=1\ndrain_quiet_s=5\ndrain_timeout_s=2\n")
+    assert _error("[scenario]\nname='t'\nduration_s=0\n") == "bad.toml: [scenario] duration_s = 0: must be > 0.0"
+
+
+def test_choices_are_listed():
+    assert _error("[scenario]\nname='t'\nduration_s=1\ntier='weekly'\n") == (
+        "bad.toml: [scenario] tier = 'weekly': must be one of 'smoke', 'nightly', 'soak'")
+
+
+def test_mixes_are_validated():
+    assert "unknown QoS 'qos3'" in _error(MINIMAL + "\n[workload]\nqos_mix = { qos3 = 1 }\n")
+    assert _error(MINIMAL + "\n[workload]\nqos_mix = { qos1 = 0 }\n").endswith(
+        "needs at least one entry with a weight > 0")
+    assert "message expiry needs MQTT 5 publishers" in _error(
+        MINIMAL + '\n[workload]\nexpiry_mix = { "5" = 1 }\n')
+    assert "keys must be \"none\" or a whole number" in _error(
+        MINIMAL + '\n[workload]\nprotocol_mix = { mqtt5 = 1 }\nexpiry_mix = { soon = 1 }\n')
+
+
+def test_fault_kinds_are_validated_against_the_registry():
+    message = _error(MINIMAL + "\n[faults]\nmix = { redis_master_kill = 1 }\n")
+    assert message.startswith("bad.toml: [faults] mix.redis_master_kill = 1: unknown fault kind")
+
+
+def test_allowed_invariants_must_exist():
+    assert _error(MINIMAL + "\n[checks]\nallowed = ['durability.lossy']\n") == (
+        "bad.toml: [checks] allowed = 'durability.lossy': unknown invariant id; see docs/architecture.md "
+        "for the list")
+
+
+def test_external_target_rules():
+    assert "needs the argv that starts it" in _error(MINIMAL + "\n[target]\nkind = 'external'\n")
+    assert "must be a loopback address" in _error(
+        MINIMAL + "\n[target]\nkind = 'external'\nhost = '10.0.0.1'\nstart = ['x']\n")
+    assert "[broker] configures the local reference-broker topology only" in _error(
+        MINIMAL + "\n[target]\nkind = 'external'\nstart = ['x']\n[broker]\nlimit = 3\n")
+    # reference targets take no address: a stray key is a mistake, not a silent no-op
+    assert "unknown key 'port'" in _error(MINIMAL + "\n[target]\nkind = 'reference'\nport = 1883\n")
+
+
+def test_invalid_toml_and_missing_file(tmp_path: Path):
+    assert _error("[scenario\n").startswith("bad.toml: not valid TOML:")
+    with pytest.raises(ScenarioError, match="cannot read the scenario file"):
+        load_scenario(tmp_path / "missing.toml")
+    with pytest.raises(ScenarioError, match="no such scenario in .*; known: .*p2p-smoke"):
+        find_scenario("p2p-smokey")
+
+
+def test_topology_errors_name_the_key():
+    message = _error(MINIMAL + "\n[topology]\nredis_masters = 2\n")
+    assert message.startswith("bad.toml [topology]") or message.startswith("bad.toml: [topology]")
+    assert "redis_masters = 2" in message
+    assert "broker_nodes = 0: the reference target needs at least 1 broker node" in _error(
+        MINIMAL + "\n[topology]\nbroker_nodes = 0\n")

@@ -1,0 +1,188 @@
+"""The local topology provider: Redis Cluster + Tansu (+ its S3 server) + reference-broker nodes, as
+real processes under one run directory (data/<node>/, logs/<node>.log, topology.json).
+
+    with LocalTopology(TopologyConfig(), run_dir) as topology:
+        topology.redis_startup_nodes(); topology.kafka_bootstrap(); topology.endpoints()
+
+Start-up is all or nothing: if any part fails, everything already started is stopped before the error
+propagates.  Addresses: inside a private network namespace (harness/netns.py) every node gets its own
+127.0.0.x; on the host network everything is on 127.0.0.1 with free ports (harness/addresses.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from harness import netns
+from harness.addresses import AddressPlan
+from harness.kafka import TansuNode, create_topics, storage_node
+from harness.node import Node, ProcessNode
+from harness.redis_cluster import RedisCluster, RedisNode
+from harness.topology_config import TopologyConfig
+
+REDIS_PORT, KAFKA_PORT, S3_PORT, MQTT_PORT = 6379, 9092, 5555, 1883
+
+# A broker config is either a ready file, or written from the started topology (Redis + Kafka up).
+BrokerConfig = Path | Callable[["LocalTopology"], Path] | None
+
+
+class LocalTopology:
+    def __init__(self, config: TopologyConfig | None = None, run_dir: Path | str = "runs/up", *,
+                 address_mode: str = "auto", broker_config: BrokerConfig = None) -> None:
+        """address_mode: "distinct" (own 127.0.0.x per node), "loopback" (127.0.0.1, free ports), or
+        "auto" (distinct inside a private network namespace, else loopback)."""
+        self.config = config or TopologyConfig()
+        self.run_dir = Path(run_dir).resolve()
+        if address_mode == "auto":
+            address_mode = "distinct" if netns.in_private_netns() else "loopback"
+        self.addresses = AddressPlan(address_mode)
+        self.broker_config = broker_config
+        self.redis_nodes: list[RedisNode] = []
+        self.redis: RedisCluster | None = None
+        self.kafka: TansuNode | None = None
+        self.storage: ProcessNode | None = None
+        self.brokers: list[ProcessNode] = []
+        self.timings: dict[str, float] = {}
+        self.started = False
+
+    # -- life --------------------------------------------------------------------------------------
+    def __enter__(self) -> LocalTopology:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        started = time.monotonic()
+        found = self.config.resolve_binaries()  # before anything runs: a missing binary starts nothing
+        try:
+            self._start_redis(found["redis"])
+            if self.config.kafka_storage != "none":
+                self._start_kafka(found)
+            # Redis readiness is awaited after Kafka started, so both come up in parallel
+            self.timings["redis_ready_s"] = round(self.redis.wait_ready(self.config.ready_timeout_s)
+                                                  + self.timings["redis_formed_s"], 3)
+            if self.config.broker_nodes:
+                self._start_brokers()
+        except BaseException:
+            self.stop()
+            raise
+        self.started = True
+        self.timings["ready_s"] = round(time.monotonic() - started, 3)
+        self.write_description()
+
+    def _start_redis(self, binary: Path) -> None:
+        began = time.monotonic()
+        for _ in range(self.config.redis_nodes):
+            host, port = self.addresses.allocate(REDIS_PORT, with_bus=True)
+            self.redis_nodes.append(RedisNode(
+                f"redis-{host.rsplit('.', 1)[1] if self.addresses.mode == 'distinct' else port}", host, port,
+                binary, run_dir=self.run_dir, appendfsync=self.config.redis_appendfsync,
+                node_timeout_ms=self.config.redis_node_timeout_ms))
+        self.redis = RedisCluster(self.redis_nodes, self.config.redis_masters,
+                                  self.config.redis_replicas_per_master)
+        self.redis.start_processes()
+        self.redis.create(timeout=self.config.ready_timeout_s)
+        self.timings["redis_formed_s"] = round(time.monotonic() - began, 3)
+
+    def _start_kafka(self, found: Mapping[str, Path]) -> None:
+        began = time.monotonic()
+        kind = self.config.storage_kind()
+        if kind:
+            host, port = self.addresses.allocate(S3_PORT)
+            self.storage = storage_node(kind, found[kind], host, port, self.run_dir)
+            self.storage.start()
+            self.storage.wait_ready(self.config.ready_timeout_s)
+        host, port = self.addresses.allocate(KAFKA_PORT)
+        self.kafka = TansuNode(found["tansu"], host, port, self.run_dir, self.storage, kind)
+        self.kafka.start()
+        self.kafka.wait_ready(self.config.ready_timeout_s)
+        self.timings["kafka_ready_s"] = round(time.monotonic() - began, 3)
+
+    def _start_brokers(self) -> None:
+        began = time.monotonic()
+        config_path = self._broker_config_path()
+        for index in range(1, self.config.broker_nodes + 1):
+            host, port = self.addresses.allocate(MQTT_PORT)
+            name = f"broker-{index}"
+            argv = [sys.executable, "-m", "reference_broker", "--config", str(config_path),
+                    "--node-id", name, "--listen", f"{host}:{port}"]
+            node = ProcessNode(name, "broker", host, port, argv, log_path=self.run_dir / "logs" / f"{name}.log",
+                               data_dir=self.run_dir / "data" / name, cwd=Path.cwd())
+            self.brokers.append(node)
+            node.start()
+        for node in self.brokers:
+            node.wait_ready(self.config.ready_timeout_s)
+        self.timings["brokers_ready_s"] = round(time.monotonic() - began, 3)
+
+    def _broker_config_path(self) -> Path:
+        if callable(self.broker_config):
+            return Path(self.broker_config(self))
+        if self.broker_config is not None:
+            return Path(self.broker_config)
+        # nothing given: the endpoints are all a broker can be told
+        path = self.run_dir / "broker-config.json"
+        path.write_text(json.dumps({"redis": {"startup_nodes": [list(a) for a in self.redis_startup_nodes()]},
+                                    "kafka": {"bootstrap": self.kafka_bootstrap()}}, indent=2))
+        return path
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every node (brokers first, storage last); safe to call twice or after a failed start."""
+        errors = []
+        for node in [*self.brokers, self.kafka, *self.redis_nodes, self.storage]:
+            if node is None:
+                continue
+            try:
+                node.stop(timeout)
+            except Exception as error:  # noqa: BLE001 - keep stopping the others, report at the end
+                errors.append(f"{node.name}: {error}")
+        self.started = False
+        if errors:
+            raise RuntimeError("stopping the topology: " + "; ".join(errors))
+
+    # -- access ------------------------------------------------------------------------------------
+    def nodes(self) -> list[Node]:
+        return [n for n in [*self.redis_nodes, self.storage, self.kafka, *self.brokers] if n is not None]
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes():
+            if node.name == name:
+                return node
+        raise KeyError(f"no node named {name!r}; nodes: {[n.name for n in self.nodes()]}")
+
+    def redis_startup_nodes(self) -> list[tuple[str, int]]:
+        return [(n.host, n.port) for n in self.redis_nodes]
+
+    def kafka_bootstrap(self) -> str:
+        if self.kafka is None:
+            raise RuntimeError("this topology has no Kafka broker (kafka_storage = 'none')")
+        return self.kafka.bootstrap
+
+    def create_topics(self, topics: Mapping[str, int]) -> None:
+        create_topics(self.kafka_bootstrap(), topics)
+
+    def endpoints(self) -> dict:
+        return {
+            "run_dir": str(self.run_dir),
+            "address_mode": self.addresses.mode,
+            "network_namespace": "private" if netns.in_private_netns() else "host",
+            "redis": {"startup_nodes": [f"{h}:{p}" for h, p in self.redis_startup_nodes()],
+                      "masters": self.config.redis_masters,
+                      "replicas_per_master": self.config.redis_replicas_per_master},
+            "kafka": {"bootstrap": self.kafka.bootstrap, "storage_engine": self.kafka.storage_engine}
+            if self.kafka else None,
+            "storage": {"kind": self.config.storage_kind(), "endpoint": f"http://{self.storage.address}"}
+            if self.storage else None,
+            "mqtt": {b.name: b.address for b in self.brokers},
+            "nodes": [n.describe() for n in self.nodes()],
+        }
+
+    def write_description(self) -> Path:
+        path = self.run_dir / "topology.json"
+        path.write_text(json.dumps({**self.endpoints(), "config": self.config.to_dict(),
+                                    "timings": self.timings}, indent=2))
+        return path

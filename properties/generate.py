@@ -1,0 +1,237 @@
+"""Scenario + seed → Plan.
+
+The generator is written once, against a tiny ``Draw`` interface (integer / uniform / chance / weighted),
+and driven two ways:
+- ``make_plan(scenario, seed)``: a ``random.Random(seed)`` behind the interface.  Python's Mersenne
+  Twister and the arithmetic below are fully specified, so the same scenario and seed give a
+  byte-identical plan.json on any machine and Python version >= 3.2 — no dependence on Hypothesis
+  internals (whose first example for any seed is the all-minimal one, and whose engine may change).
+- ``plans(scenario)``: a Hypothesis strategy whose draws feed the very same generator, so Hypothesis can
+  generate and *shrink* plans as pure data (fewer disconnects, earlier/shorter offline periods, simpler
+  QoS/expiry choices).  The faults issue adds fault-schedule draws in ``_faults`` the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from ordeal.scenario import Scenario
+from properties.plan import (
+    CONNECT,
+    DISCONNECT,
+    PUBLISHER,
+    SUBSCRIBER,
+    ClientPlan,
+    FaultSlot,
+    Plan,
+    PublishPlan,
+    SubscriberAction,
+    Subscription,
+)
+
+T = TypeVar("T")
+OFFSET_DECIMALS = 6  # offsets are rounded to µs so the JSON never carries float noise
+
+
+class Draw(Protocol):
+    def integer(self, low: int, high: int) -> int: ...  # inclusive
+    def uniform(self, low: float, high: float) -> float: ...
+    def chance(self, probability: float) -> bool: ...
+    def weighted(self, options: Sequence[tuple[T, float]]) -> T: ...
+
+
+def _pick(options: Sequence[tuple[T, float]], position: float) -> T:
+    """The option whose cumulative-weight interval contains position (0 <= position < total)."""
+    live = [(value, weight) for value, weight in options if weight > 0]
+    for value, weight in live:
+        if position < weight:
+            return value
+        position -= weight
+    return live[-1][0]
+
+
+class RandomDraw:
+    """Deterministic draws from a seeded random.Random."""
+
+    def __init__(self, seed: int):
+        self.random = random.Random(seed)
+
+    def integer(self, low: int, high: int) -> int:
+        return self.random.randint(low, high)
+
+    def uniform(self, low: float, high: float) -> float:
+        return low + (high - low) * self.random.random()
+
+    def chance(self, probability: float) -> bool:
+        if probability <= 0:
+            return False
+        if probability >= 1:
+            return True
+        return self.random.random() < probability
+
+    def weighted(self, options: Sequence[tuple[T, float]]) -> T:
+        live = [o for o in options if o[1] > 0]
+        if len(live) == 1:  # no draw at all when there is no choice: keeps plans stable under edits
+            return live[0][0]
+        return _pick(live, self.random.random() * sum(w for _, w in live))
+
+
+class HypothesisDraw:
+    """Draws through a Hypothesis ``draw`` so the engine can shrink them (smaller = simpler)."""
+
+    RESOLUTION = 1_000_000
+
+    def __init__(self, draw: Callable):
+        from hypothesis import strategies as st
+
+        self.draw = draw
+        self.st = st
+
+    def integer(self, low: int, high: int) -> int:
+        return self.draw(self.st.integers(low, high))
+
+    def _unit(self) -> float:
+        return self.draw(self.st.integers(0, self.RESOLUTION - 1)) / self.RESOLUTION
+
+    def uniform(self, low: float, high: float) -> float:
+        return low + (high - low) * self._unit()
+
+    def chance(self, probability: float) -> bool:
+        if probability <= 0:
+            return False
+        if probability >= 1:
+            return True
+        return self._unit() >= 1 - probability  # shrinks towards False: fewer events
+
+    def weighted(self, options: Sequence[tuple[T, float]]) -> T:
+        live = [o for o in options if o[1] > 0]
+        if len(live) == 1:
+            return live[0][0]
+        return _pick(live, self._unit() * sum(w for _, w in live))  # shrinks towards the first option
+
+
+def make_plan(scenario: Scenario, seed: int) -> Plan:
+    """The plan for this scenario and seed (deterministic)."""
+    return generate_plan(scenario, seed, RandomDraw(seed))
+
+
+def plans(scenario: Scenario, seed: int = 0):
+    """A Hypothesis strategy of plans for this scenario (the seed is only recorded in the plan)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def _plans(draw):
+        return generate_plan(scenario, seed, HypothesisDraw(draw))
+
+    return _plans()
+
+
+def _round(value: float) -> float:
+    return round(value, OFFSET_DECIMALS)
+
+
+def generate_plan(scenario: Scenario, seed: int, draw: Draw) -> Plan:
+    workload = scenario.workload
+    nodes = int(scenario.topology.get("broker_nodes", 1)) if scenario.target.kind == "reference" else 1
+    duration = scenario.scenario.duration_s
+    clients: list[ClientPlan] = []
+    publisher_topics: list[tuple[str, str]] = []  # (client id, topic)
+
+    # Clients.  The seeds' P2P pattern: publisher i -> europe/ua/kyiv/i/0, persistent subscriber i on
+    # europe/ua/kyiv/i/+.  Fan-in: every publisher j -> europe/ua/kyiv/fanin/j, every subscriber on
+    # europe/ua/kyiv/fanin/+.
+    if workload.pattern == "p2p":
+        publisher_ids = [f"test_pub_client_{i}_0" for i in range(workload.pairs)]
+        topics = [f"europe/ua/kyiv/{i}/0" for i in range(workload.pairs)]
+        subscriber_filters = [(f"test_sub_client_{i}_0", f"europe/ua/kyiv/{i}/+") for i in range(workload.pairs)]
+    else:
+        publisher_ids = [f"test_pub_client_{j}_0" for j in range(workload.publishers)]
+        topics = [f"europe/ua/kyiv/fanin/{j}" for j in range(workload.publishers)]
+        subscriber_filters = [(f"test_sub_client_{k}_0", "europe/ua/kyiv/fanin/+")
+                              for k in range(workload.subscribers)]
+
+    for index, (client_id, topic) in enumerate(zip(publisher_ids, topics, strict=True)):
+        clients.append(ClientPlan(
+            client_id=client_id, role=PUBLISHER, protocol=draw.weighted(workload.protocol_mix),
+            node=index % nodes, publisher_index=index))
+        publisher_topics.append((client_id, topic))
+    subscriber_plans: list[ClientPlan] = []
+    for index, (client_id, topic_filter) in enumerate(subscriber_filters):
+        protocol = draw.weighted(workload.protocol_mix)
+        subscriber_plans.append(ClientPlan(
+            client_id=client_id, role=SUBSCRIBER, protocol=protocol, node=index % nodes,
+            subscriptions=(Subscription(topic_filter, workload.subscription_qos),), persistent=True,
+            session_expiry_s=scenario.subscribers.session_expiry_s if protocol == 5 else None,
+            preset_last_packet_id=workload.preset_last_packet_id))
+    clients.extend(subscriber_plans)
+    protocols = {c.client_id: c.protocol for c in clients}
+
+    # Publishes: a steady rate per publisher with a random phase, so publishers do not fire in lockstep.
+    publishes: list[PublishPlan] = []
+    interval = 1.0 / workload.rate_per_publisher
+    for client_id, topic in publisher_topics:
+        phase = draw.uniform(0.0, interval)
+        count = max(0, math.ceil((duration - phase) / interval))
+        for n in range(count):
+            expiry = draw.weighted(workload.expiry_mix) if protocols[client_id] == 5 else None
+            publishes.append(PublishPlan(
+                offset_s=_round(phase + n * interval), publisher=client_id, seq=n + 1, topic=topic,
+                qos=draw.weighted(workload.qos_mix), size=workload.payload_size, expiry_s=expiry))
+    publishes.sort(key=lambda p: (p.offset_s, p.publisher, p.seq))
+
+    actions = _subscriber_actions(scenario, subscriber_plans, nodes, draw)
+    faults = _faults(scenario, draw)
+    return Plan(scenario=scenario.name, seed=seed, duration_s=duration, clients=tuple(clients),
+                publishes=tuple(publishes), subscriber_actions=tuple(actions), faults=tuple(faults))
+
+
+def _subscriber_actions(scenario: Scenario, subscribers: list[ClientPlan], nodes: int,
+                        draw: Draw) -> list[SubscriberAction]:
+    """Connect at 0 (never clean start: a preset session must survive), then disconnects as a Poisson
+    process of the scenario's rate, each followed by an offline time and a reconnect."""
+    behaviour = scenario.subscribers
+    duration = scenario.scenario.duration_s
+    rate_per_s = behaviour.disconnects_per_minute / 60.0
+    actions: list[SubscriberAction] = []
+    for client in subscribers:
+        node = client.node
+        actions.append(SubscriberAction(offset_s=0.0, client_id=client.client_id, action=CONNECT,
+                                        clean_start=False, session_expiry_s=client.session_expiry_s, node=node))
+        now = 0.0
+        while rate_per_s > 0:
+            # Exponential inter-arrival time: -ln(1 - u) / rate.
+            now += -math.log(1.0 - draw.uniform(0.0, 0.999999)) / rate_per_s
+            if now >= duration:
+                break
+            actions.append(SubscriberAction(offset_s=_round(now), client_id=client.client_id, action=DISCONNECT,
+                                            abrupt=draw.chance(behaviour.abrupt_fraction)))
+            now += draw.uniform(*behaviour.offline_s)
+            if now >= duration:
+                break  # the final phase reconnects every persistent subscriber
+            node = _reconnect_node(behaviour.reconnect_node, node, nodes, draw)
+            actions.append(SubscriberAction(
+                offset_s=_round(now), client_id=client.client_id, action=CONNECT,
+                clean_start=draw.chance(behaviour.clean_start_fraction),
+                session_expiry_s=client.session_expiry_s, node=node))
+            now += 0.1  # at least a moment connected before the next disconnect
+    actions.sort(key=lambda a: (a.offset_s, a.client_id))
+    return actions
+
+
+def _reconnect_node(policy: str, current: int, nodes: int, draw: Draw) -> int:
+    if nodes == 1 or policy == "same":
+        return current
+    if policy == "other":
+        return (current + draw.integer(1, nodes - 1)) % nodes
+    return draw.integer(0, nodes - 1)
+
+
+def _faults(scenario: Scenario, draw: Draw) -> list[FaultSlot]:
+    """Fault slots.  Empty until the faults issue fills the catalog (scenario.faults.mix is validated
+    against ordeal.scenario.FAULT_KINDS, which is empty today)."""
+    if scenario.faults.mix:
+        raise NotImplementedError("fault schedules are generated by the faults issue; no fault kinds yet")
+    return []

@@ -1,0 +1,98 @@
+"""Plans: byte-identical for the same scenario + seed, different for different seeds, pure data."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from ordeal.scenario import find_scenario, load_scenario, parse_scenario
+from properties.generate import make_plan, plans
+from properties.plan import CONNECT, DISCONNECT, Plan, PlanError
+
+SMOKE = load_scenario(find_scenario("p2p-smoke"))
+
+
+def test_same_seed_gives_byte_identical_plans():
+    first = make_plan(SMOKE, 1).to_json()
+    again = make_plan(load_scenario(find_scenario("p2p-smoke")), 1).to_json()
+    assert first.encode() == again.encode()
+
+
+def test_different_seeds_differ():
+    texts = {make_plan(SMOKE, seed).to_json() for seed in range(5)}
+    assert len(texts) == 5
+
+
+def test_json_round_trip():
+    plan = make_plan(SMOKE, 3)
+    assert Plan.from_json(plan.to_json()) == plan
+    assert Plan.from_json(plan.to_json()).to_json() == plan.to_json()
+
+
+def test_p2p_pattern_matches_the_seeds():
+    plan = make_plan(SMOKE, 1)
+    pubs, subs = plan.publishers(), plan.subscribers()
+    assert [c.client_id for c in pubs] == ["test_pub_client_0_0", "test_pub_client_1_0", "test_pub_client_2_0"]
+    assert [c.client_id for c in subs] == ["test_sub_client_0_0", "test_sub_client_1_0", "test_sub_client_2_0"]
+    assert [s.subscriptions[0].topic_filter for s in subs] == [f"europe/ua/kyiv/{i}/+" for i in range(3)]
+    assert all(s.persistent and s.subscriptions[0].qos == 1 for s in subs)
+    assert plan.publisher_ids() == {i: f"test_pub_client_{i}_0" for i in range(3)}
+    for p in plan.publishes:
+        i = p.publisher.split("_")[3]
+        assert p.topic == f"europe/ua/kyiv/{i}/0" and p.qos == 1 and p.size == 62
+        assert 0 <= p.offset_s < SMOKE.scenario.duration_s
+
+
+def test_rate_and_sequence_numbers():
+    plan = make_plan(SMOKE, 2)
+    for publisher in plan.publishers():
+        mine = [p for p in plan.publishes if p.publisher == publisher.client_id]
+        assert [p.seq for p in mine] == list(range(1, len(mine) + 1))
+        assert [p.offset_s for p in mine] == sorted(p.offset_s for p in mine)
+        expected = SMOKE.workload.rate_per_publisher * SMOKE.scenario.duration_s
+        assert abs(len(mine) - expected) <= 1
+
+
+def test_subscriber_actions_alternate_and_start_connected():
+    plan = make_plan(SMOKE, 4)
+    assert any(a.action == DISCONNECT for a in plan.subscriber_actions), "p2p-smoke should flap subscribers"
+    for sub in plan.subscribers():
+        mine = [a for a in plan.subscriber_actions if a.client_id == sub.client_id]
+        assert mine[0].action == CONNECT and mine[0].offset_s == 0 and not mine[0].clean_start
+        for before, after in zip(mine, mine[1:], strict=False):
+            assert before.action != after.action and before.offset_s <= after.offset_s
+
+
+def test_expiry_only_on_mqtt5_publishers():
+    scenario = load_scenario(find_scenario("p2p-expiry"))
+    plan = make_plan(scenario, 1)
+    expiries = {p.expiry_s for p in plan.publishes}
+    assert None in expiries and expiries - {None}, "the expiry mix should give both"
+    text = """[scenario]\nname='x'\nduration_s=5\n[workload]\npairs=4\nprotocol_mix={mqtt311=1,mqtt5=1}
+expiry_mix={"9"=1}\n"""
+    plan = make_plan(parse_scenario(text), 7)
+    v311 = {c.client_id for c in plan.publishers() if c.protocol == 4}
+    assert all((p.expiry_s is None) == (p.publisher in v311) for p in plan.publishes)
+
+
+def test_wraparound_preset_is_carried():
+    plan = make_plan(load_scenario(find_scenario("p2p-wraparound")), 1)
+    assert {s.preset_last_packet_id for s in plan.subscribers()} == {65500}
+
+
+def test_unreadable_plans_are_refused():
+    with pytest.raises(PlanError, match="plan version 99 is not supported"):
+        Plan.from_json('{"version": 99}')
+    with pytest.raises(PlanError, match="not valid JSON"):
+        Plan.from_json("{")
+
+
+@settings(max_examples=15, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans(parse_scenario("[scenario]\nname='h'\nduration_s=3\n[workload]\npairs=2\nrate_per_publisher=2\n"
+                            "protocol_mix={mqtt311=1,mqtt5=1}\n[subscribers]\ndisconnects_per_minute=30\n")))
+def test_the_hypothesis_strategy_builds_valid_plans(plan: Plan):
+    assert Plan.from_json(plan.to_json()) == plan
+    assert len(plan.publishers()) == 2
+    for sub in plan.subscribers():
+        mine = [a for a in plan.subscriber_actions if a.client_id == sub.client_id]
+        assert mine[0].action == CONNECT

@@ -83,6 +83,7 @@ _spawner = _Spawner()
 
 def spawn(argv: Sequence[str], **kwargs) -> subprocess.Popen:
     """Popen with the no-orphan guarantees (own process group, PDEATHSIG, tracked by the reaper)."""
+    reaper.install()  # here, in the caller's thread: signal handlers can only be set from the main thread
     return _spawner.popen(args=list(argv), **kwargs)
 
 

@@ -1,0 +1,85 @@
+"""The whole fault catalog: importing this module registers every kind.
+
+    from faults.catalog import FAULT_KINDS, validate_spec, build_fault
+
+``validate_spec`` turns a plan's fault (a dict or a FaultSpec) into a normalised FaultSpec (defaults
+filled) or raises FaultSpecError naming the fault, the kind/parameter/target and what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from faults import client, network, process, redis_failover  # noqa: F401  (registration side effects)
+from faults.base import (
+    FAULT_KINDS,
+    Fault,
+    FaultSpec,
+    FaultSpecError,
+    KindInfo,
+    kind_info,
+    normalise_params,
+    registered_kinds,
+)
+from faults.targets import SELECTOR_HELP, parse_selector
+
+__all__ = ["FAULT_KINDS", "validate_spec", "build_fault", "is_client_fault", "kinds_by_category"]
+
+
+def validate_spec(fault: FaultSpec | Mapping[str, Any]) -> FaultSpec:
+    if isinstance(fault, Mapping):
+        unknown = sorted(set(fault) - {"id", "kind", "target", "params"})
+        if unknown:
+            raise FaultSpecError(f"fault {fault.get('id')!r}: unknown field(s) {', '.join(unknown)}; "
+                                 "allowed: id, kind, target, params")
+        if not isinstance(fault.get("id"), str) or not fault.get("id"):
+            raise FaultSpecError(f"fault {dict(fault)!r}: 'id' must be a non-empty string")
+        if not isinstance(fault.get("kind"), str):
+            raise FaultSpecError(f"fault {fault['id']!r}: 'kind' must be a string, one of "
+                                 f"{', '.join(sorted(FAULT_KINDS))}")
+        params = fault.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise FaultSpecError(f"fault {fault['id']!r}: 'params' must be a table/object, got {params!r}")
+        fault = FaultSpec(fault["id"], fault["kind"], fault.get("target"), dict(params))
+    try:
+        info = kind_info(fault.kind)
+        params = normalise_params(fault.kind, fault.params)
+        target = _validate_target(info, fault.target)
+    except FaultSpecError as error:
+        raise FaultSpecError(f"fault {fault.id!r}: {error}") from None
+    return FaultSpec(fault.id, fault.kind, target, params)
+
+
+def _validate_target(info: KindInfo, target: Any) -> str | None:
+    if info.target == "none":
+        if target not in (None, ""):
+            raise FaultSpecError(f"fault kind {info.name!r} takes no target (got {target!r}); "
+                                 "its parameters say what it hits")
+        return None
+    if info.target == "client":
+        if not isinstance(target, str) or not target:
+            raise FaultSpecError(f"fault kind {info.name!r}: target must be a client id, got {target!r}")
+        return target
+    if target is None:
+        raise FaultSpecError(f"fault kind {info.name!r} needs a target: one of {SELECTOR_HELP}")
+    return str(parse_selector(target))
+
+
+def build_fault(spec: FaultSpec) -> Fault:
+    """The live fault for a (validated) spec; client faults have none (the executor plays them)."""
+    info = kind_info(spec.kind)
+    if info.factory is None:
+        raise FaultSpecError(f"fault {spec.id!r}: kind {spec.kind!r} is played by the executor, not the nemesis")
+    return info.factory(spec)
+
+
+def is_client_fault(kind: str) -> bool:
+    return kind_info(kind).category == "client"
+
+
+def kinds_by_category() -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for name, info in sorted(registered_kinds().items()):
+        grouped.setdefault(info.category, []).append(name)
+    return grouped

@@ -1,0 +1,317 @@
+"""Network faults: real kernel packet drops (nftables) and bandwidth limits (tc), only inside the run's
+private network namespace.
+
+Every fault gets its own base chain on the *input* hook of table ``inet ordeal_chaos`` (on output the
+sender would get EPERM instead of silence), and each drop rule carries a ``counter``: the evidence that
+the fault bit is that the counters saw packets by heal time.  Heal deletes the fault's chain (the table
+goes with the last chain).  Bandwidth limits use an htb class on ``lo`` with u32 filters for the address
+pairs; the evidence is the class' packet count.
+
+Guard: these faults refuse to run (FaultNotApplicable, so the run becomes unknown) unless the process is
+root, inside a private network namespace the run created (the harness sets ORDEAL_NETNS=private when it
+enters one, harness/netns.py) and that namespace has no interface but ``lo`` — never the host's tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+
+from faults.base import (
+    Check,
+    Evidence,
+    FaultContext,
+    FaultNotApplicable,
+    FaultSpec,
+    KindInfo,
+    Param,
+    register,
+)
+from faults.targets import group_error, resolve_group, resolve_node
+
+TABLE = "ordeal_chaos"
+NETNS_MARKER = "ORDEAL_NETNS"  # same name and value as harness/netns.py MARKER (faults may not import harness)
+_lock = threading.Lock()  # one nft / tc change at a time: "delete the table when empty" must not race
+
+
+def _run(argv: list[str], stdin: str | None = None) -> str:
+    result = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=10)
+    if result.returncode != 0:
+        raise FaultNotApplicable(f"`{' '.join(argv)}` failed ({result.returncode}): {result.stderr.strip()}"
+                                 + (f"\ninput:\n{stdin}" if stdin else ""))
+    return result.stdout
+
+
+def interfaces() -> list[str]:
+    return sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+
+
+def require_private_netns(what: str) -> None:
+    """Refuse, with the reason, unless network faults are safe and possible here."""
+    if os.geteuid() != 0:
+        raise FaultNotApplicable(f"{what}: network faults need root (nftables/tc in a private network "
+                                 f"namespace); this process runs as uid {os.geteuid()}")
+    if os.environ.get(NETNS_MARKER) != "private":
+        raise FaultNotApplicable(f"{what}: network faults run only inside the run's private network "
+                                 f"namespace ({NETNS_MARKER}=private, set by harness/netns.py); this run "
+                                 "was not started isolated")
+    others = [name for name in interfaces() if name != "lo"]
+    if others:
+        raise FaultNotApplicable(f"{what}: refusing to touch this network namespace: it has interfaces "
+                                 f"{', '.join(others)} besides lo, so it is not a private one the run created")
+    for tool in ("nft", "tc"):
+        if shutil.which(tool) is None:
+            raise FaultNotApplicable(f"{what}: `{tool}` is not installed (apt-get install nftables iproute2)")
+
+
+def chain_name(fault_id: str) -> str:
+    """A valid, unique nft chain name for a fault id."""
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", fault_id)[:32]
+    return f"f_{clean}_{hashlib.blake2b(fault_id.encode(), digest_size=3).hexdigest()}"
+
+
+def addr_set(addresses: list[str]) -> str:
+    return "{ " + ", ".join(sorted(set(addresses))) + " }"
+
+
+def drop_rules(kind: str, a: list[str], b: list[str], percent: int | None, direction: str) -> list[str]:
+    """The rule bodies (after ``add rule inet TABLE CHAIN``) for a fault; pure, unit-tested."""
+    random_drop = f"numgen random mod 100 < {percent} " if percent is not None and percent < 100 else ""
+    if kind == "isolate":
+        (node,) = a
+        return [f"ip saddr {node} ip daddr != {node} counter drop",
+                f"ip daddr {node} ip saddr != {node} counter drop"]
+    rules = [f"ip saddr {addr_set(a)} ip daddr {addr_set(b)} {random_drop}counter drop"]
+    if direction == "both":
+        rules.append(f"ip saddr {addr_set(b)} ip daddr {addr_set(a)} {random_drop}counter drop")
+    return rules
+
+
+def parse_counters(nft_json: str) -> list[dict[str, int]]:
+    """Packets/bytes of every counter in `nft -j list chain` output, rule by rule."""
+    counters = []
+    for item in json.loads(nft_json).get("nftables", []):
+        rule = item.get("rule")
+        if not rule:
+            continue
+        for expression in rule.get("expr", []):
+            if isinstance(expression, dict) and "counter" in expression:
+                counters.append({"packets": int(expression["counter"]["packets"]),
+                                 "bytes": int(expression["counter"]["bytes"])})
+    return counters
+
+
+def _check_disjoint(spec: FaultSpec, a: dict[str, str], b: dict[str, str]) -> None:
+    shared = sorted(set(a.values()) & set(b.values()))
+    if shared:
+        raise FaultNotApplicable(
+            f"fault {spec.id}: both sides share address(es) {', '.join(shared)} ({sorted(a)} vs {sorted(b)}); "
+            "a network fault needs every node on its own 127.0.0.x (a topology started isolated)")
+
+
+class DropFault:
+    """partition / one-way partition / lossy link / isolate: nft drop rules with counters."""
+
+    def __init__(self, spec: FaultSpec, shape: str) -> None:
+        self.spec = spec
+        self.shape = shape  # "partition" | "oneway" | "lossy" | "isolate"
+        self.chain = chain_name(spec.id)
+        self.installed = False
+        self.sides: dict[str, dict[str, str]] = {}
+
+    def _sides(self, ctx: FaultContext) -> tuple[list[str], list[str], str, int | None]:
+        rng = ctx.rng_for(self.spec.id)
+        params = self.spec.params
+        if self.shape == "isolate":
+            node = resolve_node(ctx.topology, self.spec.target, rng)
+            self.sides = {"node": {node.name: node.host}}
+            if node.host == "127.0.0.1":
+                raise FaultNotApplicable(f"fault {self.spec.id}: {node.name} listens on 127.0.0.1, shared with "
+                                         "everything; isolating it needs a topology started isolated")
+            return [node.host], [], "both", None
+        src_key, dst_key = ("src", "dst") if self.shape == "oneway" else ("a", "b")
+        a = resolve_group(ctx.topology, params[src_key], rng)
+        b = resolve_group(ctx.topology, params[dst_key], rng)
+        _check_disjoint(self.spec, a, b)
+        self.sides = {src_key: a, dst_key: b}
+        direction = "oneway" if self.shape == "oneway" else params.get("direction", "both")
+        return list(a.values()), list(b.values()), direction, params.get("percent")
+
+    def apply(self, ctx: FaultContext) -> Evidence:
+        require_private_netns(f"fault {self.spec.id} ({self.spec.kind})")
+        a, b, direction, percent = self._sides(ctx)
+        rules = drop_rules("isolate" if self.shape == "isolate" else "drop", a, b, percent, direction)
+        script = "\n".join([
+            f"add table inet {TABLE}",
+            f"add chain inet {TABLE} {self.chain} {{ type filter hook input priority 0; policy accept; }}",
+            *(f"add rule inet {TABLE} {self.chain} {rule}" for rule in rules),
+        ]) + "\n"
+        with _lock:
+            _run(["nft", "-f", "-"], stdin=script)
+            self.installed = True
+            listed = parse_counters(_run(["nft", "-j", "list", "chain", "inet", TABLE, self.chain]))
+        return Evidence.of(Check("drop rules installed",
+                                 {"table": TABLE, "chain": self.chain, "rules": rules,
+                                  "sides": self.sides, "installed_rules": len(listed)},
+                                 len(listed) == len(rules)))
+
+    def counters(self) -> list[dict[str, int]]:
+        return parse_counters(_run(["nft", "-j", "list", "chain", "inet", TABLE, self.chain]))
+
+    def heal(self, ctx: FaultContext) -> Evidence:
+        if not self.installed:
+            return Evidence.of(Check("nothing installed", {"chain": self.chain}, True))
+        with _lock:
+            counters = self.counters()
+            _run(["nft", "-f", "-"], stdin=f"flush chain inet {TABLE} {self.chain}\n"
+                                           f"delete chain inet {TABLE} {self.chain}\n")
+            self.installed = False
+            _delete_table_if_empty()
+            remaining = _run(["nft", "list", "tables"])
+        gone = f"chain {self.chain}" not in _list_table_or_empty()
+        dropped = sum(counter["packets"] for counter in counters)
+        return Evidence.of(
+            Check("packets dropped", {"counters": counters, "packets": dropped}, dropped > 0),
+            Check("drop rules removed", {"chain": self.chain, "tables": remaining.split()}, gone),
+        )
+
+
+def _list_table_or_empty() -> str:
+    result = subprocess.run(["nft", "list", "table", "inet", TABLE], capture_output=True, text=True, timeout=10)
+    return result.stdout if result.returncode == 0 else ""
+
+
+def _delete_table_if_empty() -> None:
+    listed = _list_table_or_empty()
+    if listed and "chain " not in listed:
+        _run(["nft", "delete", "table", "inet", TABLE])
+
+
+# --- bandwidth limit (tc htb on lo) -----------------------------------------------------------------
+
+_QDISC_HANDLE = "1:"
+_next_class = [10]  # class ids handed out per bandwidth fault (guarded by _lock)
+
+
+def parse_class_stats(tc_json: str, classid: str) -> dict[str, int] | None:
+    """Packets/bytes/overlimits/drops of one class in `tc -s -j class show` output."""
+    for item in json.loads(tc_json or "[]"):
+        if item.get("handle") == classid:
+            stats = item.get("stats", {})
+            return {key: int(stats.get(key, 0)) for key in ("packets", "bytes", "overlimits", "drops")}
+    return None
+
+
+class BandwidthFault:
+    def __init__(self, spec: FaultSpec) -> None:
+        self.spec = spec
+        self.classid: str | None = None
+        self.prio: int | None = None
+
+    def apply(self, ctx: FaultContext) -> Evidence:
+        require_private_netns(f"fault {self.spec.id} ({self.spec.kind})")
+        params, rng = self.spec.params, ctx.rng_for(self.spec.id)
+        a = resolve_group(ctx.topology, params["a"], rng)
+        b = resolve_group(ctx.topology, params["b"], rng)
+        _check_disjoint(self.spec, a, b)
+        pairs = [(src, dst) for src in sorted(set(a.values())) for dst in sorted(set(b.values()))]
+        if params["direction"] == "both":
+            pairs += [(dst, src) for src, dst in pairs]
+        rate, burst = f"{params['rate_kbit']}kbit", f"{params['burst_kb']}kb"
+        with _lock:
+            qdiscs = _run(["tc", "qdisc", "show", "dev", "lo"])
+            if "htb 1:" not in qdiscs:
+                # Unclassified traffic ('default 0') bypasses shaping: only the fault's pairs are slowed.
+                _run(["tc", "qdisc", "add", "dev", "lo", "root", "handle", _QDISC_HANDLE, "htb", "default", "0"])
+            number = _next_class[0]
+            _next_class[0] += 1
+            self.classid, self.prio = f"1:{number}", number
+            _run(["tc", "class", "add", "dev", "lo", "parent", _QDISC_HANDLE, "classid", self.classid, "htb",
+                  "rate", rate, "ceil", rate, "burst", burst, "cburst", burst])
+            for src, dst in pairs:
+                _run(["tc", "filter", "add", "dev", "lo", "parent", _QDISC_HANDLE, "protocol", "ip",
+                      "prio", str(self.prio), "u32", "match", "ip", "src", f"{src}/32",
+                      "match", "ip", "dst", f"{dst}/32", "flowid", self.classid])
+            filters = _run(["tc", "filter", "show", "dev", "lo", "parent", _QDISC_HANDLE])
+        installed = filters.count(f"flowid {self.classid} ") + filters.count(f"flowid {self.classid}\n")
+        return Evidence.of(Check("bandwidth limit installed",
+                                 {"class": self.classid, "rate": rate, "burst": burst, "pairs": pairs,
+                                  "sides": {"a": a, "b": b}, "filters": installed},
+                                 installed >= len(pairs)))
+
+    def heal(self, ctx: FaultContext) -> Evidence:
+        if self.classid is None:
+            return Evidence.of(Check("nothing installed", {}, True))
+        with _lock:
+            stats = parse_class_stats(_run(["tc", "-s", "-j", "class", "show", "dev", "lo"]), self.classid)
+            _run(["tc", "filter", "del", "dev", "lo", "parent", _QDISC_HANDLE, "prio", str(self.prio)])
+            _run(["tc", "class", "del", "dev", "lo", "classid", self.classid])
+            remaining = _run(["tc", "class", "show", "dev", "lo"])
+            if "htb 1:" not in remaining:  # the last shaped class gone: remove the root qdisc
+                _run(["tc", "qdisc", "del", "dev", "lo", "root"])
+        classid, self.classid = self.classid, None
+        return Evidence.of(
+            Check("packets shaped", {"class": classid, **(stats or {})}, bool(stats and stats["packets"] > 0)),
+            Check("bandwidth limit removed", {"classes_left": remaining.strip().splitlines()},
+                  f"htb {classid} " not in remaining),
+        )
+
+
+def heal_all_network() -> list[str]:
+    """Remove every network fault (the whole table, the root qdisc on lo).  Returns what was removed.
+    Only inside the private namespace; elsewhere there is nothing of ours to remove."""
+    try:
+        require_private_netns("heal_all")
+    except FaultNotApplicable:
+        return []
+    removed = []
+    with _lock:
+        if _list_table_or_empty():
+            _run(["nft", "delete", "table", "inet", TABLE])
+            removed.append(f"nft table inet {TABLE}")
+        if "htb 1:" in _run(["tc", "qdisc", "show", "dev", "lo"]):
+            _run(["tc", "qdisc", "del", "dev", "lo", "root"])
+            removed.append("tc root qdisc on lo")
+    return removed
+
+
+_GROUP_HELP = "a group: redis, broker, kafka, storage, client, client:ID, a node selector, or a list"
+_A = Param("a", (str, list), help="one side: " + _GROUP_HELP, check=group_error)
+_B = Param("b", (str, list), help="the other side: " + _GROUP_HELP, check=group_error)
+_DIRECTION = Param("direction", str, "both", "drop a->b and b->a, or only a->b", choices=("both", "oneway"))
+
+register(KindInfo(
+    name="net_partition", category="network", target="none", factory=lambda spec: DropFault(spec, "partition"),
+    description="drop all packets between two groups of nodes, both ways (nftables); heal removes the rules",
+    params=(_A, _B),
+))
+register(KindInfo(
+    name="net_partition_oneway", category="network", target="none",
+    factory=lambda spec: DropFault(spec, "oneway"),
+    description="drop packets from group src to group dst only (dst's replies still flow)",
+    params=(Param("src", (str, list), help="senders: " + _GROUP_HELP, check=group_error),
+            Param("dst", (str, list), help="receivers: " + _GROUP_HELP, check=group_error)),
+))
+register(KindInfo(
+    name="net_isolate", category="network", target="node", factory=lambda spec: DropFault(spec, "isolate"),
+    description="drop every packet to and from the target node",
+    params=(),
+))
+register(KindInfo(
+    name="net_lossy", category="network", target="none", factory=lambda spec: DropFault(spec, "lossy"),
+    description="drop percent % of packets between two groups (nft numgen random)",
+    params=(_A, _B, Param("percent", int, 30, "share of packets dropped", min=1, max=100), _DIRECTION),
+))
+register(KindInfo(
+    name="net_bandwidth", category="network", target="none", factory=BandwidthFault,
+    description="limit the bandwidth between two groups (tc htb on lo)",
+    params=(_A, _B, Param("rate_kbit", int, 8000, "rate limit in kbit/s", min=8, max=10_000_000),
+            Param("burst_kb", int, 256, "bucket size in KiB (must exceed loopback's 64 KiB skb)", min=65,
+                  max=65536), _DIRECTION),
+))
+

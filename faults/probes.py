@@ -1,0 +1,43 @@
+"""Small observations of the operating system that faults use as evidence."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+
+def proc_state(pid: int | None) -> str | None:
+    """The state letter of /proc/PID/stat ('R', 'S', 'T', 'Z', ...), or None when the process is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: the state follows the last ')'.
+    return text.rsplit(")", 1)[1].split()[0]
+
+
+def pid_gone(pid: int | None) -> bool:
+    """True when no live process has this PID (gone, or a zombie awaiting its parent)."""
+    return proc_state(pid) in (None, "Z", "X")
+
+
+def is_stopped(pid: int | None) -> bool:
+    """True when the process is stopped by a signal (SIGSTOP): state 'T' (or 't' under a tracer)."""
+    return proc_state(pid) in ("T", "t")
+
+
+def port_state(host: str, port: int, timeout_s: float = 0.5) -> str:
+    """'accepts', 'refuses' (RST: nobody listens) or 'silent' (timeout: dropped or host unreachable)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return "accepts"
+    except ConnectionRefusedError:
+        return "refuses"
+    except TimeoutError:
+        return "silent"
+    except OSError as error:
+        return "refuses" if error.errno == errno.ECONNREFUSED else f"error: {os.strerror(error.errno or 0)}"

@@ -1,0 +1,224 @@
+"""Process faults: kill -9, graceful stop, pause/resume, restart — of any node the topology has.
+
+Evidence that the fault bit: after a kill or stop the PID is really gone and the port refuses; after a
+pause the process is in state 'T'; after a restart it runs under a new PID and accepts connections.  When
+the victim was a Redis master with replicas, kill and stop also wait for a replica to be promoted (the
+cluster's own CLUSTER NODES, read from the surviving nodes) — that is what the fault is for.
+Heal brings the node back (start / resume) and checks it is alive and accepting again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from faults import probes
+from faults.base import (
+    Check,
+    Evidence,
+    FaultContext,
+    FaultNotApplicable,
+    FaultSpec,
+    KindInfo,
+    Param,
+    register,
+)
+from faults.redis_cluster import ClusterView, wait_until
+from faults.targets import resolve_node
+
+
+def _redis_role(ctx: FaultContext, node: Any) -> tuple[str | None, list[str]]:
+    """('master'|'replica'|None, ids of its replicas) per the cluster's view; None when not Redis."""
+    if node not in (getattr(ctx.topology, "redis_nodes", []) or []):
+        return None, []
+    try:
+        view = ClusterView.read(ctx.topology)
+    except FaultNotApplicable:
+        return None, []
+    entry = view.entry_for(node)
+    if entry is None:
+        return None, []
+    if entry.is_master and entry.slots:
+        return "master", [replica.node_id for replica in view.replicas_of(entry.node_id)]
+    return "replica", []
+
+
+def _promotion_check(ctx: FaultContext, node: Any, old_master_id: str, replica_ids: list[str]) -> Check:
+    """Wait until one of the dead master's replicas is a master serving slots, in the survivors' view."""
+
+    def promoted() -> tuple[bool, dict]:
+        try:
+            view = ClusterView.read(ctx.topology, exclude=(node.name,))
+        except FaultNotApplicable as error:
+            return False, {"error": str(error)}
+        winners = [replica_id for replica_id in replica_ids
+                   if (entry := view.by_id(replica_id)) is not None and entry.is_master and entry.slots]
+        old = view.by_id(old_master_id)
+        return bool(winners), {
+            "promoted": [view.by_id(winner).address for winner in winners],
+            "old_master_flags": sorted(old.flags) if old else None,
+            "view_from": view.source,
+        }
+
+    ok, observed, waited = wait_until(promoted, ctx.effect_timeout_s)
+    return Check("replica promoted", {**observed, "waited_s": waited,
+                                      "timeout_s": ctx.effect_timeout_s}, ok)
+
+
+class _NodeFault:
+    """Shared state: the resolved node and its PID before the fault."""
+
+    def __init__(self, spec: FaultSpec) -> None:
+        self.spec = spec
+        self.node: Any = None
+        self.pid_before: int | None = None
+
+    def _resolve(self, ctx: FaultContext) -> Any:
+        self.node = resolve_node(ctx.topology, self.spec.target, ctx.rng_for(self.spec.id))
+        if not self.node.is_alive():
+            raise FaultNotApplicable(f"fault {self.spec.id}: target {self.node.name} is not running")
+        self.pid_before = self.node.pid
+        return self.node
+
+    def _down_checks(self) -> list[Check]:
+        state = probes.port_state(self.node.host, self.node.port)
+        return [
+            Check("pid gone", {"node": self.node.name, "pid": self.pid_before,
+                               "state": probes.proc_state(self.pid_before)}, probes.pid_gone(self.pid_before)),
+            Check("port refuses", {"address": f"{self.node.host}:{self.node.port}", "port": state},
+                  state == "refuses"),
+        ]
+
+    def _up_checks(self) -> list[Check]:
+        state = probes.port_state(self.node.host, self.node.port)
+        return [
+            Check("node alive", {"node": self.node.name, "pid": self.node.pid,
+                                 "state": probes.proc_state(self.node.pid)}, bool(self.node.is_alive())),
+            Check("port accepts", {"address": f"{self.node.host}:{self.node.port}", "port": state},
+                  state == "accepts"),
+        ]
+
+    def _bring_back(self, ctx: FaultContext) -> Evidence:
+        if not self.node.is_alive():
+            self.node.start()
+            ctx.note_node_event(self.node.name, "start", fault_id=self.spec.id, pid=self.node.pid)
+        self.node.wait_ready(ctx.ready_timeout_s)
+        return Evidence.of(*self._up_checks())
+
+
+class _StopFault(_NodeFault):
+    """Kill (SIGKILL) or graceful stop; heal starts the node again."""
+
+    graceful = False
+
+    def apply(self, ctx: FaultContext) -> Evidence:
+        node = self._resolve(ctx)
+        role, replica_ids = _redis_role(ctx, node)
+        old_id = None
+        if role == "master":
+            view = ClusterView.read(ctx.topology)
+            old_id = view.entry_for(node).node_id
+        if self.graceful:
+            node.stop(timeout=float(self.spec.params.get("timeout_s", 10.0)))
+            ctx.note_node_event(node.name, "stop", fault_id=self.spec.id, pid=self.pid_before)
+        else:
+            node.kill()
+            ctx.note_node_event(node.name, "kill", fault_id=self.spec.id, pid=self.pid_before)
+        checks = self._down_checks()
+        if role == "master" and replica_ids and self.spec.params.get("wait_promotion", True):
+            checks.append(_promotion_check(ctx, node, old_id, replica_ids))
+        return Evidence.of(*checks)
+
+    def heal(self, ctx: FaultContext) -> Evidence:
+        return self._bring_back(ctx)
+
+
+class KillFault(_StopFault):
+    graceful = False
+
+
+class StopFault(_StopFault):
+    graceful = True
+
+
+class PauseFault(_NodeFault):
+    """SIGSTOP; heal sends SIGCONT."""
+
+    def apply(self, ctx: FaultContext) -> Evidence:
+        node = self._resolve(ctx)
+        node.pause()
+        ctx.note_node_event(node.name, "pause", fault_id=self.spec.id, pid=self.pid_before)
+        state = probes.proc_state(self.pid_before)
+        return Evidence.of(Check("process stopped (state T)",
+                                 {"node": node.name, "pid": self.pid_before, "state": state},
+                                 probes.is_stopped(self.pid_before)))
+
+    def heal(self, ctx: FaultContext) -> Evidence:
+        self.node.resume()
+        ctx.note_node_event(self.node.name, "resume", fault_id=self.spec.id, pid=self.pid_before)
+        state = probes.proc_state(self.pid_before)
+        checks = [Check("process running again", {"node": self.node.name, "pid": self.pid_before,
+                                                  "state": state},
+                        state is not None and not probes.is_stopped(self.pid_before))]
+        if self.node in (getattr(ctx.topology, "redis_nodes", []) or []):
+            checks.append(_answers_ping(self.node, ctx.effect_timeout_s))
+        return Evidence.of(*checks)
+
+
+def _answers_ping(node: Any, timeout_s: float) -> Check:
+    from faults.redis_cluster import query
+
+    def pong() -> tuple[bool, dict]:
+        try:
+            return bool(query(node.host, node.port, "PING")), {"reply": "PONG"}
+        except (redis.RedisError, OSError) as error:
+            return False, {"error": str(error)}
+
+    ok, observed, waited = wait_until(pong, timeout_s)
+    return Check("redis answers PING", {**observed, "waited_s": waited}, ok)
+
+
+class RestartFault(_NodeFault):
+    """Graceful stop then start, in one step; heal only re-checks the node is up."""
+
+    def apply(self, ctx: FaultContext) -> Evidence:
+        node = self._resolve(ctx)
+        node.restart()
+        ctx.note_node_event(node.name, "restart", fault_id=self.spec.id, old_pid=self.pid_before, pid=node.pid)
+        node.wait_ready(ctx.ready_timeout_s)
+        return Evidence.of(
+            Check("new process", {"node": node.name, "old_pid": self.pid_before, "pid": node.pid,
+                                  "old_pid_state": probes.proc_state(self.pid_before)},
+                  node.pid != self.pid_before and probes.pid_gone(self.pid_before)),
+            *self._up_checks(),
+        )
+
+    def heal(self, ctx: FaultContext) -> Evidence:
+        return self._bring_back(ctx)
+
+
+_WAIT_PROMOTION = Param("wait_promotion", bool, True,
+                        "for a Redis master with replicas: wait for (and require) a replica's promotion")
+
+register(KindInfo(
+    name="process_kill", category="process", target="node", factory=KillFault,
+    description="SIGKILL the target node; heal starts it again",
+    params=(_WAIT_PROMOTION,),
+))
+register(KindInfo(
+    name="process_stop", category="process", target="node", factory=StopFault,
+    description="gracefully stop the target node (SIGTERM, then SIGKILL after timeout_s); heal starts it",
+    params=(Param("timeout_s", float, 10.0, "grace period before SIGKILL", min=0.1, max=120.0),
+            _WAIT_PROMOTION),
+))
+register(KindInfo(
+    name="process_pause", category="process", target="node", factory=PauseFault,
+    description="SIGSTOP the target node; heal sends SIGCONT",
+    params=(),
+))
+register(KindInfo(
+    name="process_restart", category="process", target="node", factory=RestartFault, instant=True,
+    description="restart the target node (graceful stop, start) at the fault's start",
+    params=(),
+))

@@ -1,0 +1,203 @@
+"""Target selectors: which node a fault hits, and which addresses a network fault's groups cover.
+
+A selector is a short string, so plans stay plain JSON:
+
+    node:NAME                 the node with that name ("redis-7001", "kafka", "broker-2", ...)
+    redis-master-of:CLIENT    the Redis master that owns the slot of ``{CLIENT}_messages`` now
+    redis-replica-of:CLIENT   a replica of that master (seeded choice)
+    redis-random-master       a Redis master (seeded choice)
+    redis-random-replica      a Redis replica (seeded choice)
+    kafka | storage           the Kafka-protocol broker | its storage server
+    broker:N                  reference-broker node N (1-based, as in "broker-N")
+    broker-random             a broker node (seeded choice)
+    broker-holding:CLIENT     the broker node holding that subscriber's connection (read from Redis)
+
+Network faults take *groups*: a role — ``redis``, ``broker``, ``kafka``, ``storage``, ``client`` — or
+``client:ID``, or any node selector above; a group may also be a list of those.
+
+Parsing is pure (validated when the plan is built); resolution needs the running topology and is done
+when the fault is applied, so "the master that owns this slot" means the master at that moment.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from faults.base import FaultNotApplicable, FaultSpecError
+
+_NO_ARG = ("redis-random-master", "redis-random-replica", "kafka", "storage", "broker-random")
+_WITH_ARG = ("node", "redis-master-of", "redis-replica-of", "broker", "broker-holding")
+ROLE_GROUPS = ("redis", "broker", "kafka", "storage", "client")
+
+SELECTOR_HELP = (
+    "node:NAME, redis-master-of:CLIENT, redis-replica-of:CLIENT, redis-random-master, "
+    "redis-random-replica, kafka, storage, broker:N, broker-random, broker-holding:CLIENT"
+)
+GROUP_HELP = "a role (" + ", ".join(ROLE_GROUPS) + "), client:ID, or a node selector (" + SELECTOR_HELP + ")"
+
+
+@dataclass(frozen=True)
+class Selector:
+    how: str
+    arg: str | None = None
+
+    def __str__(self) -> str:
+        return self.how if self.arg is None else f"{self.how}:{self.arg}"
+
+
+def parse_selector(text: Any) -> Selector:
+    """Parse a node selector; errors say what is allowed."""
+    if not isinstance(text, str) or not text.strip():
+        raise FaultSpecError(f"target selector {text!r}: expected a non-empty string, one of {SELECTOR_HELP}")
+    how, sep, arg = text.strip().partition(":")
+    if how in _NO_ARG and not sep:
+        return Selector(how)
+    if how in _WITH_ARG and sep and arg:
+        if how == "broker" and not (arg.isdigit() and int(arg) >= 1):
+            raise FaultSpecError(f"target selector {text!r}: broker:N needs a node number N >= 1")
+        return Selector(how, arg)
+    raise FaultSpecError(f"target selector {text!r} not understood; expected one of {SELECTOR_HELP}")
+
+
+def parse_group(value: Any) -> tuple[str, ...]:
+    """Parse a network group (a string or a list of strings) into its members; errors say what is allowed."""
+    members = [value] if isinstance(value, str) else value
+    if not isinstance(members, list | tuple) or not members:
+        raise FaultSpecError(f"network group {value!r}: expected {GROUP_HELP}, or a non-empty list of those")
+    for member in members:
+        if member in ROLE_GROUPS:
+            continue
+        if isinstance(member, str) and member.startswith("client:") and len(member) > len("client:"):
+            continue
+        try:
+            parse_selector(member)
+        except FaultSpecError:
+            raise FaultSpecError(f"network group member {member!r}: expected {GROUP_HELP}") from None
+    return tuple(members)
+
+
+def group_error(value: Any) -> str | None:
+    """For Param.check: the problem with a group value, or None."""
+    try:
+        parse_group(value)
+    except FaultSpecError as error:
+        return str(error)
+    return None
+
+
+# --- resolution against a running topology ----------------------------------------------------------
+
+
+def all_nodes(topology: Any) -> list[Any]:
+    """Every node handle of the topology, in a stable order."""
+    nodes: list[Any] = list(getattr(topology, "redis_nodes", []) or [])
+    for attribute in ("kafka", "storage"):
+        node = getattr(topology, attribute, None)
+        if node is not None:
+            nodes.append(node)
+    nodes.extend(getattr(topology, "brokers", []) or [])
+    return nodes
+
+
+def node_by_name(topology: Any, name: str) -> Any:
+    for node in all_nodes(topology):
+        if node.name == name:
+            return node
+    names = ", ".join(node.name for node in all_nodes(topology)) or "(no nodes)"
+    raise FaultNotApplicable(f"no node named {name!r} in the topology; nodes: {names}")
+
+
+def _choose(rng: random.Random, candidates: list[Any], what: str) -> Any:
+    if not candidates:
+        raise FaultNotApplicable(f"no {what} to choose from")
+    return rng.choice(sorted(candidates, key=lambda node: node.name))
+
+
+def resolve_node(topology: Any, selector: Selector | str, rng: random.Random) -> Any:
+    """The node handle a selector means right now."""
+    from faults import redis_cluster  # Redis queries only when a Redis selector is used
+
+    selector = parse_selector(selector) if isinstance(selector, str) else selector
+    how, arg = selector.how, selector.arg
+    if how == "node":
+        return node_by_name(topology, arg)
+    if how in ("kafka", "storage"):
+        node = getattr(topology, how, None)
+        if node is None:
+            raise FaultNotApplicable(f"target {selector}: the topology has no {how} node")
+        return node
+    if how == "broker":
+        brokers = list(getattr(topology, "brokers", []) or [])
+        index = int(arg)
+        for node in brokers:  # prefer the name, fall back to the position
+            if node.name == f"broker-{index}":
+                return node
+        if index <= len(brokers):
+            return brokers[index - 1]
+        raise FaultNotApplicable(f"target {selector}: the topology has {len(brokers)} broker node(s)")
+    if how == "broker-random":
+        return _choose(rng, list(getattr(topology, "brokers", []) or []), "broker node")
+    if how == "broker-holding":
+        name = redis_cluster.session_owner(topology, arg)
+        return node_by_name(topology, name)
+    view = redis_cluster.ClusterView.read(topology)
+    if how == "redis-master-of":
+        return view.handle(topology, view.master_of_key(redis_cluster.client_messages_key(arg)))
+    if how == "redis-replica-of":
+        master = view.master_of_key(redis_cluster.client_messages_key(arg))
+        replicas = [view.handle(topology, entry) for entry in view.replicas_of(master.node_id)]
+        return _choose(rng, replicas, f"replica of the master owning {arg}'s slot ({master.address})")
+    if how == "redis-random-master":
+        return _choose(rng, [view.handle(topology, entry) for entry in view.masters()], "Redis master")
+    if how == "redis-random-replica":
+        return _choose(rng, [view.handle(topology, entry) for entry in view.replicas()], "Redis replica")
+    raise FaultSpecError(f"target selector {selector}: not understood; expected one of {SELECTOR_HELP}")
+
+
+def client_hosts(topology: Any) -> dict[str, str]:
+    """client id -> source address, as the topology / executor declares them (``client_hosts``)."""
+    hosts = getattr(topology, "client_hosts", None)
+    if callable(hosts):
+        hosts = hosts()
+    if not hosts:
+        raise FaultNotApplicable(
+            "the topology declares no client source addresses (topology.client_hosts), so a client "
+            "group cannot be matched to packets"
+        )
+    if isinstance(hosts, str):
+        return {"*": hosts}
+    if isinstance(hosts, list | tuple | set):
+        return {f"client@{host}": host for host in hosts}
+    return dict(hosts)
+
+
+def resolve_group(topology: Any, group: Any, rng: random.Random) -> dict[str, str]:
+    """A network group -> {member name: address}."""
+    resolved: dict[str, str] = {}
+    for member in parse_group(group):
+        if member == "client":
+            resolved.update(client_hosts(topology))
+        elif member.startswith("client:"):
+            client_id = member.split(":", 1)[1]
+            hosts = client_hosts(topology)
+            host = hosts.get(client_id) or hosts.get("*")
+            if host is None:
+                raise FaultNotApplicable(f"network group member {member!r}: no source address for client "
+                                         f"{client_id!r} in topology.client_hosts")
+            resolved[member] = host
+        elif member == "redis":
+            nodes = list(getattr(topology, "redis_nodes", []) or [])
+            if not nodes:
+                raise FaultNotApplicable("network group 'redis': the topology has no Redis nodes")
+            resolved.update({node.name: node.host for node in nodes})
+        elif member == "broker":
+            nodes = list(getattr(topology, "brokers", []) or [])
+            if not nodes:
+                raise FaultNotApplicable("network group 'broker': the topology has no broker nodes")
+            resolved.update({node.name: node.host for node in nodes})
+        else:
+            node = resolve_node(topology, member, rng)
+            resolved[node.name] = node.host
+    return resolved

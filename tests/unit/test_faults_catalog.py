@@ -1,0 +1,157 @@
+"""Fault descriptions, parameter validation, selectors and the pure parsers of the nemesis."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from faults.base import Check, Evidence, FaultSpec, FaultSpecError
+from faults.catalog import FAULT_KINDS, build_fault, is_client_fault, kinds_by_category, validate_spec
+from faults.network import chain_name, drop_rules, parse_class_stats, parse_counters
+from faults.probes import proc_state
+from faults.redis_cluster import client_messages_key, parse_cluster_nodes
+from faults.targets import parse_group, parse_selector
+
+EXPECTED_KINDS = {
+    "process_kill", "process_stop", "process_pause", "process_restart", "redis_failover",
+    "net_partition", "net_partition_oneway", "net_isolate", "net_lossy", "net_bandwidth",
+    "client_flap", "client_reconnect_storm",
+}
+
+
+def test_every_kind_registered_with_a_one_line_description():
+    assert set(FAULT_KINDS) == EXPECTED_KINDS
+    for name, description in FAULT_KINDS.items():
+        assert description and "\n" not in description, name
+    assert kinds_by_category()["client"] == ["client_flap", "client_reconnect_storm"]
+    assert is_client_fault("client_flap") and not is_client_fault("process_kill")
+
+
+def test_unknown_kind_names_it_and_lists_allowed():
+    with pytest.raises(FaultSpecError) as error:
+        validate_spec({"id": "f1", "kind": "proces_kill", "target": "kafka"})
+    assert "'proces_kill'" in str(error.value) and "process_kill" in str(error.value)
+    assert "'f1'" in str(error.value)
+
+
+def test_unknown_param_names_it_and_lists_allowed():
+    with pytest.raises(FaultSpecError) as error:
+        validate_spec({"id": "f2", "kind": "net_lossy", "params": {"a": "broker", "b": "redis", "pct": 5}})
+    message = str(error.value)
+    assert "pct" in message and "percent" in message and "direction" in message
+
+
+@pytest.mark.parametrize("params, fragment", [
+    ({"a": "broker", "b": "redis", "percent": 0}, ">= 1"),
+    ({"a": "broker", "b": "redis", "percent": 101}, "<= 100"),
+    ({"a": "broker", "b": "redis", "percent": "30"}, "expected percent: int"),
+    ({"a": "broker", "b": "redis", "percent": True}, "expected percent: int"),
+    ({"a": "broker", "b": "redis", "direction": "sideways"}, "'both', 'oneway'"),
+    ({"a": "brokers", "b": "redis"}, "network group member 'brokers'"),
+    ({"b": "redis"}, "missing required parameter a"),
+])
+def test_bad_params_are_named(params, fragment):
+    with pytest.raises(FaultSpecError) as error:
+        validate_spec({"id": "x", "kind": "net_lossy", "params": params})
+    assert fragment in str(error.value)
+
+
+def test_defaults_are_filled_and_ints_become_floats():
+    spec = validate_spec({"id": "s", "kind": "process_stop", "target": "redis-master-of:sub-1",
+                          "params": {"timeout_s": 3}})
+    assert spec == FaultSpec("s", "process_stop", "redis-master-of:sub-1",
+                             {"timeout_s": 3.0, "wait_promotion": True})
+    lossy = validate_spec({"id": "l", "kind": "net_lossy", "params": {"a": ["broker", "kafka"], "b": "redis"}})
+    assert lossy.params["percent"] == 30 and lossy.params["direction"] == "both"
+
+
+@pytest.mark.parametrize("fault, fragment", [
+    ({"id": "t", "kind": "process_kill"}, "needs a target"),
+    ({"id": "t", "kind": "process_kill", "target": "redis-master"}, "not understood"),
+    ({"id": "t", "kind": "process_kill", "target": "broker:0"}, "N >= 1"),
+    ({"id": "t", "kind": "net_partition", "target": "kafka", "params": {"a": "broker", "b": "redis"}},
+     "takes no target"),
+    ({"id": "t", "kind": "client_flap"}, "client id"),
+    ({"id": "t", "kind": "client_flap", "target": "sub-1", "params": {"node": "broker:x"}}, "broker:N"),
+    ({"id": "t", "kind": "client_reconnect_storm", "params": {"sessions": 0}}, "'all' or a number"),
+    ({"id": "t", "kind": "process_kill", "target": "kafka", "when": 3}, "unknown field(s) when"),
+    ({"id": "", "kind": "process_kill"}, "'id' must be"),
+])
+def test_bad_targets_and_fields_are_named(fault, fragment):
+    with pytest.raises(FaultSpecError) as error:
+        validate_spec(fault)
+    assert fragment in str(error.value)
+
+
+def test_selectors_round_trip():
+    for text in ("node:redis-7001", "redis-master-of:sub-1", "redis-replica-of:sub-1", "redis-random-master",
+                 "redis-random-replica", "kafka", "storage", "broker:2", "broker-random",
+                 "broker-holding:sub-3"):
+        assert str(parse_selector(text)) == text
+    assert parse_group(["redis", "client:pub-1", "broker:1"]) == ("redis", "client:pub-1", "broker:1")
+
+
+def test_client_faults_have_no_nemesis_implementation():
+    spec = validate_spec({"id": "c", "kind": "client_flap", "target": "sub-1"})
+    assert spec.params == {"mode": "abrupt", "reconnect": True, "clean_start": False, "node": "same"}
+    with pytest.raises(FaultSpecError, match="played by the executor"):
+        build_fault(spec)
+
+
+def test_evidence_bit_needs_every_check_and_at_least_one():
+    assert not Evidence(()).bit
+    good, bad = Check("a", {}, True), Check("b", {"x": 1}, False)
+    assert Evidence.of(good).bit and not Evidence.of(good, bad).bit
+    assert json.loads(json.dumps(Evidence.of(good, bad).to_dict()))["checks"][1]["observed"] == {"x": 1}
+
+
+CLUSTER_NODES = """\
+07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.2:6379@16379 myself,master - 0 1426238317239 1 connected 0-5460
+67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.3:6379@16379,host master,fail - 0 1426238316232 2 connected 5461-10922 [10923->-e7d1]
+292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 127.0.0.4:6379@16379 master - 0 1426238318243 7 connected 10923-16383
+6ec23923021cf3ffec47632106199cb7f496ce01 127.0.0.5:6379@16379 slave 67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 0 1426238316232 2 connected
+824fe116063bc5fcf9f4ffd895bc17aee7731ac3 127.0.0.6:6379@16379 slave 07c37dfeb235213a872192d90877d0cd55635b91 0 1426238317741 1 connected
+"""
+
+
+def test_parse_cluster_nodes():
+    entries = parse_cluster_nodes(CLUSTER_NODES)
+    assert [entry.address for entry in entries] == [f"127.0.0.{i}:6379" for i in range(2, 7)]
+    assert entries[0].is_master and entries[0].slots == ((0, 5460),)
+    assert entries[1].is_failed and entries[1].slots == ((5461, 10922),)  # the migrating slot is not owned
+    assert entries[3].master_id == entries[1].node_id and not entries[3].is_master
+    assert entries[2].config_epoch == 7 and entries[2].owns_slot(16383)
+    assert client_messages_key("sub-1") == "{sub-1}_messages"
+
+
+def test_drop_rules():
+    assert drop_rules("drop", ["127.0.0.3", "127.0.0.2"], ["127.0.0.9"], None, "both") == [
+        "ip saddr { 127.0.0.2, 127.0.0.3 } ip daddr { 127.0.0.9 } counter drop",
+        "ip saddr { 127.0.0.9 } ip daddr { 127.0.0.2, 127.0.0.3 } counter drop",
+    ]
+    assert drop_rules("drop", ["127.0.0.2"], ["127.0.0.9"], 25, "oneway") == [
+        "ip saddr { 127.0.0.2 } ip daddr { 127.0.0.9 } numgen random mod 100 < 25 counter drop"]
+    assert drop_rules("isolate", ["127.0.0.4"], [], None, "both") == [
+        "ip saddr 127.0.0.4 ip daddr != 127.0.0.4 counter drop",
+        "ip daddr 127.0.0.4 ip saddr != 127.0.0.4 counter drop"]
+    assert chain_name("a b/c") != chain_name("a_b_c") and chain_name("a b/c").startswith("f_a_b_c_")
+
+
+def test_parse_counters_and_class_stats():
+    nft = {"nftables": [{"metainfo": {}}, {"chain": {"name": "x"}},
+                        {"rule": {"expr": [{"match": {}}, {"counter": {"packets": 4, "bytes": 240}},
+                                           {"drop": None}]}}]}
+    assert parse_counters(json.dumps(nft)) == [{"packets": 4, "bytes": 240}]
+    tc = [{"class": "htb", "handle": "1:10", "stats": {"bytes": 900, "packets": 3, "drops": 0,
+                                                      "overlimits": 2}}]
+    assert parse_class_stats(json.dumps(tc), "1:10") == {"packets": 3, "bytes": 900, "overlimits": 2,
+                                                         "drops": 0}
+    assert parse_class_stats(json.dumps(tc), "1:11") is None
+
+
+def test_proc_state_of_self_and_of_nothing():
+    import os
+
+    assert proc_state(os.getpid()) in ("R", "S")
+    assert proc_state(None) is None

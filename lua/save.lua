@@ -1,0 +1,77 @@
+-- save: store one client's batch of messages (one call per client per poll).
+-- KEYS[1] = <prefix>{client}_messages          ZSET: member = payload key, score = never-wrapping counter
+-- KEYS[2] = <prefix>{client}_last_packet_id    STRING: last packet id handed out (no TTL)
+-- ARGV[1] = limit (1..65535)   ARGV[2] = JSON array of messages   ARGV[3] = default TTL seconds
+-- ARGV[4] = comma-separated defect names (empty for the correct broker)
+-- A message's "expiry" (seconds, MQTT 5 message expiry interval left) replaces the default TTL;
+-- expiry <= 0 means it has already expired: it is not stored and takes no packet id.
+-- Payload keys are KEYS[1] .. "_" .. packet id, so they share the client's hash tag and slot.
+-- Returns {previous last packet id, new last packet id, number stored, number trimmed}.
+local zset, last_key = KEYS[1], KEYS[2]
+local limit = tonumber(ARGV[1])
+local messages = cjson.decode(ARGV[2])
+local default_ttl = tonumber(ARGV[3])
+local defects = ARGV[4] or ""
+local function defect(name) return string.find("," .. defects .. ",", "," .. name .. ",", 1, true) ~= nil end
+
+local top = redis.call('ZREVRANGE', zset, 0, 0, 'WITHSCORES')
+local stored_last = tonumber(redis.call('GET', last_key) or '0')
+local last_id, score
+if defect('last_packet_id_from_zset') then
+  -- bug: the packet id is recovered from the newest member only; an empty queue restarts at 0
+  last_id = 0
+  if top[1] then last_id = tonumber(string.match(top[1], '_(%d+)$')) end
+else
+  last_id = stored_last
+end
+local previous = last_id
+if top[2] then score = tonumber(top[2]) else score = last_id end
+
+local stored = 0
+for _, msg in ipairs(messages) do
+  local ttl = default_ttl
+  if msg.expiry ~= nil and msg.expiry ~= cjson.null then ttl = tonumber(msg.expiry) end
+  if ttl > 0 then
+    last_id = last_id + 1
+    if last_id > 65535 then
+      -- wraparound: packet ids restart at 1 (0 is not a packet id); the score keeps growing
+      if defect('packet_id_wraps_to_zero') then last_id = 0 else last_id = 1 end
+      if defect('score_reset_at_wrap') then score = last_id - 1 end
+    end
+    score = score + 1
+    msg.packetId = last_id
+    if msg.packetType == nil then msg.packetType = 'PUBLISH' end
+    local payload_key = zset .. '_' .. last_id
+    if msg.expiry ~= nil and msg.expiry ~= cjson.null and defect('expiry_as_milliseconds') then
+      redis.call('SET', payload_key, cjson.encode(msg), 'PX', ttl)
+    else
+      redis.call('SET', payload_key, cjson.encode(msg), 'EX', ttl)
+    end
+    redis.call('ZADD', zset, score, payload_key)
+    stored = stored + 1
+  end
+end
+if stored > 0 and not defect('last_packet_id_from_zset') then
+  redis.call('SET', last_key, last_id)
+end
+
+-- trim the oldest (lowest score) entries, payload and reference, down to the limit
+local keep = limit
+if defect('trim_off_by_one') then keep = limit + 1 end
+local count = redis.call('ZCARD', zset)
+local trimmed = 0
+if count > keep then
+  local excess = count - keep
+  local victims
+  if defect('trim_newest') then
+    victims = redis.call('ZREVRANGE', zset, 0, excess - 1)
+  else
+    victims = redis.call('ZRANGE', zset, 0, excess - 1)
+  end
+  for _, member in ipairs(victims) do
+    redis.call('DEL', member)
+    redis.call('ZREM', zset, member)
+  end
+  trimmed = #victims
+end
+return {previous, last_id, stored, trimmed}

@@ -1,0 +1,232 @@
+"""Everything the broker keeps in Redis Cluster.
+
+Per client (hash tag = client id, so one Lua script may touch them all):
+  <prefix>{client}_messages          ZSET  member = payload key, score = never-wrapping counter
+  <prefix>{client}_messages_<pid>    STRING the message JSON, SET ... EX ttl
+  <prefix>{client}_last_packet_id    STRING last packet id handed out
+  <prefix>{client}_sent              HASH  payload key -> score it had when sent (drives the DUP flag)
+  <prefix>{client}_session           HASH  node, conn, persistent, expiry, disconnected_at
+Shared by every node (hash tag {ordeal}):
+  <prefix>{ordeal}:subscriptions     HASH  client -> JSON {node, persistent, filters{filter: qos}}
+  <prefix>{ordeal}:subs_version      STRING bumped after every subscription change
+  <prefix>{ordeal}:session_expiry    ZSET  client -> epoch ms when its disconnected session expires
+  <prefix>{ordeal}:nodes             HASH  node id -> JSON {peer, ts}
+  <prefix>{ordeal}:lease:<topic>:<p> STRING node id owning that partition (PX lease)
+
+The scripts in lua/ are loaded by SHA (``register_script``), which reloads on NOSCRIPT after a restart
+or failover.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
+from redis.exceptions import NoScriptError, ResponseError
+
+from reference_broker.config import BrokerConfig
+
+LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+SCRIPT_NAMES = ("save", "read_backlog", "remove_one", "mark_released", "remove_all", "lease")
+SAVE_DEFECTS = ("score_reset_at_wrap", "packet_id_wraps_to_zero", "last_packet_id_from_zset", "trim_newest",
+                "trim_off_by_one", "expiry_as_milliseconds")
+
+
+def lua_source(name: str) -> str:
+    return (LUA_DIR / f"{name}.lua").read_text()
+
+
+class WaitShortfall(RuntimeError):
+    """WAIT returned fewer replica acknowledgements than configured."""
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    previous_last_packet_id: int
+    last_packet_id: int
+    stored: int
+    trimmed: int
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    score: float
+    message: dict[str, Any]
+    sent_before: bool   # it had been sent already (the resend carries DUP = 1)
+
+    @property
+    def packet_id(self) -> int:
+        return int(self.message["packetId"])
+
+
+class SessionStore:
+    def __init__(self, redis: RedisCluster, config: BrokerConfig) -> None:
+        self.redis = redis
+        self.config = config
+        self.prefix = config.key_prefix
+        self.scripts = {name: redis.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+        self.save_defects = ",".join(d for d in config.defects if d in SAVE_DEFECTS)
+
+    # ------------------------------------------------------------ key names
+    def messages_key(self, client: str) -> str:
+        return f"{self.prefix}{{{client}}}_messages"
+
+    def last_packet_id_key(self, client: str) -> str:
+        return f"{self.prefix}{{{client}}}_last_packet_id"
+
+    def sent_key(self, client: str) -> str:
+        return f"{self.prefix}{{{client}}}_sent"
+
+    def session_key(self, client: str) -> str:
+        return f"{self.prefix}{{{client}}}_session"
+
+    def shared_key(self, name: str) -> str:
+        return f"{self.prefix}{{ordeal}}:{name}"
+
+    # ------------------------------------------------------------ the message scripts
+    async def save(self, client: str, messages: list[dict[str, Any]]) -> SaveResult:
+        keys = [self.messages_key(client), self.last_packet_id_key(client)]
+        args = [self.config.persisted_messages_limit, json.dumps(messages),
+                self.config.persisted_message_ttl_s, self.save_defects]
+        if self.config.redis_wait_replicas:
+            result = await self._save_and_wait(keys, args)
+        else:
+            result = await self.scripts["save"](keys=keys, args=args)
+        return SaveResult(*(int(x) for x in result))
+
+    async def _save_and_wait(self, keys: list[str], args: list[Any]) -> list[Any]:
+        """EVALSHA and WAIT on one connection to the key's master (WAIT counts that connection's writes)."""
+        script = self.scripts["save"]
+        node: ClusterNode = self.redis.get_node_from_key(keys[0])
+        for _attempt in range(2):
+            commands = [PipelineCommand(0, "EVALSHA", script.sha, len(keys), *keys, *args),
+                        PipelineCommand(1, "WAIT", self.config.redis_wait_replicas,
+                                        self.config.redis_wait_timeout_ms)]
+            try:
+                await node.execute_pipeline(commands)
+            except Exception:
+                await self.redis.nodes_manager.initialize()  # the node may be gone: refresh the slot map
+                raise
+            saved, waited = commands[0].result, commands[1].result
+            if isinstance(saved, NoScriptError):
+                await self.redis.script_load(script.script, target_nodes=node)
+                continue
+            if isinstance(saved, ResponseError) and str(saved).startswith("MOVED"):
+                await self.redis.nodes_manager.initialize()
+                raise saved
+            if isinstance(saved, Exception):
+                raise saved
+            if isinstance(waited, Exception):
+                raise waited
+            if int(waited) < self.config.redis_wait_replicas:
+                raise WaitShortfall(f"WAIT {self.config.redis_wait_replicas}: only {waited} replica(s) "
+                                    f"acknowledged within {self.config.redis_wait_timeout_ms} ms")
+            return saved
+        raise NoScriptError("save script could not be loaded on its master")
+
+    async def read(self, client: str, after_score: str = "-inf", limit: int = 0,
+                   mark_sent: bool = True) -> list[StoredMessage]:
+        """Stored messages in score order after ``after_score`` (exclusive), dropping dangling references;
+        with ``mark_sent`` they are recorded as sent before they go out (so a resend gets DUP = 1)."""
+        raw = await self.scripts["read_backlog"](
+            keys=[self.messages_key(client), self.sent_key(client)],
+            args=[after_score, limit, 1 if mark_sent else 0])
+        out = []
+        for i in range(0, len(raw), 3):
+            score, payload, sent = raw[i], raw[i + 1], raw[i + 2]
+            out.append(StoredMessage(float(score), json.loads(payload), bool(int(sent))))
+        return out
+
+    async def remove_one(self, client: str, packet_id: int) -> int:
+        return int(await self.scripts["remove_one"](
+            keys=[self.messages_key(client), self.sent_key(client)], args=[packet_id]))
+
+    async def mark_released(self, client: str, packet_id: int) -> int:
+        return int(await self.scripts["mark_released"](keys=[self.messages_key(client)], args=[packet_id]))
+
+    async def remove_all(self, client: str) -> int:
+        return int(await self.scripts["remove_all"](
+            keys=[self.messages_key(client), self.last_packet_id_key(client), self.sent_key(client)]))
+
+    # ------------------------------------------------------------ sessions
+    async def get_session(self, client: str) -> dict[str, str]:
+        raw = await self.redis.hgetall(self.session_key(client))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def put_session(self, client: str, fields: dict[str, Any]) -> None:
+        key = self.session_key(client)
+        await self.redis.delete(key)
+        await self.redis.hset(key, mapping={k: str(v) for k, v in fields.items()})
+
+    async def mark_disconnected(self, client: str, conn: str, expires_at_ms: int | None) -> bool:
+        """Mark the session disconnected if ``conn`` still owns it; returns whether it did."""
+        session = await self.get_session(client)
+        if session.get("conn") != conn:
+            return False
+        await self.redis.hset(self.session_key(client), mapping={
+            "conn": "", "disconnected_at": str(int(time.time() * 1000))})
+        if expires_at_ms is not None:
+            await self.redis.zadd(self.shared_key("session_expiry"), {client: expires_at_ms})
+        return True
+
+    async def delete_session(self, client: str) -> None:
+        await self.redis.delete(self.session_key(client))
+        await self.redis.zrem(self.shared_key("session_expiry"), client)
+
+    async def cancel_expiry(self, client: str) -> None:
+        await self.redis.zrem(self.shared_key("session_expiry"), client)
+
+    async def due_expiries(self, now_ms: int) -> list[str]:
+        raw = await self.redis.zrangebyscore(self.shared_key("session_expiry"), "-inf", now_ms)
+        return [c.decode() for c in raw]
+
+    async def claim_expiry(self, client: str) -> bool:
+        """Several nodes sweep; the one whose ZREM removed the entry does the work."""
+        return bool(await self.redis.zrem(self.shared_key("session_expiry"), client))
+
+    # ------------------------------------------------------------ subscriptions
+    async def subscriptions_version(self) -> int:
+        return int(await self.redis.get(self.shared_key("subs_version")) or 0)
+
+    async def all_subscriptions(self) -> dict[str, dict[str, Any]]:
+        raw = await self.redis.hgetall(self.shared_key("subscriptions"))
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    async def get_subscription(self, client: str) -> dict[str, Any] | None:
+        raw = await self.redis.hget(self.shared_key("subscriptions"), client)
+        return json.loads(raw) if raw else None
+
+    async def put_subscription(self, client: str, record: dict[str, Any] | None) -> None:
+        # write, then bump the version: a fan-out that sees the new version also sees the write
+        if record is None:
+            await self.redis.hdel(self.shared_key("subscriptions"), client)
+        else:
+            await self.redis.hset(self.shared_key("subscriptions"), client, json.dumps(record))
+        await self.redis.incr(self.shared_key("subs_version"))
+
+    # ------------------------------------------------------------ nodes and partition leases
+    async def heartbeat(self, node_id: str, peer: str) -> dict[str, dict[str, Any]]:
+        key = self.shared_key("nodes")
+        await self.redis.hset(key, node_id, json.dumps({"peer": peer, "ts": int(time.time() * 1000)}))
+        raw = await self.redis.hgetall(key)
+        return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+    async def forget_node(self, node_id: str) -> None:
+        await self.redis.hdel(self.shared_key("nodes"), node_id)
+
+    def lease_key(self, topic: str, partition: int) -> str:
+        return self.shared_key(f"lease:{topic}:{partition}")
+
+    async def renew_leases(self, node_id: str, topic: str, wanted: list[int], release: list[int],
+                           lease_ms: int) -> set[int]:
+        """Acquire or renew the wanted partitions' leases, release ours on ``release``; returns held."""
+        keys = [self.lease_key(topic, p) for p in wanted + release]
+        if not keys:
+            return set()
+        flags = ["1"] * len(wanted) + ["0"] * len(release)
+        held = await self.scripts["lease"](keys=keys, args=[node_id, lease_ms, *flags])
+        return {p for p, ok in zip(wanted, held, strict=False) if int(ok)}

@@ -1,0 +1,61 @@
+"""Shared fixtures (documented in docs/topology.md).
+
+At import time, before pytest or any test starts a thread, a root test session moves itself into its own
+network namespace: every node then gets its own 127.0.0.x, no two test sessions on this machine (several
+engineers, CI) can collide on a port, and network faults (nftables) stay inside the session."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import netns
+
+if netns.is_root() and os.environ.get("ORDEAL_TEST_NETNS", "1") != "0":
+    try:
+        netns.enter_private_netns()
+    except netns.IsolationUnavailable as error:
+        warnings.warn(f"test session not isolated: {error}", stacklevel=1)
+if netns.in_private_netns():
+    # Only `lo` exists here; Spark would otherwise bind the host name's address, which is not reachable.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from harness.topology import LocalTopology  # noqa: E402  (after the namespace switch, on purpose)
+from harness.topology_config import TopologyConfig  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTopology]:
+    """The default local topology (3 Redis masters + 3 replicas, Tansu on S3, no broker nodes), started
+    once per test session and stopped at its end.  Shared: a test that kills, pauses or otherwise
+    disturbs a node must bring it back and wait for readiness (topology.redis.wait_ready()), or use
+    ``topology_factory`` for a topology of its own."""
+    started = LocalTopology(TopologyConfig(), tmp_path_factory.mktemp("topology"))
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def topology_factory(tmp_path: Path) -> Iterator[Callable[..., LocalTopology]]:
+    """make(config=None, **LocalTopology keyword args) -> a started LocalTopology of the test's own,
+    stopped when the test ends (also when it fails)."""
+    made: list[LocalTopology] = []
+
+    def make(config: TopologyConfig | None = None, **kwargs) -> LocalTopology:
+        started = LocalTopology(config or TopologyConfig(), tmp_path / f"topology-{len(made)}", **kwargs)
+        made.append(started)
+        started.start()
+        return started
+
+    try:
+        yield make
+    finally:
+        for started in reversed(made):
+            started.stop()

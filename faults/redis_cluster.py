@@ -110,8 +110,8 @@ class ClusterView:
         best: ClusterView | None = None
         problems = []
         for node in getattr(topology, "redis_nodes", []) or []:
-            if node.name in exclude:
-                continue
+            if node.name in exclude or not node.is_alive() or getattr(node, "paused", False):
+                continue  # a paused node would only cost a timeout
             try:
                 entries = read_cluster_nodes(node.host, node.port)
             except (redis.RedisError, OSError) as error:
@@ -154,14 +154,29 @@ class ClusterView:
 
     def handle(self, topology: Any, entry: ClusterEntry) -> Any:
         """The topology's node handle for a cluster entry (matched by address, then by node id)."""
-        for node in getattr(topology, "redis_nodes", []) or []:
-            if f"{node.host}:{node.port}" == entry.address or getattr(node, "node_id", None) == entry.node_id:
+        nodes = list(getattr(topology, "redis_nodes", []) or [])
+        for node in nodes:
+            if f"{node.host}:{node.port}" == entry.address:
+                return node
+        for node in nodes:
+            if known_node_id(node) == entry.node_id:
                 return node
         raise FaultNotApplicable(f"cluster node {entry.node_id[:8]} at {entry.address} is not in the topology")
 
     def entry_for(self, node: Any) -> ClusterEntry | None:
-        return self.by_address(f"{node.host}:{node.port}") or (
-            self.by_id(node.node_id) if getattr(node, "node_id", None) else None)
+        by_address = self.by_address(f"{node.host}:{node.port}")
+        if by_address is not None:
+            return by_address
+        node_id = known_node_id(node)
+        return self.by_id(node_id) if node_id else None
+
+
+def known_node_id(node: Any) -> str | None:
+    """The node's cluster id if the handle knows it (asking a dead node must not raise)."""
+    try:
+        return getattr(node, "node_id", None)
+    except (redis.RedisError, OSError):
+        return None
 
 
 def wait_until(predicate: Callable[[], tuple[bool, dict]], timeout_s: float, interval_s: float = 0.1

@@ -161,6 +161,9 @@ def client_hosts(topology: Any) -> dict[str, str]:
     hosts = getattr(topology, "client_hosts", None)
     if callable(hosts):
         hosts = hosts()
+    if not hosts and getattr(getattr(topology, "addresses", None), "mode", None) == "distinct":
+        # harness/addresses.py: with distinct node addresses, 127.0.0.1 is left to the clients.
+        hosts = "127.0.0.1"
     if not hosts:
         raise FaultNotApplicable(
             "the topology declares no client source addresses (topology.client_hosts), so a client "

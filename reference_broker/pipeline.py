@@ -1,0 +1,263 @@
+"""The Kafka side of the persistent DEVICE path (TBMQ-NOTES "The flow and its commit points").
+
+incoming topic (key = MQTT topic)  --fan-out-->  persisted topic (key = subscriber client id)
+persisted topic  --one save script per client per poll, commit, then live hints-->  Redis + connections
+
+Partition ownership: Tansu's consumer-group joins take 5-18 s, so the nodes do not use group
+membership.  Each node heartbeats into Redis; with N live nodes sorted by id, node i wants the
+partitions p with p % N == i and holds a Redis lease per partition (renewed every lease/3).  A consumer
+``assign()``s exactly the partitions it holds and commits offsets to Kafka under a fixed group id, so a
+partition that moves to another node (node death: after the lease runs out) resumes from its committed
+offset.  Overlap while a lease moves costs duplicates, never loss (commits happen only after the work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from reference_broker.codec import topic_matches
+
+if TYPE_CHECKING:
+    from reference_broker.server import Broker
+
+log = logging.getLogger("reference_broker.pipeline")
+
+
+async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [NewTopic(name, n, 1) for name, n in topics.items() if name not in existing]
+        if missing:
+            with contextlib.suppress(Exception):  # another node may create them at the same time
+                await admin.create_topics(missing)
+    finally:
+        await admin.close()
+
+
+class LeaseManager:
+    """Which partitions of which topic this node consumes (see the module doc)."""
+
+    def __init__(self, broker: Broker, topics: dict[str, int]) -> None:
+        self.broker = broker
+        self.topics = topics
+        self.held: dict[str, set[int]] = {t: set() for t in topics}
+        self.desired: dict[str, set[int]] = {t: set() for t in topics}
+        self.assigned: dict[str, set[int]] = {t: set() for t in topics}
+        self.changed = asyncio.Event()
+
+    def target(self, topic: str) -> set[int]:
+        return self.held[topic] & self.desired[topic]
+
+    async def tick(self) -> None:
+        config = self.broker.config
+        nodes = await self.broker.store.heartbeat(self.broker.node_id, self.broker.peer_address)
+        now = time.time() * 1000
+        live = sorted(n for n, info in nodes.items() if now - info["ts"] < config.partition_lease_s * 1000)
+        self.broker.peers.addresses = {n: info["peer"] for n, info in nodes.items()}
+        index = live.index(self.broker.node_id) if self.broker.node_id in live else 0
+        for topic, count in self.topics.items():
+            desired = {p for p in range(count) if p % max(1, len(live)) == index}
+            # keep what the consumer still reads until it lets go at its next batch boundary
+            want = sorted(desired | self.assigned[topic])
+            release = sorted(self.held[topic] - set(want))
+            held = await self.broker.store.renew_leases(self.broker.node_id, topic, want, release,
+                                                        int(config.partition_lease_s * 1000))
+            if held != self.held[topic] or desired != self.desired[topic]:
+                self.changed.set()
+            self.held[topic], self.desired[topic] = held, desired
+
+    async def run(self) -> None:
+        period = self.broker.config.partition_lease_s / 3
+        while True:
+            try:
+                await self.tick()
+            except Exception as error:
+                log.warning("lease tick failed: %r", error)
+            await asyncio.sleep(period)
+
+
+class LeasedConsumer:
+    """Polls the partitions this node holds, hands each poll to ``process``, then commits."""
+
+    def __init__(self, broker: Broker, topic: str, stage: str,
+                 process: Callable[[list[Any]], Awaitable[None]],
+                 after_commit: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.broker = broker
+        self.after_commit = after_commit
+        self.topic = topic
+        self.stage = stage  # "incoming" | "persisted": selects the failure strategy
+        self.process = process
+        self.consumer: AIOKafkaConsumer | None = None
+        self.records_done = 0
+
+    async def run(self) -> None:
+        config = self.broker.config
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.broker.kafka_bootstrap, group_id=f"ordeal-broker-{self.topic}",
+            enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=30000,
+            max_poll_records=config.poll_max_records)
+        await self.consumer.start()
+        leases = self.broker.leases
+        assigned: set[int] = set()
+        try:
+            while True:
+                target = leases.target(self.topic)
+                if target != assigned:
+                    self.consumer.assign([TopicPartition(self.topic, p) for p in sorted(target)])
+                    assigned = target
+                    leases.assigned[self.topic] = set(assigned)
+                if not assigned:
+                    leases.changed.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(leases.changed.wait(), 1.0)
+                    continue
+                try:
+                    batch = await self.consumer.getmany(timeout_ms=100, max_records=config.poll_max_records)
+                except Exception as error:
+                    log.warning("%s poll failed: %r", self.topic, error)
+                    await asyncio.sleep(0.5)
+                    continue
+                if not batch:
+                    continue
+                records = [r for tp in sorted(batch, key=lambda t: t.partition) for r in batch[tp]]
+                offsets = {tp: recs[-1].offset + 1 for tp, recs in batch.items()}
+                if self.stage == "persisted" and config.has("commit_before_save"):
+                    await self._commit(offsets)  # defect: the batch is lost if the node dies now
+                    await self._process_with_strategy(records)
+                else:
+                    await self._process_with_strategy(records)
+                    await self._commit(offsets)
+                if self.after_commit is not None:
+                    await self.after_commit()
+                self.records_done += len(records)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.consumer.stop()
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        # a failed commit only means the batch may be processed again (duplicates), so keep going
+        for attempt in range(5):
+            try:
+                await self.consumer.commit(offsets)
+                return
+            except Exception as error:
+                log.warning("%s commit failed (attempt %d): %r", self.topic, attempt + 1, error)
+                await asyncio.sleep(0.5)
+
+    async def _process_with_strategy(self, records: list[Any]) -> None:
+        config = self.broker.config
+        strategy = getattr(config, f"{self.stage}_failure_strategy")
+        retries = getattr(config, f"{self.stage}_failure_retries")
+        backoff = getattr(config, f"{self.stage}_failure_backoff_s")
+        attempt = 0
+        while True:
+            try:
+                await asyncio.wait_for(self.process(records), config.processing_timeout_s)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                attempt += 1
+                if strategy == "skip" and attempt > retries:
+                    # TBMQ's default: give up and commit anyway -- these records are lost
+                    log.error("%s: giving up on %d records after %d attempts (%r); committing anyway",
+                              self.topic, len(records), attempt, error)
+                    self.broker.stats["skipped_records"] += len(records)
+                    return
+                log.warning("%s: processing failed (attempt %d): %r; retrying", self.topic, attempt, error)
+                await asyncio.sleep(backoff)
+
+
+class FanOut:
+    """Incoming topic -> persisted topic (persistent QoS>0 subscribers) or live delivery (others)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.version = -1
+        self.subscriptions: dict[str, dict[str, Any]] = {}
+        self.loaded_at = 0.0
+
+    async def refresh(self) -> None:
+        store = self.broker.store
+        if self.broker.config.has("stale_subscription_cache"):
+            # defect: refresh on a timer instead of on every change
+            if time.monotonic() - self.loaded_at < 5.0 and self.version >= 0:
+                return
+            self.subscriptions, self.version = await store.all_subscriptions(), 0
+            self.loaded_at = time.monotonic()
+            return
+        version = await store.subscriptions_version()
+        if version != self.version:
+            self.subscriptions = await store.all_subscriptions()
+            self.version = version
+
+    async def process(self, records: list[Any]) -> None:
+        await self.refresh()
+        broker = self.broker
+        pending = []
+        for record in records:
+            message = json.loads(record.value)
+            for client, sub in self.subscriptions.items():
+                granted = max((qos for flt, qos in sub["filters"].items() if topic_matches(flt, message["topic"])),
+                              default=None)
+                if granted is None:
+                    continue
+                qos = min(granted, message["qos"])
+                if sub.get("persistent") and qos > 0:
+                    out = dict(message, qos=qos)
+                    pending.append(await broker.producer.send(
+                        broker.config.persisted_topic, json.dumps(out).encode(), key=client.encode()))
+                else:
+                    await broker.route_live(client, sub.get("node"), dict(message, qos=qos))
+        # commit (by the caller) only after every persisted-topic write is acknowledged
+        if pending:
+            await asyncio.gather(*pending)
+
+
+class Persister:
+    """Persisted topic -> one save script per client per poll -> (commit) -> hints to the connections."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    async def process(self, records: list[Any]) -> None:
+        broker = self.broker
+        by_client: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        now_ms = time.time() * 1000
+        for record in records:
+            message = json.loads(record.value)
+            expires_at = message.get("expiresAt")
+            message["expiry"] = None if expires_at is None else max(0, math.ceil((expires_at - now_ms) / 1000))
+            by_client[record.key.decode()].append(message)
+        semaphore = asyncio.Semaphore(broker.config.redis_batch_size)
+
+        async def save(client: str, messages: list[dict[str, Any]]) -> None:
+            async with semaphore:
+                await broker.store.save(client, messages)
+
+        results = await asyncio.gather(*(save(c, m) for c, m in by_client.items()), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            # the whole poll is retried: clients already saved get their messages twice (duplicates,
+            # allowed for QoS 1), none is lost
+            raise failures[0]
+        broker.stats["saved"] += len(records)
+        self.pending_hints = list(by_client)
+
+    async def after_commit(self) -> None:
+        for client in getattr(self, "pending_hints", []):
+            await self.broker.hint(client)
+        self.pending_hints = []

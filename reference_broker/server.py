@@ -1,0 +1,227 @@
+"""One reference-broker node: the MQTT listener, the Kafka stages, sessions and node links, wired together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+from reference_broker import codec
+from reference_broker.config import NodeConfig
+from reference_broker.peers import Peers
+from reference_broker.pipeline import FanOut, LeasedConsumer, LeaseManager, Persister, ensure_topics
+from reference_broker.session import Connection
+from reference_broker.store import SessionStore
+
+log = logging.getLogger("reference_broker")
+
+
+class Broker:
+    def __init__(self, node: NodeConfig, node_id: str, host: str, port: int) -> None:
+        self.node = node
+        self.config = node.broker
+        self.node_id = node_id
+        self.host, self.port = host, port
+        self.kafka_bootstrap = node.kafka_bootstrap
+        self.connections: dict[str, Connection] = {}
+        self.stats: Counter[str] = Counter()
+        self.peers = Peers(self.on_peer_message)
+        self.peer_address = ""
+        self.tasks: list[asyncio.Task] = []
+        self.redis: RedisCluster | None = None
+        self.store: SessionStore | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.server: asyncio.base_events.Server | None = None
+        self.subscription_nodes: dict[str, str] = {}
+        self.stopping = asyncio.Event()
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        config = self.config
+        self.redis = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in self.node.redis_startup_nodes],
+                                  socket_timeout=5.0, socket_connect_timeout=2.0)
+        await self.redis.initialize()
+        self.store = SessionStore(self.redis, config)
+        topics = {config.incoming_topic: config.incoming_partitions,
+                  config.persisted_topic: config.persisted_partitions}
+        await ensure_topics(self.kafka_bootstrap, topics)
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=self.kafka_bootstrap, acks=config.producer_acks if config.producer_acks == "all"
+            else int(config.producer_acks), linger_ms=config.producer_linger_ms, enable_idempotence=False,
+            request_timeout_ms=30000)
+        await self.producer.start()
+        self.peer_address = await self.peers.start(self.host)
+        self.leases = LeaseManager(self, topics)
+        await self.leases.tick()
+        fan_out, persister = FanOut(self), Persister(self)
+        self.fan_out_consumer = LeasedConsumer(self, config.incoming_topic, "incoming", fan_out.process)
+        self.persist_consumer = LeasedConsumer(self, config.persisted_topic, "persisted", persister.process,
+                                               persister.after_commit)
+        for coroutine in (self.leases.run(), self.fan_out_consumer.run(), self.persist_consumer.run(),
+                          self.expiry_sweeper()):
+            self.tasks.append(asyncio.create_task(self._guard(coroutine)))
+        self.server = await asyncio.start_server(self._accept, self.host, self.port, limit=1 << 20)
+        log.info("broker %s ready on %s:%d (peer link %s, defects: %s)", self.node_id, self.host, self.port,
+                 self.peer_address, ", ".join(config.defects) or "none")
+
+    async def _guard(self, coroutine) -> None:
+        try:
+            await coroutine
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task died; stopping the node")
+            self.stopping.set()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections.values()):
+            await connection.close(codec.RC_SERVER_UNAVAILABLE)
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.store.forget_node(self.node_id)
+        await self.peers.stop()
+        if self.producer is not None:
+            with contextlib.suppress(Exception):
+                await self.producer.stop()
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+
+    async def serve_forever(self) -> None:
+        await self.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        await self.stopping.wait()
+        log.info("broker %s stopping", self.node_id)
+        await self.stop()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await Connection(self, reader, writer).run()
+
+    # ------------------------------------------------------------ sessions
+    async def open_session(self, conn: Connection, clean_start: bool) -> bool:
+        """Take the session over (from this or another node), apply clean start / expiry; returns
+        whether a persistent session is resumed (CONNACK session present)."""
+        store = self.store
+        client = conn.client_id
+        old = self.connections.get(client)
+        if old is not None and old is not conn:
+            old.taken_over = True
+            await old.close(codec.RC_SESSION_TAKEN_OVER)
+        self.connections[client] = conn
+        session = await store.get_session(client)
+        if session.get("conn") and session.get("node") not in (None, self.node_id):
+            await self.peers.send(session["node"], {"t": "kick", "c": client, "conn": session["conn"]})
+        await store.cancel_expiry(client)
+        expired = False
+        if session.get("disconnected_at") and session.get("expiry"):
+            expired = int(session["disconnected_at"]) + int(session["expiry"]) * 1000 <= time.time() * 1000
+        resumed = bool(session) and session.get("persistent") == "1" and not expired
+        if clean_start or not conn.persistent or not resumed:
+            if session or clean_start:
+                await store.remove_all(client)
+                await store.put_subscription(client, None)
+            resumed = False
+        subscription = await store.get_subscription(client) if resumed else None
+        conn.filters = dict(subscription["filters"]) if subscription else {}
+        await store.put_session(client, {
+            "node": self.node_id, "conn": conn.conn_id, "persistent": int(conn.persistent),
+            "expiry": conn.session_expiry or "", "protocol": conn.version, "connected_at": int(time.time() * 1000)})
+        if subscription is not None:
+            await self.save_subscriptions(conn)  # the node holding the connection changed
+        return resumed
+
+    async def save_subscriptions(self, conn: Connection) -> None:
+        record = None
+        if conn.filters:
+            record = {"node": self.node_id, "persistent": conn.persistent, "filters": conn.filters}
+        await self.store.put_subscription(conn.client_id, record)
+
+    async def connection_lost(self, conn: Connection) -> None:
+        client = conn.client_id
+        if self.connections.get(client) is conn:
+            del self.connections[client]
+        if conn.taken_over:
+            return
+        try:
+            if conn.persistent:
+                expires_at = None
+                if conn.session_expiry is not None:
+                    expires_at = int(time.time() * 1000) + conn.session_expiry * 1000
+                await self.store.mark_disconnected(client, conn.conn_id, expires_at)
+            else:
+                session = await self.store.get_session(client)
+                if session.get("conn") == conn.conn_id:
+                    await self.store.put_subscription(client, None)
+                    await self.store.delete_session(client)
+        except Exception as error:
+            log.warning("%s: could not record the disconnect: %r", client, error)
+
+    async def expiry_sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.session_expiry_check_s)
+            try:
+                for client in await self.store.due_expiries(int(time.time() * 1000)):
+                    if not await self.store.claim_expiry(client):
+                        continue  # another node took it
+                    session = await self.store.get_session(client)
+                    if session.get("conn"):
+                        continue  # reconnected meanwhile
+                    await self.store.remove_all(client)
+                    await self.store.put_subscription(client, None)
+                    await self.store.delete_session(client)
+                    self.stats["sessions_expired"] += 1
+            except Exception as error:
+                log.warning("session expiry sweep failed: %r", error)
+
+    # ------------------------------------------------------------ message flow
+    async def produce_incoming(self, message: dict[str, Any]) -> asyncio.Future:
+        return await self.producer.send(self.config.incoming_topic, json.dumps(message).encode(),
+                                        key=message["topic"].encode())
+
+    async def route_live(self, client: str, node: str | None, message: dict[str, Any]) -> None:
+        if node == self.node_id or node is None:
+            conn = self.connections.get(client)
+            if conn is not None and conn.connected.is_set():
+                conn.deliver_live(message)
+            return
+        await self.peers.send(node, {"t": "live", "c": client, "m": message})
+
+    async def hint(self, client: str) -> None:
+        conn = self.connections.get(client)
+        if conn is not None:
+            conn.wake.set()
+            return
+        subscription_node = await self._owner_node(client)
+        if subscription_node and subscription_node != self.node_id:
+            await self.peers.send(subscription_node, {"t": "hint", "c": client})
+
+    async def _owner_node(self, client: str) -> str | None:
+        session = await self.store.get_session(client)
+        return session.get("node") if session.get("conn") else None
+
+    def on_peer_message(self, message: dict[str, Any]) -> None:
+        kind, client = message.get("t"), message.get("c")
+        conn = self.connections.get(client)
+        if conn is None:
+            return
+        if kind == "hint":
+            conn.wake.set()
+        elif kind == "live":
+            conn.deliver_live(message["m"])
+        elif kind == "kick" and conn.conn_id == message.get("conn"):
+            conn.taken_over = True
+            asyncio.get_running_loop().create_task(conn.close(codec.RC_SESSION_TAKEN_OVER))

@@ -1,0 +1,404 @@
+"""One MQTT client connection: the protocol state machine and its delivery loop.
+
+Delivery to a persistent session never takes messages from the fan-out directly: live notifications are
+only hints that wake the loop, and the loop reads the client's Redis ZSET in score order from a cursor.
+So the backlog is always sent before anything newer (no overtaking), order across packet-id wraparound
+comes from the score, and a lost hint is recovered by the periodic re-check.  The read script records
+each entry as sent before it goes out, so a resend after a reconnect carries DUP = 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import logging
+import math
+import time
+import uuid
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from reference_broker import codec
+from reference_broker.codec import (
+    MQTT5,
+    Ack,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MalformedPacket,
+    Publish,
+    Simple,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+)
+
+if TYPE_CHECKING:
+    from reference_broker.server import Broker
+
+log = logging.getLogger("reference_broker.session")
+
+NEVER_EXPIRES = 0xFFFFFFFF
+MAX_PACKET = 16 * 1024 * 1024
+
+
+class ProtocolViolation(Exception):
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+class Connection:
+    def __init__(self, broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.reader = reader
+        self.writer = writer
+        self.conn_id = uuid.uuid4().hex[:12]
+        self.version = codec.MQTT311
+        self.client_id = ""
+        self.persistent = False
+        self.session_expiry: int | None = None   # seconds; None = never (MQTT 3.1.1 persistent)
+        self.filters: dict[str, int] = {}
+        self.window = self.config.max_inflight
+        self.closed = False
+        self.taken_over = False
+        self.wake = asyncio.Event()
+        self.inflight: OrderedDict[int, tuple[str, str]] = OrderedDict()  # pid -> (kind, score)
+        self.live_queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.local_ids = itertools.count(1)
+        self.inbound_qos2: set[int] = set()
+        self.ack_queue: asyncio.Queue = asyncio.Queue()
+        self.tasks: list[asyncio.Task] = []
+        self.connected = asyncio.Event()
+
+    # ------------------------------------------------------------ wire
+    def send(self, packet: codec.Packet) -> None:
+        if not self.closed and not self.writer.is_closing():
+            self.writer.write(codec.encode(packet, self.version))
+
+    async def close(self, reason_code: int | None = None) -> None:
+        if self.closed:
+            return
+        if reason_code is not None and self.version == MQTT5 and self.connected.is_set():
+            self.send(Disconnect(reason_code))
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    # ------------------------------------------------------------ main loop
+    async def run(self) -> None:
+        try:
+            first, body = await asyncio.wait_for(codec.read_packet(self.reader, MAX_PACKET), 10.0)
+            if first >> 4 != codec.CONNECT:
+                raise MalformedPacket("first packet is not CONNECT", codec.RC_PROTOCOL_ERROR)
+            try:
+                connect = codec.decode(first, body)
+            except MalformedPacket as error:
+                if error.reason_code == codec.RC_UNSUPPORTED_PROTOCOL_VERSION:
+                    self.writer.write(codec.encode(ConnAck(False, 0x01), codec.MQTT311))
+                raise
+            await self.handle_connect(connect)
+            if self.closed:
+                return
+            keep_alive = connect.keep_alive
+            timeout = keep_alive * 1.5 if keep_alive else None
+            while not self.closed:
+                try:
+                    first, body = await asyncio.wait_for(codec.read_packet(self.reader, MAX_PACKET), timeout)
+                except TimeoutError:
+                    log.info("%s: keep-alive timeout", self.client_id)
+                    await self.close(codec.RC_KEEP_ALIVE_TIMEOUT)
+                    return
+                await self.dispatch(codec.decode(first, body, self.version))
+        except MalformedPacket as error:
+            log.info("%s: malformed packet: %s", self.client_id or "?", error)
+            await self.close(error.reason_code if error.reason_code >= 0x80 else codec.RC_MALFORMED_PACKET)
+        except ProtocolViolation as error:
+            log.info("%s: protocol violation: %s", self.client_id or "?", error)
+            await self.close(error.reason_code)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: connection failed", self.client_id or "?")
+            await self.close(codec.RC_UNSPECIFIED_ERROR)
+        finally:
+            await self.close()
+            for task in self.tasks:
+                task.cancel()
+            if self.connected.is_set():
+                await self.broker.connection_lost(self)
+
+    # ------------------------------------------------------------ CONNECT
+    async def handle_connect(self, connect: Connect) -> None:
+        self.version = connect.protocol_level
+        v5 = self.version == MQTT5
+        client_id = connect.client_id
+        assigned = None
+        if not client_id:
+            if not connect.clean_start and not v5:
+                self.send(ConnAck(False, 0x02))
+                await self.close()
+                return
+            client_id = assigned = f"auto-{uuid.uuid4().hex}"
+        if "{" in client_id or "}" in client_id:
+            # the client id is the Redis hash tag; braces inside it would split the client's keys
+            self.send(ConnAck(False, codec.RC_CLIENT_ID_NOT_VALID if v5 else 0x02))
+            await self.close()
+            return
+        self.client_id = client_id
+        if v5:
+            self.session_expiry = connect.prop("SessionExpiryInterval", 0)
+            self.window = min(connect.prop("ReceiveMaximum", 65535), self.config.max_inflight)
+            # TBMQ: MQTT 5 is persistent with an expiry interval, or with clean start 0 (then never expiring)
+            self.persistent = self.session_expiry > 0 or not connect.clean_start
+            if self.persistent and self.session_expiry in (0, NEVER_EXPIRES):
+                self.session_expiry = None
+        else:
+            self.persistent = not connect.clean_start
+            self.session_expiry = None
+        session_present = await self.broker.open_session(self, connect.clean_start)
+        properties = None
+        if v5:
+            properties = Properties(PacketTypes.CONNACK)
+            if assigned:
+                properties.AssignedClientIdentifier = assigned
+            properties.TopicAliasMaximum = 0
+        if self.config.has("session_present_always_zero"):
+            session_present = False  # defect
+        self.send(ConnAck(session_present, codec.RC_SUCCESS, properties))
+        self.connected.set()
+        self.tasks.append(asyncio.create_task(self.acker()))
+        self.tasks.append(asyncio.create_task(self.delivery_loop(session_present)))
+
+    # ------------------------------------------------------------ dispatch
+    async def dispatch(self, packet: codec.Packet) -> None:
+        if isinstance(packet, Publish):
+            await self.on_publish(packet)
+        elif isinstance(packet, Ack):
+            await self.on_ack(packet)
+        elif isinstance(packet, Subscribe):
+            await self.on_subscribe(packet)
+        elif isinstance(packet, Unsubscribe):
+            await self.on_unsubscribe(packet)
+        elif isinstance(packet, Simple) and packet.packet_type == codec.PINGREQ:
+            self.send(Simple(codec.PINGRESP))
+        elif isinstance(packet, Disconnect):
+            if self.version == MQTT5:
+                expiry = packet.prop("SessionExpiryInterval")
+                if expiry is not None and self.persistent:
+                    self.session_expiry = None if expiry in (0, NEVER_EXPIRES) else expiry
+            await self.close()
+        else:
+            raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
+
+    # ------------------------------------------------------------ publisher side
+    async def on_publish(self, packet: Publish) -> None:
+        if packet.qos == 2 and packet.packet_id in self.inbound_qos2:
+            self.send(Ack(codec.PUBREC, packet.packet_id))  # already produced: exactly once
+            return
+        now_ms = int(time.time() * 1000)
+        expiry = packet.prop("MessageExpiryInterval") if self.version == MQTT5 else None
+        if self.config.has("ignore_message_expiry"):
+            expiry = None  # defect
+        props = b""
+        if self.version == MQTT5 and packet.properties is not None:
+            forward = Properties(PacketTypes.PUBLISH)
+            for name in ("PayloadFormatIndicator", "ContentType", "ResponseTopic", "CorrelationData",
+                         "UserProperty"):
+                if hasattr(packet.properties, name):
+                    value = getattr(packet.properties, name)
+                    for item in (value if name == "UserProperty" else [value]):
+                        setattr(forward, name, item)
+            props = forward.pack()
+        message = {"topic": packet.topic, "qos": packet.qos, "payload": base64.b64encode(packet.payload).decode(),
+                   "retain": packet.retain, "props": base64.b64encode(props).decode(), "time": now_ms,
+                   "expiresAt": None if expiry is None else now_ms + expiry * 1000, "expiryInterval": expiry,
+                   "publisher": self.client_id}
+        future = await self.broker.produce_incoming(message)
+        if packet.qos:
+            await self.ack_queue.put((packet.qos, packet.packet_id, future))
+
+    async def acker(self) -> None:
+        """Acknowledge publishes in receive order, each only after Kafka acknowledged its write."""
+        while True:
+            qos, packet_id, future = await self.ack_queue.get()
+            try:
+                await future
+            except Exception as error:
+                log.warning("%s: produce failed for packet %s: %r", self.client_id, packet_id, error)
+                if self.version == MQTT5:
+                    self.send(Ack(codec.PUBACK if qos == 1 else codec.PUBREC, packet_id, codec.RC_UNSPECIFIED_ERROR))
+                    continue
+                await self.close()
+                return
+            if qos == 1:
+                self.send(Ack(codec.PUBACK, packet_id))
+            else:
+                self.inbound_qos2.add(packet_id)
+                self.send(Ack(codec.PUBREC, packet_id))
+
+    # ------------------------------------------------------------ acks from the subscriber (and PUBREL)
+    async def on_ack(self, packet: Ack) -> None:
+        pid = packet.packet_id
+        store = self.broker.store
+        if packet.packet_type == codec.PUBREL:
+            known = pid in self.inbound_qos2
+            self.inbound_qos2.discard(pid)
+            rc = codec.RC_SUCCESS if known or self.version != MQTT5 else codec.RC_PACKET_ID_NOT_FOUND
+            self.send(Ack(codec.PUBCOMP, pid, rc))
+            return
+        entry = self.inflight.get(pid)
+        stored = entry is not None and entry[0] != "live"
+        if packet.packet_type == codec.PUBREC:
+            if packet.reason_code >= 0x80:  # the subscriber refused it: the flow ends here
+                self.inflight.pop(pid, None)
+                if stored:
+                    await store.remove_one(self.client_id, pid)
+                self.wake.set()
+                return
+            if stored:
+                await store.mark_released(self.client_id, pid)
+                self.inflight[pid] = ("rel", entry[1])
+            self.send(Ack(codec.PUBREL, pid))
+            return
+        # PUBACK or PUBCOMP: the message is done
+        self.inflight.pop(pid, None)
+        if stored and not self.config.has("puback_not_removing"):
+            await store.remove_one(self.client_id, pid)
+        self.wake.set()
+
+    # ------------------------------------------------------------ subscriptions
+    async def on_subscribe(self, packet: Subscribe) -> None:
+        codes = []
+        for topic_filter, options in packet.topics:
+            if not codec.valid_filter(topic_filter) or topic_filter.startswith("$share/"):
+                codes.append(codec.RC_TOPIC_FILTER_INVALID if self.version == MQTT5 else 0x80)
+                continue
+            qos = options & 0x03
+            self.filters[topic_filter] = qos
+            codes.append(qos)
+        await self.broker.save_subscriptions(self)
+        self.send(SubAck(packet.packet_id, codes))
+
+    async def on_unsubscribe(self, packet: Unsubscribe) -> None:
+        codes = []
+        for topic_filter in packet.topics:
+            codes.append(0x00 if self.filters.pop(topic_filter, None) is not None else 0x11)
+        await self.broker.save_subscriptions(self)
+        self.send(UnsubAck(packet.packet_id, codes))
+
+    # ------------------------------------------------------------ delivery
+    def deliver_live(self, message: dict[str, Any]) -> None:
+        self.live_queue.put_nowait(message)
+        self.wake.set()
+
+    async def delivery_loop(self, resumed: bool) -> None:
+        store = self.broker.store
+        cursor = "-inf"
+        backlog_first = True
+        if resumed and self.persistent and self.config.has("live_before_backlog"):
+            # defect: start after the newest stored message; the backlog is read only later
+            top = await store.redis.zrevrange(store.messages_key(self.client_id), 0, 0, withscores=True)
+            if top:
+                cursor, backlog_first = str(int(top[0][1])), False
+        started = time.monotonic()
+        try:
+            while not self.closed:
+                await self._send_live()
+                if self.persistent:
+                    room = self.window - len(self.inflight)
+                    if room > 0:
+                        if not self.inflight and backlog_first:
+                            cursor = "-inf"  # scores restart below the cursor once the ZSET emptied
+                        entries = await store.read(self.client_id, cursor, room)
+                        for entry in entries:
+                            cursor = str(int(entry.score))
+                            if self.inflight.get(entry.packet_id, (None, None))[1] == cursor:
+                                continue  # already in flight on this connection
+                            await self._send_stored(entry)
+                        if entries:
+                            await self.writer.drain()
+                            continue
+                    if not backlog_first and (len(self.inflight) or time.monotonic() - started > 1.0):
+                        backlog_first, cursor = True, "-inf"
+                self.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.config.delivery_recheck_s)
+        except (ConnectionError, asyncio.CancelledError):
+            return
+        except Exception:
+            log.exception("%s: delivery loop failed", self.client_id)
+            await self.close(codec.RC_UNSPECIFIED_ERROR)
+
+    async def _send_stored(self, entry) -> None:
+        message = entry.message
+        pid = entry.packet_id
+        score = str(int(entry.score))
+        if message.get("packetType") == "PUBREL":
+            self.inflight[pid] = ("rel", score)
+            self.send(Ack(codec.PUBREL, pid))
+            return
+        remaining = self._remaining_expiry(message)
+        if remaining is not None and remaining <= 0:
+            await self.broker.store.remove_one(self.client_id, pid)  # expired: never sent
+            return
+        dup = entry.sent_before
+        if self.config.has("no_dup_on_resend"):
+            dup = False
+        if self.config.has("dup_on_first_delivery"):
+            dup = True
+        self.inflight[pid] = ("stored", score)
+        self.send(self._publish(message, message["qos"], pid, dup, remaining))
+
+    async def _send_live(self) -> None:
+        while not self.live_queue.empty():
+            message = self.live_queue.get_nowait()
+            remaining = self._remaining_expiry(message)
+            if remaining is not None and remaining <= 0:
+                continue
+            pid = None
+            if message["qos"]:
+                pid = self._free_local_id()
+                self.inflight[pid] = ("live", "")
+            self.send(self._publish(message, message["qos"], pid, False, remaining))
+        await self.writer.drain()
+
+    def _free_local_id(self) -> int:
+        # live (non-stored) deliveries use packet ids the stored queue is not using right now
+        for _ in range(65536):
+            pid = next(self.local_ids) % 65536
+            if pid and pid not in self.inflight:
+                return pid
+        raise ProtocolViolation(codec.RC_RECEIVE_MAXIMUM_EXCEEDED, "no free packet id")
+
+    def _remaining_expiry(self, message: dict[str, Any]) -> int | None:
+        expires_at = message.get("expiresAt")
+        if expires_at is None or self.config.has("ignore_message_expiry"):
+            return None
+        remaining = math.ceil((expires_at - time.time() * 1000) / 1000)
+        if self.config.has("remaining_expiry_not_reduced") and remaining > 0:
+            return message.get("expiryInterval") or remaining  # defect: the original interval
+        return remaining
+
+    def _publish(self, message: dict[str, Any], qos: int, pid: int | None, dup: bool,
+                 remaining: int | None) -> Publish:
+        properties = None
+        if self.version == MQTT5:
+            properties = Properties(PacketTypes.PUBLISH)
+            raw = base64.b64decode(message.get("props") or "")
+            if raw:
+                with contextlib.suppress(Exception):
+                    properties.unpack(raw)
+            if remaining is not None:
+                properties.MessageExpiryInterval = remaining
+        return Publish(message["topic"], base64.b64decode(message["payload"]), qos, False, dup and qos > 0,
+                       pid, properties)

@@ -1,0 +1,226 @@
+"""Each script in lua/ directly against the real Redis Cluster of the shared topology, with its edge cases,
+and the save-script defects of the catalog switched on."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from redis.cluster import ClusterNode, RedisCluster
+
+from reference_broker.store import lua_source
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def redis(topology):
+    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in topology.redis_startup_nodes()])
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def scripts(redis):
+    return {name: redis.register_script(lua_source(name))
+            for name in ("save", "read_backlog", "remove_one", "mark_released", "remove_all", "lease")}
+
+
+class Queue:
+    """One client's keys, with a fresh client id (and key prefix) per test."""
+
+    def __init__(self, redis, scripts, prefix: str = "") -> None:
+        self.redis, self.scripts = redis, scripts
+        self.client = f"c-{uuid.uuid4().hex[:8]}"
+        self.zset = f"{prefix}{{{self.client}}}_messages"
+        self.last = f"{prefix}{{{self.client}}}_last_packet_id"
+        self.sent = f"{prefix}{{{self.client}}}_sent"
+
+    def save(self, count: int, limit: int = 100, ttl: int = 600, expiry=None, defects: str = "",
+             start: int = 0) -> list[int]:
+        messages = [{"topic": "t", "qos": 1, "payload": f"m{start + i}", "expiry": expiry} for i in range(count)]
+        return [int(x) for x in self.scripts["save"](keys=[self.zset, self.last],
+                                                     args=[limit, json.dumps(messages), ttl, defects])]
+
+    def read(self, after="-inf", limit=0, mark=0):
+        raw = self.scripts["read_backlog"](keys=[self.zset, self.sent], args=[after, limit, mark])
+        return [(float(raw[i]), json.loads(raw[i + 1]), int(raw[i + 2])) for i in range(0, len(raw), 3)]
+
+    def payload_keys(self) -> set[str]:
+        node = self.redis.get_node_from_key(self.zset)
+        keys = self.redis.keys(f"*{{{self.client}}}_messages_*", target_nodes=node)
+        return {k.decode() for k in keys}
+
+    def members(self) -> list[str]:
+        return [m.decode() for m in self.redis.zrange(self.zset, 0, -1)]
+
+    def ids(self) -> list[int]:
+        return [entry[1]["packetId"] for entry in self.read()]
+
+
+@pytest.fixture
+def queue(redis, scripts):
+    return Queue(redis, scripts)
+
+
+def test_save_on_empty_set_without_last_id_starts_at_one(queue):
+    previous, last, stored, trimmed = queue.save(3)
+    assert (previous, last, stored, trimmed) == (0, 3, 3, 0)
+    assert queue.ids() == [1, 2, 3]
+    assert [s for s, _, _ in queue.read()] == [1.0, 2.0, 3.0]
+    assert int(queue.redis.get(queue.last)) == 3
+    assert queue.redis.ttl(queue.zset) == -1 and queue.redis.ttl(queue.last) == -1
+    assert 590 < queue.redis.ttl(f"{queue.zset}_1") <= 600
+
+
+def test_save_continues_from_last_id_when_set_is_empty(queue):
+    queue.redis.set(queue.last, 41)
+    assert queue.save(2)[:2] == [41, 43]
+    assert queue.ids() == [42, 43]
+
+
+def test_wraparound_keeps_score_order_and_never_uses_zero(queue):
+    queue.redis.set(queue.last, 65533)
+    queue.save(2)                              # 65534, 65535
+    previous, last, _, _ = queue.save(3)       # 1, 2, 3 across the wrap
+    assert (previous, last) == (65535, 3)
+    entries = queue.read()
+    assert [m["packetId"] for _, m, _ in entries] == [65534, 65535, 1, 2, 3]
+    assert [s for s, _, _ in entries] == [65534, 65535, 65536, 65537, 65538]
+    assert [m["payload"] for _, m, _ in entries] == ["m0", "m1", "m0", "m1", "m2"]
+
+
+def test_wraparound_inside_one_batch(queue):
+    queue.redis.set(queue.last, 65534)
+    queue.save(4)
+    assert queue.ids() == [65535, 1, 2, 3]
+
+
+def test_defect_packet_id_wraps_to_zero(queue):
+    queue.redis.set(queue.last, 65534)
+    queue.save(3, defects="packet_id_wraps_to_zero")
+    assert queue.ids() == [65535, 0, 1]
+
+
+def test_defect_score_reset_at_wrap_breaks_order(queue):
+    queue.redis.set(queue.last, 65533)
+    queue.save(2)
+    queue.save(2, defects="score_reset_at_wrap", start=2)
+    assert [m["payload"] for _, m, _ in queue.read()] == ["m2", "m3", "m0", "m1"]  # newer first: wrong
+
+
+def test_defect_last_packet_id_from_zset(queue):
+    queue.save(3)
+    for pid in (1, 2, 3):
+        queue.scripts["remove_one"](keys=[queue.zset, queue.sent], args=[pid])
+    queue.save(1, defects="last_packet_id_from_zset")
+    assert queue.ids() == [1]                       # restarted although 3 was handed out
+    assert int(queue.redis.get(queue.last)) == 3    # and the key was not advanced
+    correct = Queue(queue.redis, queue.scripts)
+    correct.save(3)
+    for pid in (1, 2, 3):
+        correct.scripts["remove_one"](keys=[correct.zset], args=[pid])
+    correct.save(1)
+    assert correct.ids() == [4]
+
+
+def test_trim_keeps_newest_and_deletes_payloads(queue):
+    queue.save(8, limit=5)
+    assert [m["payload"] for _, m, _ in queue.read()] == ["m3", "m4", "m5", "m6", "m7"]
+    assert queue.payload_keys() == set(queue.members())   # no orphans, no dangling references
+    queue.save(2, limit=5, start=8)
+    assert [m["payload"] for _, m, _ in queue.read()] == ["m5", "m6", "m7", "m8", "m9"]
+    assert queue.payload_keys() == set(queue.members())
+
+
+def test_batch_larger_than_limit_trims_its_own_oldest(queue):
+    previous, last, stored, trimmed = queue.save(12, limit=4)
+    assert (stored, trimmed, last) == (12, 8, 12)
+    assert queue.ids() == [9, 10, 11, 12]
+    assert len(queue.payload_keys()) == 4
+
+
+def test_defect_trim_newest(queue):
+    queue.save(6, limit=4, defects="trim_newest")
+    assert [m["payload"] for _, m, _ in queue.read()] == ["m0", "m1", "m2", "m3"]
+
+
+def test_defect_trim_off_by_one(queue):
+    queue.save(6, limit=4, defects="trim_off_by_one")
+    assert len(queue.read()) == 5
+
+
+def test_expiry_replaces_default_ttl_and_zero_is_not_stored(queue):
+    queue.save(1, ttl=600, expiry=30)
+    assert 25 < queue.redis.ttl(f"{queue.zset}_1") <= 30
+    previous, last, stored, _ = queue.save(2, expiry=0)
+    assert (last, stored) == (1, 0)               # already expired: no packet id, nothing stored
+    assert queue.ids() == [1]
+
+
+def test_defect_expiry_as_milliseconds(queue):
+    queue.save(1, expiry=30, defects="expiry_as_milliseconds")
+    assert 0 <= queue.redis.pttl(f"{queue.zset}_1") <= 30
+
+
+def test_read_backlog_drops_dangling_and_marks_sent(queue):
+    queue.save(4)
+    queue.redis.delete(f"{queue.zset}_2")         # as if it expired
+    entries = queue.read(mark=1)
+    assert [m["packetId"] for _, m, _ in entries] == [1, 3, 4]
+    assert all(sent == 0 for _, _, sent in entries)
+    assert queue.members() == [f"{queue.zset}_{i}" for i in (1, 3, 4)]
+    assert [sent for _, _, sent in queue.read()] == [1, 1, 1]   # a second read: they were sent
+    assert [m["packetId"] for _, m, _ in queue.read(after="1", limit=1)] == [3]
+    assert queue.read(after="4") == []
+
+
+def test_read_backlog_of_empty_set(queue):
+    assert queue.read() == []
+
+
+def test_remove_one_is_idempotent(queue):
+    queue.save(2)
+    assert queue.scripts["remove_one"](keys=[queue.zset, queue.sent], args=[1]) == 1
+    assert queue.scripts["remove_one"](keys=[queue.zset, queue.sent], args=[1]) == 0
+    assert queue.scripts["remove_one"](keys=[queue.zset, queue.sent], args=[999]) == 0
+    assert queue.ids() == [2] and queue.payload_keys() == {f"{queue.zset}_2"}
+
+
+def test_mark_released_keeps_ttl(queue):
+    queue.save(1, ttl=500)
+    assert queue.scripts["mark_released"](keys=[queue.zset], args=[1]) == 1
+    assert json.loads(queue.redis.get(f"{queue.zset}_1"))["packetType"] == "PUBREL"
+    assert 490 < queue.redis.ttl(f"{queue.zset}_1") <= 500
+    assert queue.scripts["mark_released"](keys=[queue.zset], args=[7]) == 0
+
+
+def test_remove_all_then_ids_restart(queue):
+    queue.save(5)
+    queue.read(mark=1)
+    assert queue.scripts["remove_all"](keys=[queue.zset, queue.last, queue.sent]) == 5
+    assert queue.payload_keys() == set() and queue.members() == []
+    assert not queue.redis.exists(queue.last) and not queue.redis.exists(queue.sent)
+    queue.save(1)
+    assert queue.ids() == [1]
+    assert queue.scripts["remove_all"](keys=[queue.zset, queue.last]) == 1
+
+
+def test_key_prefix(redis, scripts):
+    prefixed = Queue(redis, scripts, prefix="tenant7:")
+    prefixed.save(2)
+    assert prefixed.zset.startswith("tenant7:{") and prefixed.ids() == [1, 2]
+    assert redis.exists(f"tenant7:{{{prefixed.client}}}_messages_2")
+
+
+def test_lease_acquire_renew_release(redis, scripts):
+    key = f"{{ordeal}}:lease:test-{uuid.uuid4().hex[:6]}:0"
+    assert scripts["lease"](keys=[key], args=["a", 5000, "1"]) == [1]
+    assert scripts["lease"](keys=[key], args=["b", 5000, "1"]) == [0]
+    assert scripts["lease"](keys=[key], args=["a", 5000, "1"]) == [1]
+    assert scripts["lease"](keys=[key], args=["a", 5000, "0"]) == [0]
+    assert scripts["lease"](keys=[key], args=["b", 5000, "1"]) == [1]
+    redis.delete(key)

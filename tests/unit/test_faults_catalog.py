@@ -143,11 +143,14 @@ def test_parse_counters_and_class_stats():
                         {"rule": {"expr": [{"match": {}}, {"counter": {"packets": 4, "bytes": 240}},
                                            {"drop": None}]}}]}
     assert parse_counters(json.dumps(nft)) == [{"packets": 4, "bytes": 240}]
-    tc = [{"class": "htb", "handle": "1:10", "stats": {"bytes": 900, "packets": 3, "drops": 0,
-                                                      "overlimits": 2}}]
-    assert parse_class_stats(json.dumps(tc), "1:10") == {"packets": 3, "bytes": 900, "overlimits": 2,
-                                                         "drops": 0}
-    assert parse_class_stats(json.dumps(tc), "1:11") is None
+    tc = ("class htb 1:10 root prio 0 rate 800Kbit ceil 800Kbit burst 65Kb cburst 65Kb \n"
+          " Sent 356113 bytes 35 pkt (dropped 1, overlimits 12 requeues 0) \n backlog 210b 3p requeues 0\n"
+          " lended: 33 borrowed: 0 giants: 0\n\n"
+          "class htb 1:11 root prio 0 rate 8Mbit ceil 8Mbit burst 256Kb cburst 256Kb \n"
+          " Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0) \n")
+    assert parse_class_stats(tc, "1:10") == {"packets": 35, "bytes": 356113, "overlimits": 12, "drops": 1}
+    assert parse_class_stats(tc, "1:11") == {"packets": 0, "bytes": 0, "overlimits": 0, "drops": 0}
+    assert parse_class_stats(tc, "1:12") is None
 
 
 def test_proc_state_of_self_and_of_nothing():

@@ -1,0 +1,150 @@
+"""Network faults (nftables, tc) against real Redis nodes, inside the test session's private network
+namespace (tests/conftest.py): rules installed, packets really dropped (counters), effect seen from a
+client socket, rules gone and traffic flowing again after heal."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from faults import probes
+from faults.base import FaultContext, FaultNotApplicable
+from faults.catalog import build_fault, validate_spec
+from faults.network import TABLE, heal_all_network
+from harness.topology import LocalTopology
+from harness.topology_config import TopologyConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.root]
+
+if os.environ.get("ORDEAL_NETNS") != "private":
+    pytest.skip("network faults need the private network namespace (root test session); the refusal "
+                "without it is tested in tests/unit/test_faults_guard.py", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def topo(tmp_path_factory: pytest.TempPathFactory):
+    topology = LocalTopology(TopologyConfig(kafka_storage="none"), tmp_path_factory.mktemp("faults-net"))
+    topology.start()
+    try:
+        yield topology
+    finally:
+        topology.stop()
+
+
+@pytest.fixture
+def ctx(topo: LocalTopology):
+    context = FaultContext(topo, seed=3, record=None, effect_timeout_s=5.0)
+    yield context
+    heal_all_network()  # whatever a failing test left behind
+    topo.redis.wait_ready(30)
+
+
+def _fault(kind: str, target: str | None = None, **params):
+    return build_fault(validate_spec({"id": f"{kind}-t", "kind": kind, "target": target, "params": params}))
+
+
+def _nft_table() -> str:
+    import subprocess
+
+    return subprocess.run(["nft", "list", "table", "inet", TABLE], capture_output=True, text=True).stdout
+
+
+def _replica(topo: LocalTopology):
+    return next(node for node in topo.redis_nodes if not node.is_master())
+
+
+def test_isolate_node_silences_it_then_heals(topo: LocalTopology, ctx: FaultContext):
+    node = _replica(topo)
+    assert probes.port_state(node.host, node.port) == "accepts"
+    fault = _fault("net_isolate", f"node:{node.name}")
+    evidence = fault.apply(ctx)
+    assert evidence.bit, evidence.to_dict()
+    assert fault.chain in _nft_table()
+    assert probes.port_state(node.host, node.port, timeout_s=0.3) == "silent"  # dropped, not refused
+    time.sleep(0.3)  # cluster-bus pings keep coming: more packets for the counters
+    healed = fault.heal(ctx)
+    assert healed.bit, healed.to_dict()
+    assert healed.checks[0].observed["packets"] > 0
+    assert _nft_table() == ""  # the last chain took the table with it
+    assert probes.port_state(node.host, node.port) == "accepts"
+
+
+def test_partition_between_two_masters_is_seen_by_the_cluster(topo: LocalTopology, ctx: FaultContext):
+    first, second = [node for node in topo.redis_nodes if node.is_master()][:2]
+    fault = _fault("net_partition", a=f"node:{first.name}", b=f"node:{second.name}")
+    assert fault.apply(ctx).bit
+    began = time.monotonic()
+    flags: set[str] = set()
+    while time.monotonic() - began < 4:  # node timeout is 1 s: first must suspect second (fail?)
+        flags = next(e.flags for e in first.cluster_nodes() if e.node_id == second.node_id)
+        if "fail?" in flags or "fail" in flags:
+            break
+        time.sleep(0.1)
+    healed = fault.heal(ctx)
+    assert "fail?" in flags or "fail" in flags, flags
+    assert healed.bit, healed.to_dict()
+    # the rest of the cluster still reaches both: only the pair was cut
+    assert first.client(timeout=1).ping() and second.client(timeout=1).ping()
+
+
+def test_oneway_partition_from_clients(topo: LocalTopology, ctx: FaultContext):
+    node = topo.redis_nodes[0]
+    fault = _fault("net_partition_oneway", src="client", dst=f"node:{node.name}")
+    evidence = fault.apply(ctx)
+    assert evidence.bit, evidence.to_dict()
+    assert evidence.checks[0].observed["sides"]["src"] == {"*": "127.0.0.1"}
+    assert probes.port_state(node.host, node.port, timeout_s=0.3) == "silent"
+    assert topo.redis_nodes[1].client(timeout=1).ping()  # other nodes untouched
+    healed = fault.heal(ctx)
+    assert healed.bit, healed.to_dict()
+    assert probes.port_state(node.host, node.port) == "accepts"
+
+
+def test_lossy_link_drops_some_not_all(topo: LocalTopology, ctx: FaultContext):
+    node = topo.redis_nodes[1]
+    fault = _fault("net_lossy", a="client", b=f"node:{node.name}", percent=50)
+    assert fault.apply(ctx).bit
+    # Each connect needs the SYN and the SYN-ACK through: ~25% succeed within a short timeout.
+    outcomes = [probes.port_state(node.host, node.port, timeout_s=0.1) for _ in range(30)]
+    healed = fault.heal(ctx)
+    accepted = outcomes.count("accepts")
+    assert 0 < accepted < len(outcomes), outcomes
+    assert healed.bit, healed.to_dict()
+
+
+def test_bandwidth_limit_slows_a_transfer(topo: LocalTopology, ctx: FaultContext):
+    node = topo.redis_nodes[2]
+    payload = "x" * 120_000
+
+    def echo_seconds() -> float:
+        connection = node.client(timeout=10)
+        try:
+            connection.ping()
+            began = time.monotonic()
+            assert connection.echo(payload) == payload
+            return time.monotonic() - began
+        finally:
+            connection.close()
+
+    baseline = echo_seconds()
+    fault = _fault("net_bandwidth", a="client", b=f"node:{node.name}", rate_kbit=800, burst_kb=65)
+    assert fault.apply(ctx).bit
+    try:
+        limited = echo_seconds()
+    finally:
+        healed = fault.heal(ctx)
+    after = echo_seconds()
+    assert healed.bit, healed.to_dict()
+    assert healed.checks[0].observed["packets"] > 0
+    assert baseline < 0.2 and after < 0.2, (baseline, after)
+    assert limited > 0.4, (baseline, limited)
+    print(f"echo 120 kB: {baseline * 1000:.1f} ms, limited {limited:.2f} s, after {after * 1000:.1f} ms")
+
+
+def test_overlapping_groups_are_refused(topo: LocalTopology, ctx: FaultContext):
+    node = topo.redis_nodes[0]
+    with pytest.raises(FaultNotApplicable, match="share address"):
+        _fault("net_partition", a="redis", b=f"node:{node.name}").apply(ctx)
+    assert _nft_table() == ""

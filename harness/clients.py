@@ -1,0 +1,430 @@
+"""MQTT clients of a run: paho-mqtt 2.x clients (MQTT 3.1.1 and 5.0) on one shared selector loop.
+
+Why one selector loop instead of ``loop_start()`` (one thread per client): a run has hundreds of clients
+on a 2-core machine.  A thread per client costs a stack each, GIL hand-offs on every packet and makes the
+order of observations depend on the scheduler; one loop thread that owns every socket is cheap, keeps all
+paho calls on one thread (paho is not designed for concurrent calls into one client), and lets the
+executor interleave plan events and socket I/O deterministically.  paho supports exactly this through
+``socket()``, ``loop_read()``, ``loop_write()``, ``loop_misc()`` and the ``on_socket_*`` callbacks.
+
+Every connection is a fresh paho client: paho's own in-memory session (queued and in-flight messages)
+would otherwise resend publishes after a reconnect, after we already recorded their outcome as
+indeterminate; the broker's session (what we test) lives on the broker, not in paho.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from harness import payload as identity_codec
+from harness.history import HistoryRecorder
+from harness.history_schema import Kind
+from properties.plan import PUBLISHER, ClientPlan, PublishPlan
+
+PROTOCOLS = {4: mqtt.MQTTv311, 5: mqtt.MQTTv5}
+
+
+@dataclass
+class Counters:
+    """Live counts for the progress display and the run summary (the history is the truth)."""
+
+    published: int = 0
+    acked: int = 0
+    failed: int = 0
+    indeterminate: int = 0
+    delivered: int = 0
+    undecodable: int = 0
+    connects: int = 0
+    connect_failures: int = 0
+    disconnects: int = 0
+    last_delivery_mono: float = 0.0
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in self.__dict__.items() if k != "last_delivery_mono"}
+
+
+class SelectorLoop:
+    """The one selector every client's socket is registered with (read always, write when paho wants)."""
+
+    def __init__(self) -> None:
+        self.selector = selectors.DefaultSelector()
+
+    def attach(self, client: mqtt.Client) -> None:
+        client.on_socket_open = self._open
+        client.on_socket_close = self._close
+        client.on_socket_register_write = self._want_write
+        client.on_socket_unregister_write = self._done_writing
+
+    def _open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        self.selector.register(sock, selectors.EVENT_READ, client)
+
+    def _close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        try:
+            self.selector.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+
+    def _want_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        try:
+            self.selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, client)
+        except (KeyError, ValueError):
+            pass
+
+    def _done_writing(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        try:
+            self.selector.modify(sock, selectors.EVENT_READ, client)
+        except (KeyError, ValueError):
+            pass
+
+    def poll(self, timeout: float) -> int:
+        """Wait up to timeout for socket readiness and let paho read / write; returns events handled."""
+        events = self.selector.select(max(0.0, timeout))
+        for key, mask in events:
+            client: mqtt.Client = key.data
+            if mask & selectors.EVENT_READ:
+                client.loop_read()
+            if mask & selectors.EVENT_WRITE and client.socket() is not None:
+                client.loop_write()
+        return len(events)
+
+    def close(self) -> None:
+        self.selector.close()
+
+
+@dataclass
+class PendingPublish:
+    publish: PublishPlan
+    invoked_mono: float
+    packet_id: int
+
+
+@dataclass
+class ClientSession:
+    """One plan client and its current connection.  Called only from the loop thread."""
+
+    plan: ClientPlan
+    recorder: HistoryRecorder
+    loop: SelectorLoop
+    counters: Counters
+    address_of: Callable[[int], tuple[str, int, str]]  # node index -> (host, port, node name)
+    publisher_names: dict[int, str]
+    keepalive_s: int = 30
+    connect_timeout_s: float = 5.0
+
+    paho: mqtt.Client | None = None
+    node: int = 0
+    node_name: str = ""
+    connected: bool = False  # CONNACK with success received on the current connection
+    subscribed: bool = False  # every SUBACK of the current connection received
+    want_connected: bool = False  # the plan wants this client connected (auto-reconnect when lost)
+    connect_started: float = 0.0
+    clean_start: bool = False
+    session_expiry_s: int | None = None
+    closing: bool = False  # the harness is ending this connection; its on_disconnect is not news
+    reconnect_at: float | None = None
+    why: str = ""  # why the current connection was opened (plan, auto-reconnect, drain)
+    pending: dict[int, PendingPublish] = field(default_factory=dict)
+    sub_mids: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def client_id(self) -> str:
+        return self.plan.client_id
+
+    @property
+    def protocol(self) -> int:
+        return self.plan.protocol
+
+    # -- connecting --------------------------------------------------------------------------------
+    def connect(self, *, clean_start: bool, node: int, session_expiry_s: int | None, why: str) -> None:
+        """Open a new connection (a fresh paho client).  Outcome: a connect or connect_fail row."""
+        if self.paho is not None:
+            self.drop("replaced by a new connection")
+        self.node = node
+        host, port, self.node_name = self.address_of(node)
+        self.clean_start = clean_start
+        self.session_expiry_s = session_expiry_s if self.protocol == 5 else None
+        self.want_connected = True
+        self.connected = self.subscribed = self.closing = False
+        self.reconnect_at = None
+        self.why = why
+        if self.protocol == 5:
+            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
+        else:  # 3.1.1: clean_session is the session flag; a persistent client never asks for a clean one
+            clean_session = clean_start or not self.plan.persistent
+            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv311,
+                                 clean_session=clean_session)
+        client.manual_ack_set(True)  # we send each PUBACK ourselves, so the history knows it was sent
+        client.max_inflight_messages_set(65535)
+        client.max_queued_messages_set(0)
+        client.connect_timeout = self.connect_timeout_s
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        self.loop.attach(client)
+        self.paho = client
+        self.connect_started = time.monotonic()
+        kwargs: dict[str, Any] = {}
+        if self.protocol == 5:
+            properties = Properties(PacketTypes.CONNECT)
+            if self.session_expiry_s is not None:
+                properties.SessionExpiryInterval = self.session_expiry_s
+            kwargs = {"clean_start": clean_start, "properties": properties}
+        try:
+            client.connect(host, port, keepalive=self.keepalive_s, **kwargs)
+        except OSError as error:  # refused, unreachable, timed out: nothing was established
+            self.paho = None
+            self._record_connect_fail(f"{type(error).__name__}: {error}", why)
+            return
+
+    def _record_connect_fail(self, reason: str, why: str, reason_code: int | None = None) -> None:
+        self.counters.connect_failures += 1
+        self.recorder.record(Kind.CONNECT_FAIL, client=self.client_id, node=self.node_name,
+                             protocol=self.protocol, clean_start=self.clean_start,
+                             session_expiry_s=self.session_expiry_s, reason_code=reason_code,
+                             detail={"error": reason, "why": why})
+
+    def check_connect_timeout(self, now: float) -> None:
+        if self.paho is not None and not self.connected and not self.closing \
+                and now - self.connect_started > self.connect_timeout_s:
+            self._record_connect_fail(f"no CONNACK within {self.connect_timeout_s} s", self.why)
+            self.drop("connect timeout")
+
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
+                    properties: Any) -> None:
+        if client is not self.paho:
+            return
+        code = int(reason_code.value)
+        if reason_code.is_failure:
+            self._record_connect_fail("CONNACK refused", self.why, reason_code=code)
+            self.drop("refused")
+            return
+        self.connected = True
+        self.counters.connects += 1
+        self.recorder.record(Kind.CONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
+                             session_present=bool(flags.session_present), reason_code=code,
+                             clean_start=self.clean_start, session_expiry_s=self.session_expiry_s,
+                             detail={"why": self.why, "role": self.plan.role})
+        if self.plan.subscriptions:
+            result, mid = client.subscribe([(s.topic_filter, s.qos) for s in self.plan.subscriptions])
+            if result == mqtt.MQTT_ERR_SUCCESS and mid is not None:
+                self.sub_mids[mid] = [s.topic_filter for s in self.plan.subscriptions]
+        else:
+            self.subscribed = True
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: list, properties: Any) -> None:
+        if client is not self.paho:
+            return
+        filters = self.sub_mids.pop(mid, [])
+        for topic_filter, code in zip(filters, reason_codes, strict=False):
+            self.recorder.record(Kind.SUBSCRIBE_ACK, client=self.client_id, node=self.node_name,
+                                 protocol=self.protocol, topic=topic_filter, qos=int(code.value),
+                                 packet_id=mid)
+        if not self.sub_mids:
+            self.subscribed = True
+
+    # -- disconnecting -----------------------------------------------------------------------------
+    def disconnect(self, *, abrupt: bool, why: str) -> None:
+        """A planned disconnect: clean (DISCONNECT packet) or abrupt (socket cut, no DISCONNECT)."""
+        self.want_connected = False
+        self.reconnect_at = None
+        if self.paho is None:
+            return
+        self.counters.disconnects += 1
+        self.recorder.record(Kind.DISCONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
+                             initiator="harness" if abrupt else "client", abrupt=abrupt,
+                             detail={"why": why, "was_connected": self.connected})
+        self._settle_pending("the client disconnected")
+        self.closing = True
+        client, self.paho = self.paho, None
+        self.connected = self.subscribed = False
+        if abrupt or not client.is_connected():
+            _cut(client)
+        else:
+            client.disconnect()  # paho writes DISCONNECT on the loop, then closes the socket
+
+    def drop(self, why: str) -> None:
+        """Forget the current connection without a history row of its own (used after a connect_fail)."""
+        client, self.paho = self.paho, None
+        self.connected = self.subscribed = False
+        if client is not None:
+            self.closing = True
+            _cut(client)
+
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
+                       properties: Any) -> None:
+        if client is not self.paho:
+            return  # a connection the harness already ended and recorded
+        was_connected = self.connected
+        self.paho = None
+        self.connected = self.subscribed = False
+        if was_connected:
+            self.counters.disconnects += 1
+            self.recorder.record(
+                Kind.DISCONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
+                initiator="server", abrupt=not flags.is_disconnect_packet_from_server,
+                reason_code=int(reason_code.value) if reason_code is not None else None,
+                detail={"why": "connection lost"})
+        else:
+            self._record_connect_fail("connection closed before CONNACK", self.why)
+        self._settle_pending("connection lost before the acknowledgement")
+        _cut(client)
+
+    # -- publishing --------------------------------------------------------------------------------
+    def publish(self, publish: PublishPlan) -> None:
+        """Invoke one planned publish; exactly one outcome row follows (now, or on ack/loss/timeout)."""
+        send_wall_us = time.time_ns() // 1000
+        body = identity_codec.encode(
+            identity_codec.Identity(self.plan.publisher_index or 0, publish.seq, send_wall_us), publish.size)
+        digest = identity_codec.body_hash(body)
+        common = dict(client=self.client_id, node=self.node_name, protocol=self.protocol, topic=publish.topic,
+                      qos=publish.qos, publisher=self.client_id, pub_seq=publish.seq)
+        self.counters.published += 1
+        if self.paho is None or not self.connected:
+            self.recorder.record(Kind.PUBLISH_INVOKE, payload_size=len(body), expiry_s=publish.expiry_s,
+                                 send_wall_us=send_wall_us, body_hash=digest, **common)
+            self._outcome(Kind.PUBLISH_FAIL, publish, None, reason="not connected; never sent")
+            return
+        properties = None
+        if self.protocol == 5 and publish.expiry_s is not None:
+            properties = Properties(PacketTypes.PUBLISH)
+            properties.MessageExpiryInterval = publish.expiry_s
+        info = self.paho.publish(publish.topic, body, qos=publish.qos, properties=properties)
+        self.recorder.record(Kind.PUBLISH_INVOKE, payload_size=len(body), expiry_s=publish.expiry_s,
+                             send_wall_us=send_wall_us, body_hash=digest, packet_id=info.mid, **common)
+        if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            self._outcome(Kind.PUBLISH_FAIL, publish, info.mid, reason=f"paho: {mqtt.error_string(info.rc)}")
+            return
+        if info.mid in self.pending:  # paho reused a packet id still awaiting its ack: that one is lost
+            self._settle_one(info.mid, Kind.PUBLISH_INDETERMINATE, "packet id reused by the client library")
+        self.pending[info.mid] = PendingPublish(publish, time.monotonic(), info.mid)
+        if publish.qos == 0 and info.is_published():
+            self._settle_one(info.mid, Kind.PUBLISH_ACK, "QoS 0: written to the socket")
+
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+        if client is not self.paho or mid not in self.pending:
+            return
+        pending = self.pending[mid]
+        if pending.publish.qos == 0:
+            self._settle_one(mid, Kind.PUBLISH_ACK, "QoS 0: written to the socket")
+        elif reason_code is not None and reason_code.is_failure:
+            self._settle_one(mid, Kind.PUBLISH_FAIL, f"reason code {reason_code}", int(reason_code.value))
+        else:
+            self._settle_one(mid, Kind.PUBLISH_ACK, "", int(reason_code.value) if reason_code is not None else 0)
+
+    def _settle_one(self, mid: int, kind: str, reason: str, reason_code: int | None = None) -> None:
+        pending = self.pending.pop(mid)
+        self._outcome(kind, pending.publish, mid, reason=reason, reason_code=reason_code,
+                      latency_s=time.monotonic() - pending.invoked_mono)
+
+    def _outcome(self, kind: str, publish: PublishPlan, mid: int | None, *, reason: str = "",
+                 reason_code: int | None = None, latency_s: float | None = None) -> None:
+        if kind == Kind.PUBLISH_ACK:
+            self.counters.acked += 1
+        elif kind == Kind.PUBLISH_FAIL:
+            self.counters.failed += 1
+        else:
+            self.counters.indeterminate += 1
+        detail: dict[str, Any] = {}
+        if reason:
+            detail["reason"] = reason
+        if latency_s is not None:
+            detail["latency_ms"] = round(latency_s * 1000, 3)
+        self.recorder.record(kind, client=self.client_id, node=self.node_name, protocol=self.protocol,
+                             topic=publish.topic, qos=publish.qos, packet_id=mid, publisher=self.client_id,
+                             pub_seq=publish.seq, reason_code=reason_code, detail=detail or None)
+
+    def _settle_pending(self, reason: str) -> None:
+        for mid in list(self.pending):
+            self._settle_one(mid, Kind.PUBLISH_INDETERMINATE, reason)
+
+    def expire_pending(self, now: float, timeout_s: float) -> None:
+        for mid, pending in list(self.pending.items()):
+            if now - pending.invoked_mono > timeout_s:
+                self._settle_one(mid, Kind.PUBLISH_INDETERMINATE, f"no acknowledgement within {timeout_s} s")
+
+    def settle_all(self, reason: str) -> None:
+        self._settle_pending(reason)
+
+    # -- receiving ---------------------------------------------------------------------------------
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        body = message.payload
+        identity = identity_codec.try_decode(body)
+        remaining = None
+        if self.protocol == 5 and message.properties is not None:
+            remaining = getattr(message.properties, "MessageExpiryInterval", None)
+        publisher = None
+        detail = None
+        if identity is None:
+            self.counters.undecodable += 1
+            try:
+                identity_codec.decode(body)
+            except identity_codec.PayloadError as error:
+                detail = {"undecodable": str(error)}
+        else:
+            publisher = self.publisher_names.get(identity.publisher_index)
+            if publisher is None:
+                detail = {"unknown_publisher_index": identity.publisher_index}
+        self.counters.delivered += 1
+        self.counters.last_delivery_mono = time.monotonic()
+        try:
+            topic = message.topic
+        except UnicodeDecodeError:
+            topic = None
+            detail = {**(detail or {}), "topic_not_utf8": message._topic.hex()}
+        self.recorder.record(
+            Kind.DELIVERY, client=self.client_id, node=self.node_name, protocol=self.protocol, topic=topic,
+            qos=message.qos, packet_id=message.mid, dup=bool(message.dup), retain=bool(message.retain),
+            payload_size=len(body), remaining_expiry_s=remaining, publisher=publisher,
+            pub_seq=identity.seq if identity else None, send_wall_us=identity.send_wall_us if identity else None,
+            body_hash=identity_codec.body_hash(body), detail=detail)
+        if message.qos > 0 and client is self.paho and client.socket() is not None:
+            client.ack(message.mid, message.qos)  # PUBACK (QoS 1) / PUBCOMP (QoS 2), queued on the socket
+            self.recorder.record(Kind.DELIVERY_ACK_SENT, client=self.client_id, node=self.node_name,
+                                 protocol=self.protocol, topic=topic, qos=message.qos, packet_id=message.mid,
+                                 publisher=publisher, pub_seq=identity.seq if identity else None)
+
+    # -- housekeeping ------------------------------------------------------------------------------
+    def misc(self) -> None:
+        if self.paho is not None:
+            self.paho.loop_misc()  # keep-alive PINGREQ, and paho's own timeouts
+
+    @property
+    def is_publisher(self) -> bool:
+        return self.plan.role == PUBLISHER
+
+
+def _cut(client: mqtt.Client) -> None:
+    """Close the socket without a DISCONNECT packet.  shutdown() sends FIN at once; paho then sees EOF on
+    its next read and cleans up (the selector unregisters the socket in on_socket_close)."""
+    sock = client.socket()
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        client.loop_read()  # reads the EOF now: paho closes and unregisters the socket
+    except (OSError, ValueError):
+        pass
+    if client.socket() is not None:  # paho did not notice (e.g. data still buffered): close it ourselves
+        try:
+            client.on_socket_close(client, None, client.socket())
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        try:
+            client.socket().close()
+        except OSError:
+            pass

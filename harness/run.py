@@ -1,0 +1,269 @@
+"""One run, end to end: scenario + seed → plan → target → execute → drain → snapshot → history → summary.
+
+The run directory (docs/architecture.md): scenario.toml, scenario.json, plan.json, topology.json,
+history/, logs/, data/, summary.json.  Everything the run started is stopped in ``finally`` blocks; a
+SIGTERM or Ctrl-C ends the run early with an incomplete history (manifest ``complete: false``).  A SIGKILL
+leaves the last flushed part files and an incomplete manifest; the nodes die with the harness (they are
+started with PR_SET_PDEATHSIG by harness/node.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import shlex
+import shutil
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.executor import Executor
+from harness.history import HistoryRecorder, read_history, read_manifest
+from harness.history_schema import Kind, Phase
+from harness.targets import make_target
+from ordeal.scenario import Scenario, load_scenario
+from properties.generate import make_plan
+from properties.plan import Plan
+
+EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGTERM / SIGINT arrived during the run."""
+
+
+class Reporter(Protocol):
+    """What a run tells its user while it works (the CLI draws a rich progress bar from it)."""
+
+    def phase(self, name: str, total_s: float | None = None) -> None: ...
+    def tick(self, elapsed_s: float, counters: dict[str, int], faults_active: int) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+class SilentReporter:
+    def phase(self, name: str, total_s: float | None = None) -> None:
+        pass
+
+    def tick(self, elapsed_s: float, counters: dict[str, int], faults_active: int) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    exit_code: int
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def replay_command(scenario_path: Path | str, seed: int, out: Path | str) -> str:
+    return shlex.join(["ordeal", "run", str(scenario_path), "--seed", str(seed), "--out", str(out)])
+
+
+def new_run_dir(out: Path, scenario: Scenario, seed: int) -> Path:
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    run_dir = out / f"{scenario.name}-{seed}-{stamp}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    return run_dir
+
+
+def write_inputs(run_dir: Path, scenario_path: Path, scenario: Scenario, plan: Plan) -> None:
+    shutil.copyfile(scenario_path, run_dir / "scenario.toml")
+    (run_dir / "scenario.json").write_text(json.dumps(scenario.to_dict(), indent=2, sort_keys=True) + "\n")
+    (run_dir / "plan.json").write_text(plan.to_json())
+
+
+def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs", *,
+                 reporter: Reporter | None = None, check: bool = True, spark_master: str | None = None,
+                 stop: threading.Event | None = None) -> RunResult:
+    """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts."""
+    reporter = reporter or SilentReporter()
+    scenario_path = Path(scenario_path)
+    scenario = load_scenario(scenario_path)  # validation first: a bad file starts nothing
+    plan = make_plan(scenario, seed)
+    out = Path(out)
+    run_dir = new_run_dir(out, scenario, seed)
+    write_inputs(run_dir, scenario_path, scenario, plan)
+    replay = replay_command(scenario_path, seed, out)
+    reporter.message(f"seed {seed}  run dir {run_dir}\nreplay: {replay}")
+
+    stop = stop or threading.Event()
+    recorder = HistoryRecorder(run_dir / "history", run_id=run_dir.name)
+    timings: dict[str, float] = {}
+    outcome: dict[str, Any] = {"drain": None, "error": None, "notes": []}
+    began = time.monotonic()
+    previous_handlers = _install_signal_handlers(stop)
+    target = None
+    executor = None
+    close_reason = ""
+    raise_later: Exception | None = None
+    complete = False
+    try:
+        recorder.phase(Phase.RUN_START, scenario=scenario.name, seed=seed, replay=replay, plan=plan.summary())
+        target = make_target(scenario, run_dir, recorder)
+        reporter.phase("starting the target")
+        target.prepare()
+        target.start()
+        timings["target_start_s"] = round(time.monotonic() - began, 3)
+        (run_dir / "topology.json").write_text(json.dumps(target.describe(), indent=2, default=str) + "\n")
+        outcome["notes"] += target.apply_presets(plan)
+
+        executor = Executor(plan, target.endpoints(), recorder, stop=stop)
+        reporter.phase("connecting clients")
+        ready = executor.connect_all()
+        recorder.phase(Phase.WORKLOAD_START, **ready)
+        reporter.phase("workload", total_s=plan.duration_s)
+        mark = time.monotonic()
+        executor.play(on_tick=lambda elapsed: reporter.tick(elapsed, executor.counters.as_dict(), 0))
+        _raise_if_stopped(stop)
+        settle = executor.settle()
+        timings["workload_s"] = round(time.monotonic() - mark, 3)
+        recorder.phase(Phase.WORKLOAD_END, max_lag_s=round(executor.max_lag_s, 6), **settle)
+        recorder.phase(Phase.HEAL_ALL, faults_healed=0, nodes_restarted=0)
+
+        reporter.phase("draining", total_s=scenario.scenario.drain_timeout_s)
+        mark = time.monotonic()
+        recorder.phase(Phase.DRAIN_START, quiet_s=scenario.scenario.drain_quiet_s,
+                       timeout_s=scenario.scenario.drain_timeout_s)
+        outcome["drain"] = executor.drain(scenario.scenario.drain_quiet_s, scenario.scenario.drain_timeout_s)
+        _raise_if_stopped(stop)
+        timings["drain_s"] = round(time.monotonic() - mark, 3)
+        recorder.phase(Phase.DRAIN_END, **outcome["drain"])
+        executor.close()
+        executor = None
+
+        reporter.phase("snapshot")
+        snapshots = target.snapshot(plan) if target.white_box else 0
+        recorder.phase(Phase.SNAPSHOT_DONE, sessions=snapshots, white_box=target.white_box)
+    except KeyboardInterrupt:
+        close_reason = "the run was interrupted (SIGINT/SIGTERM) before it finished"
+        outcome["error"] = close_reason
+    except Exception as error:
+        close_reason = f"the run broke: {type(error).__name__}: {error}"
+        outcome["error"] = close_reason
+        recorder_safe_note(recorder, close_reason)
+        raise_later = error
+    finally:
+        if executor is not None:
+            _quietly(executor.close)
+        if target is not None:
+            reporter.phase("stopping the target")
+            mark = time.monotonic()
+            _quietly(target.stop)
+            timings["target_stop_s"] = round(time.monotonic() - mark, 3)
+        if not close_reason:
+            recorder.phase(Phase.RUN_END, elapsed_s=round(time.monotonic() - began, 3))
+        complete = recorder.close(reason=close_reason)
+        _restore_signal_handlers(previous_handlers)
+
+    timings["total_s"] = round(time.monotonic() - began, 3)
+    summary = build_summary(run_dir, scenario, plan, replay, timings, outcome, complete)
+    exit_code = EXIT_UNKNOWN if (not complete or outcome["error"]) else EXIT_PASS
+    checked = False
+    if check and complete:
+        check_run = _checker()
+        if check_run is None:
+            summary["check"] = "not run: spark_checkers.check_run is not available yet"
+        else:
+            reporter.phase("checking")
+            exit_code = int(check_run(run_dir, spark_master=spark_master))
+            checked = True
+            summary["check"] = {"exit_code": exit_code}
+    elif not check:
+        summary["check"] = "skipped (--no-check)"
+    summary["checked"] = checked
+    summary["exit_code"] = exit_code
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    reporter.message(f"seed {seed}  exit {exit_code}  run dir {run_dir}\nreplay: {replay}")
+    if raise_later is not None:
+        raise raise_later
+    return RunResult(run_dir=run_dir, exit_code=exit_code, summary=summary)
+
+
+def recorder_safe_note(recorder: HistoryRecorder, text: str) -> None:
+    try:
+        recorder.record(Kind.PHASE, detail={"phase": "error", "error": text})
+    except Exception:  # noqa: BLE001 - the history may itself be what failed
+        pass
+
+
+def _quietly(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception:  # noqa: BLE001 - teardown goes on; the error is already recorded or irrelevant
+        pass
+
+
+def _checker():
+    try:
+        from spark_checkers import check_run
+    except ImportError:
+        return None
+    return check_run
+
+
+def _raise_if_stopped(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise RunInterrupted()
+
+
+def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()  # the executor's loop notices within 0.1 s and the run unwinds through finally
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def build_summary(run_dir: Path, scenario: Scenario, plan: Plan, replay: str, timings: dict[str, float],
+                  outcome: dict[str, Any], complete: bool) -> dict[str, Any]:
+    """Counts come from the history itself, so the summary can never disagree with it."""
+    table = read_history(run_dir / "history")
+    kinds = Counter(table.column("kind").to_pylist())
+    deliveries = [r for r in table.select(["kind", "client", "publisher", "pub_seq"]).to_pylist()
+                  if r["kind"] == Kind.DELIVERY]
+    unique = {(r["client"], r["publisher"], r["pub_seq"]) for r in deliveries if r["publisher"] is not None}
+    return {
+        "scenario": scenario.name,
+        "seed": plan.seed,
+        "run_dir": str(run_dir),
+        "replay": replay,
+        "history_complete": complete,
+        "manifest": {k: read_manifest(run_dir / "history")[k] for k in ("complete", "incomplete_reason", "rows")},
+        "plan": plan.summary(),
+        "counts": {
+            "published": kinds[Kind.PUBLISH_INVOKE],
+            "acked": kinds[Kind.PUBLISH_ACK],
+            "failed": kinds[Kind.PUBLISH_FAIL],
+            "indeterminate": kinds[Kind.PUBLISH_INDETERMINATE],
+            "delivered": kinds[Kind.DELIVERY],
+            "delivered_unique": len(unique),
+            "delivery_acks_sent": kinds[Kind.DELIVERY_ACK_SENT],
+            "connects": kinds[Kind.CONNECT],
+            "connect_failures": kinds[Kind.CONNECT_FAIL],
+            "disconnects": kinds[Kind.DISCONNECT],
+            "session_snapshots": kinds[Kind.SESSION_SNAPSHOT],
+            "rows": table.num_rows,
+        },
+        "drain": outcome["drain"],
+        "error": outcome["error"],
+        "notes": outcome["notes"],
+        "timings_s": timings,
+    }

@@ -1,0 +1,118 @@
+"""White-box access to the reference broker's Redis state (docs/history.md, kind ``session_snapshot``).
+
+Keys (TBMQ-NOTES.md, reference_broker/store.py), all sharing the client id as hash tag:
+``<prefix>{client}_messages`` ZSET (member = payload key, score = never-wrapping counter),
+``<prefix>{client}_messages_<packet id>`` payload STRING with TTL, ``<prefix>{client}_last_packet_id``.
+
+``snapshot_sessions`` records one ``session_snapshot`` row per subscriber after the drain: ZSET size, the
+last packet id, orphan payload keys (no ZSET member points at them) and dangling references (ZSET members
+whose payload key is gone), with the members, scores, TTLs and decoded identities in ``detail``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from harness import payload as identity_codec
+from harness.history import HistoryRecorder
+from harness.history_schema import Kind
+
+MAX_MEMBERS_IN_DETAIL = 20000
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def messages_key(prefix: str, client: str) -> str:
+    return f"{prefix}{{{client}}}_messages"
+
+
+def last_packet_id_key(prefix: str, client: str) -> str:
+    return f"{prefix}{{{client}}}_last_packet_id"
+
+
+def _cluster(startup_nodes: Sequence[tuple[str, int]]):
+    from redis.cluster import ClusterNode, RedisCluster
+
+    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in startup_nodes], decode_responses=True,
+                        socket_timeout=10)
+
+
+def preset_last_packet_ids(startup_nodes: Sequence[tuple[str, int]], prefix: str,
+                           presets: Mapping[str, int]) -> None:
+    """Start these sessions' packet ids at the given values (the wraparound scenarios)."""
+    cluster = _cluster(startup_nodes)
+    try:
+        for client, last in presets.items():
+            cluster.set(last_packet_id_key(prefix, client), int(last))
+    finally:
+        cluster.close()
+
+
+def read_session(cluster: Any, prefix: str, client: str) -> dict[str, Any]:
+    """The Redis state of one session, with the white-box counts."""
+    zset = messages_key(prefix, client)
+    members: list[tuple[str, float]] = cluster.zrange(zset, 0, -1, withscores=True)
+    last = cluster.get(last_packet_id_key(prefix, client))
+    node = cluster.get_node_from_key(zset)
+    connection = cluster.get_redis_connection(node)
+    payload_keys = {k for k in connection.scan_iter(match=_glob_escape(zset) + "_*", count=1000)
+                    if k[len(zset) + 1:].isdigit()}
+    member_names = {m for m, _ in members}
+    orphans = sorted(payload_keys - member_names)
+    dangling = sorted(member_names - payload_keys)
+    entries = []
+    for member, score in members[:MAX_MEMBERS_IN_DETAIL]:
+        entry: dict[str, Any] = {"key": member, "score": score}
+        if member in payload_keys:
+            entry["ttl_ms"] = connection.pttl(member)
+            entry.update(_identity_of(connection.get(member)))
+        entries.append(entry)
+    return {
+        "client": client,
+        "zset_size": len(members),
+        "last_packet_id": int(last) if last is not None else None,
+        "orphan_payloads": len(orphans),
+        "dangling_refs": len(dangling),
+        "detail": {"members": entries, "members_truncated": len(members) > MAX_MEMBERS_IN_DETAIL,
+                   "orphans": orphans[:1000], "dangling": dangling[:1000],
+                   "min_score": members[0][1] if members else None,
+                   "max_score": members[-1][1] if members else None},
+    }
+
+
+def _identity_of(raw: str | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    try:
+        message = json.loads(raw)
+        body = base64.b64decode(message.get("payload", ""))
+    except (ValueError, TypeError, AttributeError):
+        return {"unreadable": True}
+    out: dict[str, Any] = {"packet_id": message.get("packetId"), "topic": message.get("topic")}
+    identity = identity_codec.try_decode(body)
+    if identity is not None:
+        out.update(publisher_index=identity.publisher_index, pub_seq=identity.seq,
+                   body_hash=identity_codec.body_hash(body))
+    return out
+
+
+def snapshot_sessions(startup_nodes: Sequence[tuple[str, int]], prefix: str, clients: Iterable[str],
+                      recorder: HistoryRecorder) -> int:
+    """Record one session_snapshot row per client; returns how many were recorded."""
+    cluster = _cluster(startup_nodes)
+    count = 0
+    try:
+        for client in clients:
+            state = read_session(cluster, prefix, client)
+            recorder.record(Kind.SESSION_SNAPSHOT, client=client, zset_size=state["zset_size"],
+                            last_packet_id=state["last_packet_id"], orphan_payloads=state["orphan_payloads"],
+                            dangling_refs=state["dangling_refs"], detail=state["detail"])
+            count += 1
+    finally:
+        cluster.close()
+    return count

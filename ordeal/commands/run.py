@@ -1,0 +1,125 @@
+"""`ordeal run`, `ordeal plan`, `ordeal scenarios` (loaded lazily by ordeal/cli.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ordeal.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
+
+
+def _scenario_path(name_or_path: str) -> Path:
+    try:
+        return find_scenario(name_or_path)
+    except ScenarioError as error:
+        raise click.ClickException(str(error)) from error
+
+
+class RichReporter:
+    """A rich progress bar: phase, elapsed of the planned time, sent / acked / delivered, faults active."""
+
+    def __init__(self, console) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[stats]}"), console=console, transient=False)
+        self.task = None
+
+    def __enter__(self) -> RichReporter:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def phase(self, name: str, total_s: float | None = None) -> None:
+        if self.task is not None:
+            task = self.progress.tasks[self.task]
+            self.progress.update(self.task, completed=task.total or 1, total=task.total or 1)
+        self.task = self.progress.add_task(name, total=total_s, stats="")
+
+    def tick(self, elapsed_s: float, counters: dict[str, int], faults_active: int) -> None:
+        stats = (f"sent {counters['published']}  acked {counters['acked']}  failed {counters['failed']}  "
+                 f"indet {counters['indeterminate']}  delivered {counters['delivered']}  "
+                 f"faults active {faults_active}")
+        self.progress.update(self.task, completed=elapsed_s, stats=stats)
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(text)
+
+
+@click.command(name="run")
+@click.argument("scenario")
+@click.option("--seed", type=int, default=1, show_default=True, help="The plan's seed (same seed, same plan).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
+              help="Directory under which the run directory is created.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Check the history with spark_checkers at the end (when available).")
+@click.option("--spark-master", default=None, help="Spark master for the checks (default local[*]).")
+def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | None) -> None:
+    """Run SCENARIO (a name from scenarios/ or a .toml path) end to end and record its history."""
+    from rich.console import Console
+
+    from harness.run import run_scenario
+
+    path = _scenario_path(scenario)
+    try:
+        load_scenario(path)  # an invalid file must fail here, before a run directory exists
+    except ScenarioError as error:
+        raise click.ClickException(str(error)) from error
+    console = Console(stderr=True)
+    with RichReporter(console) as reporter:
+        result = run_scenario(path, seed, out, reporter=reporter, check=check, spark_master=spark_master)
+    counts = result.summary.get("counts", {})
+    console.print(f"published {counts.get('published')}  acked {counts.get('acked')}  failed "
+                  f"{counts.get('failed')}  indeterminate {counts.get('indeterminate')}  delivered "
+                  f"{counts.get('delivered')} ({counts.get('delivered_unique')} unique)  drain "
+                  f"{(result.summary.get('drain') or {}).get('reason')}  history complete "
+                  f"{result.summary.get('history_complete')}")
+    if isinstance(result.summary.get("check"), str):
+        console.print(f"check: {result.summary['check']}")
+    click.echo(str(result.run_dir))
+    sys.exit(result.exit_code)
+
+
+@click.command(name="plan")
+@click.argument("scenario")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--summary", "summary_only", is_flag=True, help="Print only the plan's counts.")
+def plan(scenario: str, seed: int, summary_only: bool) -> None:
+    """Print the plan SCENARIO and --seed produce (canonical JSON, byte-identical per input)."""
+    from properties.generate import make_plan
+
+    try:
+        made = make_plan(load_scenario(_scenario_path(scenario)), seed)
+    except ScenarioError as error:
+        raise click.ClickException(str(error)) from error
+    if summary_only:
+        click.echo(json.dumps(made.summary(), indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(made.to_json())
+
+
+@click.command(name="scenarios")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Scenario directory (default: the shipped scenarios/).")
+def scenarios(directory: Path | None) -> None:
+    """List the scenarios with their tier, target and description."""
+    directory = directory or default_scenarios_dir()
+    failed = False
+    for path in sorted(directory.glob("*.toml")):
+        try:
+            s = load_scenario(path)
+        except ScenarioError as error:
+            click.echo(f"{path.stem:<24} INVALID  {error}")
+            failed = True
+            continue
+        click.echo(f"{s.name:<24} {s.scenario.tier:<8} {s.target.kind:<9} {s.scenario.duration_s:>6.0f}s  "
+                   f"{s.scenario.description}")
+    if failed:
+        sys.exit(1)

@@ -221,14 +221,30 @@ class ProcessNode(Node):
                 pass
 
     def pause(self) -> None:
+        """SIGSTOP the group; returns once the kernel shows the process stopped (delivery is async)."""
         self._require_alive("pause")
         self._signal(signal.SIGSTOP)
         self.paused = True
+        self._await_state(stopped=True)
 
     def resume(self) -> None:
         self._require_alive("resume")
         self._signal(signal.SIGCONT)
         self.paused = False
+        self._await_state(stopped=False)
+
+    def _await_state(self, stopped: bool, timeout: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{self._process.pid}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                return  # gone: nothing left to wait for
+            if (state == "T") == stopped:
+                return
+            time.sleep(0.005)
+        raise NodeError(f"{self.name}: process did not {'stop' if stopped else 'continue'} within {timeout} s")
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful: SIGTERM (and SIGCONT, in case it is paused), SIGKILL after ``timeout``."""

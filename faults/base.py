@@ -155,9 +155,11 @@ class FaultContext:
         """A random source for one fault: the same seed and fault id always choose the same target."""
         return random.Random(f"{self.seed}:{fault_id}")
 
-    def note_node_event(self, node_name: str, action: str, **detail: Any) -> None:
+    def note_node_event(self, node_name: str, action: str, fault_id: str | None = None, **detail: Any) -> None:
+        """A node_event row for something the nemesis did to a node (fault_id: the fault it served)."""
         if self.record is not None:
-            self.record("node_event", node=node_name, detail={"action": action, "by": "nemesis", **detail})
+            self.record("node_event", node=node_name, fault_id=fault_id,
+                        detail={"action": action, "by": "nemesis", **detail})
 
 
 class Fault(Protocol):

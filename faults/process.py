@@ -149,10 +149,13 @@ class PauseFault(_NodeFault):
         node = self._resolve(ctx)
         node.pause()
         ctx.note_node_event(node.name, "pause", fault_id=self.spec.id, pid=self.pid_before)
-        state = probes.proc_state(self.pid_before)
+        # SIGSTOP is delivered asynchronously: a running process shows 'R' for a moment.
+        stopped, observed, waited = wait_until(
+            lambda: (probes.is_stopped(self.pid_before), {"state": probes.proc_state(self.pid_before)}),
+            timeout_s=2.0, interval_s=0.01)
         return Evidence.of(Check("process stopped (state T)",
-                                 {"node": node.name, "pid": self.pid_before, "state": state},
-                                 probes.is_stopped(self.pid_before)))
+                                 {"node": node.name, "pid": self.pid_before, **observed, "waited_s": waited},
+                                 stopped))
 
     def heal(self, ctx: FaultContext) -> Evidence:
         self.node.resume()

@@ -67,9 +67,8 @@ def test_kill_master_of_client_slot_promotes_its_replica(topo: LocalTopology, ct
     # The effect, seen independently of the fault's own checks: another node now serves the slot.
     new_master = ClusterView.read(topo, exclude=(expected.name,)).master_of_key(client_messages_key(CLIENT))
     assert new_master.address != f"{expected.host}:{expected.port}"
-    assert ("node_event", {"node": expected.name, "detail": {
-        "action": "kill", "by": "nemesis", "fault_id": "process_kill-1", "pid": evidence.checks[0].observed["pid"]}}
-            ) in ctx.rows
+    assert ("node_event", {"node": expected.name, "fault_id": "process_kill-1", "detail": {
+        "action": "kill", "by": "nemesis", "pid": evidence.checks[0].observed["pid"]}}) in ctx.rows
     healed = fault.heal(ctx)
     assert healed.bit, healed.to_dict()
     assert expected.is_alive()
@@ -146,3 +145,47 @@ def test_fault_on_a_dead_node_is_not_applicable(topo: LocalTopology, ctx: FaultC
         fault.apply(ctx)
     with pytest.raises(FaultNotApplicable, match="no node named 'nope'"):
         _fault("process_kill", "node:nope").apply(ctx)
+
+
+def test_nemesis_plays_a_schedule_into_the_history_and_heals_all(topo: LocalTopology, tmp_path):
+    import json
+
+    from faults.nemesis import Nemesis, schedule_from_slots
+    from harness.history import HistoryRecorder, read_history
+    from properties.plan import FaultSlot
+
+    recorder = HistoryRecorder(tmp_path / "history", run_id="nemesis-test")
+    ctx = FaultContext(topo, seed=11, record=recorder.record, effect_timeout_s=10.0)
+    schedule = schedule_from_slots([
+        FaultSlot("pause-replica", "process_pause", "redis-random-replica", 0.1, 0.6),
+        FaultSlot("kill-kafka", "process_kill", "kafka", 0.2, 0.8),
+        FaultSlot("pause-storage", "process_pause", "storage", 0.3, 0.5),
+        FaultSlot("too-late", "process_kill", "kafka", 60.0, 61.0),
+    ])
+    nemesis = Nemesis(schedule, ctx)
+    nemesis.start()
+    time.sleep(1.5)
+    # Something outside the nemesis killed a node: the final phase must bring it back too.
+    stray = next(node for node in topo.redis_nodes if not node.is_master())
+    stray.kill()
+    began = time.monotonic()
+    summary = nemesis.heal_all()
+    heal_all_s = time.monotonic() - began
+    recorder.close()
+    assert summary["started"] == [stray.name] and summary["errors"] == [], summary
+    assert summary["outcomes"] == {"pause-replica": "healed", "kill-kafka": "healed",
+                                   "pause-storage": "healed", "too-late": "cancelled"}
+    assert stray.is_alive() and topo.redis.health().ok
+    rows = read_history(tmp_path / "history").to_pylist()
+    for fault_id in ("pause-replica", "kill-kafka", "pause-storage"):
+        own = [row for row in rows if row["fault_id"] == fault_id and row["kind"].startswith("fault_")]
+        stages = [(row["kind"], json.loads(row["detail"]).get("stage")) for row in own]
+        assert stages == [("fault_start", None), ("fault_evidence", "apply"), ("fault_heal", None),
+                          ("fault_evidence", "heal")], (fault_id, stages)
+        assert all(row["bit"] for row in own if row["kind"] == "fault_evidence"), own
+        assert own[1]["node"] is not None
+    (late,) = [row for row in rows if row["fault_id"] == "too-late"]
+    assert late["kind"] == "fault_error" and json.loads(late["detail"])["stage"] == "start"
+    actions = [(row["node"], json.loads(row["detail"])["action"]) for row in rows if row["kind"] == "node_event"]
+    assert ("kafka", "kill") in actions and ("kafka", "start") in actions and (stray.name, "start") in actions
+    print(f"heal_all (restart one Redis replica, cluster ready): {heal_all_s:.2f} s")

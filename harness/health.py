@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 
+from harness.node import port_accepts
 from harness.topology import LocalTopology
 
 
@@ -66,5 +67,9 @@ def check(topology: LocalTopology) -> dict:
             summary["kafka"] = asyncio.run(kafka_round_trip(topology.kafka_bootstrap()))
         except Exception as error:  # noqa: BLE001 - reported as unhealthy with the reason
             summary["kafka"] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
-    summary["healthy"] = all(part["ok"] for key, part in summary.items() if key in ("redis", "kafka"))
+    if topology.brokers:
+        down = [b.name for b in topology.brokers if not (b.is_alive() and port_accepts(b.host, b.port))]
+        summary["brokers"] = {"ok": not down, "nodes": {b.name: b.address for b in topology.brokers},
+                              "not_serving": down}
+    summary["healthy"] = all(part["ok"] for key, part in summary.items() if key in ("redis", "kafka", "brokers"))
     return summary

@@ -174,6 +174,7 @@ class ProcessNode(Node):
         self.after_ready = after_ready
         self.paused = False
         self.started_at: float | None = None
+        self.log_offset = 0  # where this run's output starts in the (appended) log
         self._process: subprocess.Popen | None = None
 
     @property
@@ -190,12 +191,21 @@ class ProcessNode(Node):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env} if self.env is not None else None
         with open(self.log_path, "ab") as log:
+            self.log_offset = log.tell()
             log.write(f"=== ordeal: start {time.strftime('%H:%M:%S')} {' '.join(self.argv)}\n".encode())
             log.flush()
             self._process = spawn(self.argv, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL,
                                   stdout=log, stderr=subprocess.STDOUT)
         self.paused = False
         self.started_at = time.monotonic()
+
+    def log_since_start(self) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_offset)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -18,15 +18,23 @@ from pathlib import Path
 
 from harness import netns
 from harness.addresses import AddressPlan
+from harness.binaries import REPO_ROOT
 from harness.kafka import TansuNode, create_topics, storage_node
-from harness.node import Node, ProcessNode
+from harness.node import Node, ProcessNode, port_accepts
 from harness.redis_cluster import RedisCluster, RedisNode
 from harness.topology_config import TopologyConfig
 
 REDIS_PORT, KAFKA_PORT, S3_PORT, MQTT_PORT = 6379, 9092, 5555, 1883
 
-# A broker config is either a ready file, or written from the started topology (Redis + Kafka up).
-BrokerConfig = Path | Callable[["LocalTopology"], Path] | None
+# The reference brokers' --config file: a ready file; a callable that writes it once Redis and Kafka are
+# up; a mapping of broker settings (the scenario's [broker] table) written with the endpoints; or None
+# (default broker settings, written with the endpoints).
+BrokerConfig = Path | Callable[["LocalTopology"], Path] | Mapping | None
+
+
+def _broker_ready(node: ProcessNode) -> bool:
+    """docs/architecture.md: the MQTT port accepts and the node's log says ready."""
+    return port_accepts(node.host, node.port) and " ready" in node.log_since_start()
 
 
 class LocalTopology:
@@ -112,7 +120,8 @@ class LocalTopology:
             argv = [sys.executable, "-m", "reference_broker", "--config", str(config_path),
                     "--node-id", name, "--listen", f"{host}:{port}"]
             node = ProcessNode(name, "broker", host, port, argv, log_path=self.run_dir / "logs" / f"{name}.log",
-                               data_dir=self.run_dir / "data" / name, cwd=Path.cwd())
+                               data_dir=self.run_dir / "data" / name, cwd=REPO_ROOT,
+                               ready_check=_broker_ready)
             self.brokers.append(node)
             node.start()
         for node in self.brokers:
@@ -122,12 +131,13 @@ class LocalTopology:
     def _broker_config_path(self) -> Path:
         if callable(self.broker_config):
             return Path(self.broker_config(self))
-        if self.broker_config is not None:
+        if isinstance(self.broker_config, (str, Path)):
             return Path(self.broker_config)
-        # nothing given: the endpoints are all a broker can be told
         path = self.run_dir / "broker-config.json"
-        path.write_text(json.dumps({"redis": {"startup_nodes": [list(a) for a in self.redis_startup_nodes()]},
-                                    "kafka": {"bootstrap": self.kafka_bootstrap()}}, indent=2))
+        path.write_text(json.dumps({
+            "broker": dict(self.broker_config or {}),
+            "redis_startup_nodes": [f"{h}:{p}" for h, p in self.redis_startup_nodes()],
+            "kafka_bootstrap": self.kafka_bootstrap()}, indent=2))
         return path
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -36,24 +36,26 @@ def _on_signal(signum: int, frame: object) -> None:
     raise _Shutdown(signal.Signals(signum).name)
 
 
-def _topology_config(scenario: Path | None) -> TopologyConfig:
+def _topology_config(scenario: Path | None) -> tuple[TopologyConfig, dict]:
+    """The [topology] table (validated) and the [broker] table (the reference brokers' settings)."""
     if scenario is None:
-        return TopologyConfig()
+        return TopologyConfig(), {}
     try:
         from ordeal.scenario import load_scenario
     except ImportError:
         load_scenario = None
     if load_scenario is not None:
         try:
-            mapping = dict(load_scenario(scenario).topology)
+            loaded = load_scenario(scenario)
         except ValueError as error:
             raise click.ClickException(str(error)) from error
+        mapping, broker = dict(loaded.topology), dict(loaded.broker)
     else:
         try:
             document = tomllib.loads(scenario.read_text())
         except tomllib.TOMLDecodeError as error:
             raise click.ClickException(f"{scenario}: not valid TOML: {error}") from error
-        mapping = document.get("topology") or {}
+        mapping, broker = document.get("topology") or {}, document.get("broker") or {}
     try:
         config = TopologyConfig.from_mapping(mapping, source=f"{scenario} [topology]")
     except TopologyConfigError as error:
@@ -62,7 +64,7 @@ def _topology_config(scenario: Path | None) -> TopologyConfig:
         raise click.ClickException(
             f"{scenario} [topology]: broker_nodes = {config.broker_nodes}, but the reference broker "
             "(python -m reference_broker) is not available in this installation")
-    return config
+    return config, broker
 
 
 def _emit(document: dict) -> None:
@@ -85,11 +87,12 @@ def up(scenario: Path | None, check: bool, isolated: bool, run_dir: Path | None)
             netns.reexec_isolated([sys.executable, "-m", "ordeal.cli", *sys.argv[1:]])
         except netns.IsolationUnavailable as error:
             raise click.ClickException(str(error)) from error
-    config = _topology_config(scenario)
+    config, broker = _topology_config(scenario)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = run_dir or Path("runs") / f"up-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    topology = LocalTopology(config, run_dir, address_mode="distinct" if isolated else "loopback")
+    topology = LocalTopology(config, run_dir, address_mode="distinct" if isolated else "loopback",
+                             broker_config=broker)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _on_signal)
     exit_code = 0

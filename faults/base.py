@@ -150,6 +150,8 @@ class FaultContext:
     effect_timeout_s: float = 10.0
     # How long a heal waits for a restarted node to be ready.
     ready_timeout_s: float = 30.0
+    # The reference broker's Redis key prefix (BrokerConfig.key_prefix), for "broker-holding:CLIENT".
+    broker_key_prefix: str = ""
 
     def rng_for(self, fault_id: str) -> random.Random:
         """A random source for one fault: the same seed and fault id always choose the same target."""

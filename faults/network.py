@@ -131,15 +131,15 @@ class DropFault:
         rng = ctx.rng_for(self.spec.id)
         params = self.spec.params
         if self.shape == "isolate":
-            node = resolve_node(ctx.topology, self.spec.target, rng)
+            node = resolve_node(ctx.topology, self.spec.target, rng, ctx.broker_key_prefix)
             self.sides = {"node": {node.name: node.host}}
             if node.host == "127.0.0.1":
                 raise FaultNotApplicable(f"fault {self.spec.id}: {node.name} listens on 127.0.0.1, shared with "
                                          "everything; isolating it needs a topology started isolated")
             return [node.host], [], "both", None
         src_key, dst_key = ("src", "dst") if self.shape == "oneway" else ("a", "b")
-        a = resolve_group(ctx.topology, params[src_key], rng)
-        b = resolve_group(ctx.topology, params[dst_key], rng)
+        a = resolve_group(ctx.topology, params[src_key], rng, ctx.broker_key_prefix)
+        b = resolve_group(ctx.topology, params[dst_key], rng, ctx.broker_key_prefix)
         _check_disjoint(self.spec, a, b)
         self.sides = {src_key: a, dst_key: b}
         direction = "oneway" if self.shape == "oneway" else params.get("direction", "both")
@@ -225,8 +225,8 @@ class BandwidthFault:
     def apply(self, ctx: FaultContext) -> Evidence:
         require_private_netns(f"fault {self.spec.id} ({self.spec.kind})")
         params, rng = self.spec.params, ctx.rng_for(self.spec.id)
-        a = resolve_group(ctx.topology, params["a"], rng)
-        b = resolve_group(ctx.topology, params["b"], rng)
+        a = resolve_group(ctx.topology, params["a"], rng, ctx.broker_key_prefix)
+        b = resolve_group(ctx.topology, params["b"], rng, ctx.broker_key_prefix)
         _check_disjoint(self.spec, a, b)
         pairs = [(src, dst) for src in sorted(set(a.values())) for dst in sorted(set(b.values()))]
         if params["direction"] == "both":

@@ -75,7 +75,8 @@ class _NodeFault:
         self.pid_before: int | None = None
 
     def _resolve(self, ctx: FaultContext) -> Any:
-        self.node = resolve_node(ctx.topology, self.spec.target, ctx.rng_for(self.spec.id))
+        self.node = resolve_node(ctx.topology, self.spec.target, ctx.rng_for(self.spec.id),
+                                 ctx.broker_key_prefix)
         if not self.node.is_alive():
             raise FaultNotApplicable(f"fault {self.spec.id}: target {self.node.name} is not running")
         self.pid_before = self.node.pid

@@ -191,21 +191,27 @@ def wait_until(predicate: Callable[[], tuple[bool, dict]], timeout_s: float, int
         time.sleep(interval_s)  # a fixed short poll: promotions take 1-3 s, a busy loop would steal CPU
 
 
-def session_owner(topology: Any, client_id: str) -> str:
-    """The broker node name holding a subscriber's connection, as the reference broker records it."""
-    try:
-        from reference_broker.config import session_owner_key  # the broker owns the key's name
-    except ImportError:
-        raise FaultNotApplicable(
-            f"broker-holding:{client_id}: the reference broker does not say where it records session "
-            "owners (reference_broker.config.session_owner_key); use broker:N instead") from None
-    key = session_owner_key(client_id)
+def session_key(client_id: str, key_prefix: str = "") -> str:
+    """The reference broker's session hash (reference_broker/store.py: node, conn, persistent, ...)."""
+    return f"{key_prefix}{{{client_id}}}_session"
+
+
+def session_owner(topology: Any, client_id: str, key_prefix: str = "") -> str:
+    """The broker node name holding a subscriber's connection, as the reference broker records it: field
+    ``node`` of its session hash, valid while ``conn`` is set (a disconnected session has conn = "")."""
+    key = session_key(client_id, key_prefix)
     view = ClusterView.read(topology)
     master = view.handle(topology, view.master_of_key(key))
     try:
-        owner = query(master.host, master.port, "GET", key)
+        session = query(master.host, master.port, "HGETALL", key)
     except (redis.RedisError, OSError) as error:
         raise FaultNotApplicable(f"broker-holding:{client_id}: reading {key!r} failed: {error}") from None
-    if not owner:
-        raise FaultNotApplicable(f"broker-holding:{client_id}: no broker holds that session now ({key!r} unset)")
-    return owner
+    if isinstance(session, list):  # a flat field/value list when no reply parser applied
+        session = dict(zip(session[::2], session[1::2], strict=True))
+    if not session:
+        raise FaultNotApplicable(f"broker-holding:{client_id}: no session {key!r} in Redis (never connected, "
+                                 "or a clean session that ended)")
+    if not session.get("conn"):
+        raise FaultNotApplicable(f"broker-holding:{client_id}: the session is not connected now (last node "
+                                 f"{session.get('node')!r}); no broker holds it")
+    return session["node"]

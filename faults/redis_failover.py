@@ -34,7 +34,7 @@ class FailoverFault:
 
     def _pick(self, ctx: FaultContext) -> tuple[Any, str, str]:
         rng = ctx.rng_for(self.spec.id)
-        node = resolve_node(ctx.topology, self.spec.target, rng)
+        node = resolve_node(ctx.topology, self.spec.target, rng, ctx.broker_key_prefix)
         view = ClusterView.read(ctx.topology)
         entry = view.entry_for(node)
         if entry is None:

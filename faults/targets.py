@@ -115,8 +115,8 @@ def _choose(rng: random.Random, candidates: list[Any], what: str) -> Any:
     return rng.choice(sorted(candidates, key=lambda node: node.name))
 
 
-def resolve_node(topology: Any, selector: Selector | str, rng: random.Random) -> Any:
-    """The node handle a selector means right now."""
+def resolve_node(topology: Any, selector: Selector | str, rng: random.Random, key_prefix: str = "") -> Any:
+    """The node handle a selector means right now (key_prefix: the broker's Redis key prefix)."""
     from faults import redis_cluster  # Redis queries only when a Redis selector is used
 
     selector = parse_selector(selector) if isinstance(selector, str) else selector
@@ -140,7 +140,7 @@ def resolve_node(topology: Any, selector: Selector | str, rng: random.Random) ->
     if how == "broker-random":
         return _choose(rng, list(getattr(topology, "brokers", []) or []), "broker node")
     if how == "broker-holding":
-        name = redis_cluster.session_owner(topology, arg)
+        name = redis_cluster.session_owner(topology, arg, key_prefix)
         return node_by_name(topology, name)
     view = redis_cluster.ClusterView.read(topology)
     if how == "redis-master-of":
@@ -176,7 +176,7 @@ def client_hosts(topology: Any) -> dict[str, str]:
     return dict(hosts)
 
 
-def resolve_group(topology: Any, group: Any, rng: random.Random) -> dict[str, str]:
+def resolve_group(topology: Any, group: Any, rng: random.Random, key_prefix: str = "") -> dict[str, str]:
     """A network group -> {member name: address}."""
     resolved: dict[str, str] = {}
     for member in parse_group(group):
@@ -201,6 +201,6 @@ def resolve_group(topology: Any, group: Any, rng: random.Random) -> dict[str, st
                 raise FaultNotApplicable("network group 'broker': the topology has no broker nodes")
             resolved.update({node.name: node.host for node in nodes})
         else:
-            node = resolve_node(topology, member, rng)
+            node = resolve_node(topology, member, rng, key_prefix)
             resolved[node.name] = node.host
     return resolved

@@ -1,0 +1,145 @@
+"""`ordeal run` end to end on real brokers: Mosquitto (external, black box) and the reference broker
+(local topology, white box).  Checks the history's own consistency, not the broker's verdicts (that is
+spark_checkers' job): one outcome per publish, every delivery traceable to a publish, summary = history,
+a complete manifest, and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness.history import read_history, read_manifest
+from harness.history_schema import Kind, Phase
+from harness.run import EXIT_PASS, run_scenario
+from ordeal.scenario import find_scenario
+
+pytestmark = pytest.mark.integration
+
+OUTCOMES = {Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBLISH_INDETERMINATE}
+
+
+@pytest.fixture
+def out_dir():
+    """A run output directory every user can traverse (Mosquitto drops root and must reach its data)."""
+    path = Path(tempfile.mkdtemp(prefix="ordeal-run-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of ours counts as gone
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def assert_history_consistent(run_dir: Path) -> list[dict]:
+    manifest = read_manifest(run_dir / "history")
+    assert manifest["complete"] is True, manifest
+    rows = read_history(run_dir / "history").to_pylist()
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+    phases = [json.loads(r["detail"])["phase"] for r in rows if r["kind"] == Kind.PHASE]
+    assert phases == [Phase.RUN_START, Phase.WORKLOAD_START, Phase.WORKLOAD_END, Phase.HEAL_ALL,
+                      Phase.DRAIN_START, Phase.DRAIN_END, Phase.SNAPSHOT_DONE, Phase.RUN_END]
+
+    invokes = {(r["publisher"], r["pub_seq"]): r for r in rows if r["kind"] == Kind.PUBLISH_INVOKE}
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert len(invokes) == len(plan["publishes"])
+    outcomes = Counter((r["publisher"], r["pub_seq"]) for r in rows if r["kind"] in OUTCOMES)
+    assert set(outcomes) == set(invokes) and set(outcomes.values()) == {1}, "exactly one outcome per publish"
+
+    deliveries = [r for r in rows if r["kind"] == Kind.DELIVERY]
+    assert deliveries
+    for delivery in deliveries:
+        key = (delivery["publisher"], delivery["pub_seq"])
+        assert key in invokes, f"delivery {key} matches no publish"
+        assert delivery["body_hash"] == invokes[key]["body_hash"]
+        assert delivery["topic"] == invokes[key]["topic"]
+        assert delivery["packet_id"] and 1 <= delivery["packet_id"] <= 65535
+    acks_sent = Counter((r["client"], r["packet_id"]) for r in rows if r["kind"] == Kind.DELIVERY_ACK_SENT)
+    assert sum(acks_sent.values()) == sum(1 for d in deliveries if d["qos"] > 0)
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    kinds = Counter(r["kind"] for r in rows)
+    counts = summary["counts"]
+    assert counts["published"] == kinds[Kind.PUBLISH_INVOKE] == len(invokes)
+    assert counts["acked"] == kinds[Kind.PUBLISH_ACK]
+    assert counts["failed"] == kinds[Kind.PUBLISH_FAIL]
+    assert counts["indeterminate"] == kinds[Kind.PUBLISH_INDETERMINATE]
+    assert counts["delivered"] == len(deliveries)
+    assert counts["rows"] == len(rows) == manifest["rows"]
+    assert summary["drain"]["reason"] == "quiet"
+
+    # A correct broker without faults: every acknowledged publish reached its subscriber.
+    delivered = {(d["publisher"], d["pub_seq"]) for d in deliveries}
+    acked = {(r["publisher"], r["pub_seq"]) for r in rows if r["kind"] == Kind.PUBLISH_ACK}
+    assert acked and not acked - delivered, f"acked but never delivered: {sorted(acked - delivered)[:5]}"
+    return rows
+
+
+def node_pids(rows: list[dict]) -> set[int]:
+    pids = set()
+    for r in rows:
+        if r["kind"] == Kind.NODE_EVENT:
+            pid = json.loads(r["detail"]).get("pid")
+            if pid:
+                pids.add(pid)
+    return pids
+
+
+def test_mosquitto_smoke_gives_a_complete_black_box_history(out_dir: Path):
+    result = run_scenario(find_scenario("mosquitto-smoke"), 1, out_dir, check=False)
+    assert result.exit_code == EXIT_PASS, result.summary
+    rows = assert_history_consistent(result.run_dir)
+    assert not any(r["kind"] == Kind.SESSION_SNAPSHOT for r in rows), "a black box has no white-box rows"
+    connects = [r for r in rows if r["kind"] == Kind.CONNECT and r["client"].startswith("test_sub")]
+    assert any(r["session_present"] for r in connects), "persistent sessions are resumed"
+    disconnects = [r for r in rows if r["kind"] == Kind.DISCONNECT]
+    assert any(r["abrupt"] for r in disconnects) and any(not r["abrupt"] for r in disconnects)
+    assert (result.run_dir / "mosquitto.conf").read_text().startswith("listener ")
+    pids = node_pids(rows)
+    assert pids and not any(pid_alive(p) for p in pids)
+
+
+def test_both_mqtt_versions_are_exercised(out_dir: Path):
+    result = run_scenario(find_scenario("mosquitto-smoke"), 3, out_dir, check=False)
+    rows = assert_history_consistent(result.run_dir)
+    assert {r["protocol"] for r in rows if r["kind"] == Kind.DELIVERY} == {4, 5}
+    assert {r["protocol"] for r in rows if r["kind"] == Kind.PUBLISH_INVOKE} == {4, 5}
+
+
+def test_reference_broker_smoke_with_white_box_snapshots(out_dir: Path):
+    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available yet")
+    result = run_scenario(find_scenario("p2p-smoke"), 1, out_dir, check=False)
+    assert result.exit_code == EXIT_PASS, result.summary
+    rows = assert_history_consistent(result.run_dir)
+    snapshots = [r for r in rows if r["kind"] == Kind.SESSION_SNAPSHOT]
+    assert sorted(r["client"] for r in snapshots) == [f"test_sub_client_{i}_0" for i in range(3)]
+    for snap in snapshots:  # everything was delivered and acknowledged: nothing stays in Redis
+        assert snap["zset_size"] == 0 and snap["orphan_payloads"] == 0 and snap["dangling_refs"] == 0
+        assert snap["last_packet_id"] > 0
+    topology = json.loads((result.run_dir / "topology.json").read_text())
+    pids = {n["pid"] for n in topology["nodes"] if n.get("pid")}
+    assert pids and not any(pid_alive(p) for p in pids)
+
+
+def test_reference_broker_wraparound_preset(out_dir: Path):
+    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available yet")
+    result = run_scenario(find_scenario("p2p-wraparound"), 1, out_dir, check=False)
+    rows = assert_history_consistent(result.run_dir)
+    ids = [r["packet_id"] for r in rows if r["kind"] == Kind.DELIVERY]
+    assert max(ids) > 65500 and min(ids) < 100, "deliveries cross the 65535 -> 1 wrap"

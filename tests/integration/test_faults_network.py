@@ -59,12 +59,16 @@ def test_isolate_node_silences_it_then_heals(topo: LocalTopology, ctx: FaultCont
     node = _replica(topo)
     assert probes.port_state(node.host, node.port) == "accepts"
     fault = _fault("net_isolate", f"node:{node.name}")
+    began = time.monotonic()
     evidence = fault.apply(ctx)
+    apply_s = time.monotonic() - began
     assert evidence.bit, evidence.to_dict()
     assert fault.chain in _nft_table()
     assert probes.port_state(node.host, node.port, timeout_s=0.3) == "silent"  # dropped, not refused
     time.sleep(0.3)  # cluster-bus pings keep coming: more packets for the counters
+    began = time.monotonic()
     healed = fault.heal(ctx)
+    print(f"net_isolate apply (rules + evidence) {apply_s * 1000:.0f} ms, heal {(time.monotonic() - began) * 1000:.0f} ms")
     assert healed.bit, healed.to_dict()
     assert healed.checks[0].observed["packets"] > 0
     assert _nft_table() == ""  # the last chain took the table with it

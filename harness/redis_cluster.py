@@ -79,8 +79,7 @@ class RedisNode(ProcessNode):
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if not self.config_path.exists():
-            self.config_path.write_text(self._config_text())
+        self.config_path.write_text(self._config_text())  # the cluster state lives in nodes.conf + AOF
         super().start()
 
     def _config_text(self) -> str:

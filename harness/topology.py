@@ -65,6 +65,12 @@ class LocalTopology:
         self.stop()
 
     def start(self) -> None:
+        if self.started or self.nodes():
+            raise RuntimeError("this LocalTopology was already started; make a new one for a new run")
+        data = self.run_dir / "data"
+        if data.is_dir() and any(data.iterdir()):
+            raise RuntimeError(f"run directory {self.run_dir} already holds node data from an earlier run "
+                               "(data/); choose a new run directory")
         started = time.monotonic()
         found = self.config.resolve_binaries()  # before anything runs: a missing binary starts nothing
         try:

@@ -194,3 +194,16 @@ def test_graceful_stop_and_restart_keeps_aof_data(redis_only: LocalTopology) -> 
 
     _wait(replica_serves_key, 10, "the restarted replica to serve the key")
     assert (replica.data_dir / "appendonlydir").is_dir() or any(replica.data_dir.glob("*.aof"))
+
+
+def test_valkey_server_from_the_wheel_forms_a_ready_cluster(topology_factory) -> None:
+    topology = topology_factory(TopologyConfig(redis_server="valkey-server", kafka_storage="none"))
+    node = topology.redis_nodes[0]
+    assert node.argv[0].endswith("valkey-server")
+    assert node.command("INFO", "server").get("server_name") == "valkey"
+    assert topology.redis.health().ok
+
+
+def test_a_run_directory_is_not_reused(topology: LocalTopology) -> None:
+    with pytest.raises(RuntimeError, match="already holds node data"):
+        LocalTopology(TopologyConfig(kafka_storage="none"), topology.run_dir).start()

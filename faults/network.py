@@ -138,8 +138,9 @@ class DropFault:
                                          "everything; isolating it needs a topology started isolated")
             return [node.host], [], "both", None
         src_key, dst_key = ("src", "dst") if self.shape == "oneway" else ("a", "b")
-        a = resolve_group(ctx.topology, params[src_key], rng, ctx.broker_key_prefix)
-        b = resolve_group(ctx.topology, params[dst_key], rng, ctx.broker_key_prefix)
+        cache: dict = {}
+        a = resolve_group(ctx.topology, params[src_key], rng, ctx.broker_key_prefix, cache)
+        b = resolve_group(ctx.topology, params[dst_key], rng, ctx.broker_key_prefix, cache)
         _check_disjoint(self.spec, a, b)
         self.sides = {src_key: a, dst_key: b}
         direction = "oneway" if self.shape == "oneway" else params.get("direction", "both")
@@ -225,8 +226,9 @@ class BandwidthFault:
     def apply(self, ctx: FaultContext) -> Evidence:
         require_private_netns(f"fault {self.spec.id} ({self.spec.kind})")
         params, rng = self.spec.params, ctx.rng_for(self.spec.id)
-        a = resolve_group(ctx.topology, params["a"], rng, ctx.broker_key_prefix)
-        b = resolve_group(ctx.topology, params["b"], rng, ctx.broker_key_prefix)
+        cache: dict = {}
+        a = resolve_group(ctx.topology, params["a"], rng, ctx.broker_key_prefix, cache)
+        b = resolve_group(ctx.topology, params["b"], rng, ctx.broker_key_prefix, cache)
         _check_disjoint(self.spec, a, b)
         pairs = [(src, dst) for src in sorted(set(a.values())) for dst in sorted(set(b.values()))]
         if params["direction"] == "both":

@@ -62,19 +62,25 @@ def parse_selector(text: Any) -> Selector:
 
 
 def parse_group(value: Any) -> tuple[str, ...]:
-    """Parse a network group (a string or a list of strings) into its members; errors say what is allowed."""
+    """Parse a network group (a string or a list of strings) into its members; errors say what is allowed.
+    A member prefixed with "-" is taken out of the group: ["redis", "-redis-master-of:c1"] = the other
+    Redis nodes, which is how a Redis<->Redis partition is written."""
     members = [value] if isinstance(value, str) else value
     if not isinstance(members, list | tuple) or not members:
         raise FaultSpecError(f"network group {value!r}: expected {GROUP_HELP}, or a non-empty list of those")
     for member in members:
-        if member in ROLE_GROUPS:
+        plain = member[1:] if isinstance(member, str) and member.startswith("-") else member
+        if plain in ROLE_GROUPS:
             continue
-        if isinstance(member, str) and member.startswith("client:") and len(member) > len("client:"):
+        if isinstance(plain, str) and plain.startswith("client:") and len(plain) > len("client:"):
             continue
         try:
-            parse_selector(member)
+            parse_selector(plain)
         except FaultSpecError:
-            raise FaultSpecError(f"network group member {member!r}: expected {GROUP_HELP}") from None
+            raise FaultSpecError(f"network group member {member!r}: expected {GROUP_HELP} (a leading '-' "
+                                 "excludes)") from None
+    if all(member.startswith("-") for member in members):
+        raise FaultSpecError(f"network group {value!r}: only exclusions; name what the group holds first")
     return tuple(members)
 
 
@@ -176,31 +182,41 @@ def client_hosts(topology: Any) -> dict[str, str]:
     return dict(hosts)
 
 
-def resolve_group(topology: Any, group: Any, rng: random.Random, key_prefix: str = "") -> dict[str, str]:
-    """A network group -> {member name: address}."""
-    resolved: dict[str, str] = {}
+def resolve_group(topology: Any, group: Any, rng: random.Random, key_prefix: str = "",
+                  cache: dict[str, Any] | None = None) -> dict[str, str]:
+    """A network group -> {member name: address}.  ``cache`` (one per fault) makes a selector used on both
+    sides (or as an exclusion) mean the same node, even a seeded random one."""
+    cache = {} if cache is None else cache
+    included: dict[str, str] = {}
+    excluded: dict[str, str] = {}
     for member in parse_group(group):
-        if member == "client":
-            resolved.update(client_hosts(topology))
-        elif member.startswith("client:"):
-            client_id = member.split(":", 1)[1]
-            hosts = client_hosts(topology)
-            host = hosts.get(client_id) or hosts.get("*")
-            if host is None:
-                raise FaultNotApplicable(f"network group member {member!r}: no source address for client "
-                                         f"{client_id!r} in topology.client_hosts")
-            resolved[member] = host
-        elif member == "redis":
-            nodes = list(getattr(topology, "redis_nodes", []) or [])
-            if not nodes:
-                raise FaultNotApplicable("network group 'redis': the topology has no Redis nodes")
-            resolved.update({node.name: node.host for node in nodes})
-        elif member == "broker":
-            nodes = list(getattr(topology, "brokers", []) or [])
-            if not nodes:
-                raise FaultNotApplicable("network group 'broker': the topology has no broker nodes")
-            resolved.update({node.name: node.host for node in nodes})
-        else:
-            node = resolve_node(topology, member, rng, key_prefix)
-            resolved[node.name] = node.host
-    return resolved
+        into, plain = (excluded, member[1:]) if member.startswith("-") else (included, member)
+        into.update(_resolve_member(topology, plain, rng, key_prefix, cache))
+    result = {name: host for name, host in included.items()
+              if name not in excluded and host not in excluded.values()}
+    if not result:
+        raise FaultNotApplicable(f"network group {group!r} resolves to no address (everything excluded)")
+    return result
+
+
+def _resolve_member(topology: Any, member: str, rng: random.Random, key_prefix: str,
+                    cache: dict[str, Any]) -> dict[str, str]:
+    if member == "client":
+        return client_hosts(topology)
+    if member.startswith("client:"):
+        client_id = member.split(":", 1)[1]
+        hosts = client_hosts(topology)
+        host = hosts.get(client_id) or hosts.get("*")
+        if host is None:
+            raise FaultNotApplicable(f"network group member {member!r}: no source address for client "
+                                     f"{client_id!r} in topology.client_hosts")
+        return {member: host}
+    if member in ("redis", "broker"):
+        nodes = list(getattr(topology, "redis_nodes" if member == "redis" else "brokers", []) or [])
+        if not nodes:
+            raise FaultNotApplicable(f"network group {member!r}: the topology has no {member} nodes")
+        return {node.name: node.host for node in nodes}
+    if member not in cache:
+        cache[member] = resolve_node(topology, member, rng, key_prefix)
+    node = cache[member]
+    return {node.name: node.host}

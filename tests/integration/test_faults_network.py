@@ -152,3 +152,32 @@ def test_overlapping_groups_are_refused(topo: LocalTopology, ctx: FaultContext):
     with pytest.raises(FaultNotApplicable, match="share address"):
         _fault("net_partition", a="redis", b=f"node:{node.name}").apply(ctx)
     assert _nft_table() == ""
+
+
+def test_redis_redis_partition_of_a_master_from_the_rest_promotes_its_replica(topo: LocalTopology,
+                                                                               ctx: FaultContext):
+    from faults.redis_cluster import ClusterView, client_messages_key
+
+    key = client_messages_key("net_client")
+    master = topo.redis.master_for_key(key)
+    selector = "redis-master-of:net_client"
+    fault = _fault("net_partition", a=selector, b=["redis", f"-{selector}"])
+    evidence = fault.apply(ctx)
+    assert evidence.bit, evidence.to_dict()
+    sides = evidence.checks[0].observed["sides"]
+    assert sides["a"] == {master.name: master.host} and master.name not in sides["b"] and len(sides["b"]) == 5
+    began = time.monotonic()
+    promoted = None
+    while time.monotonic() - began < 8:  # the majority promotes the cut-off master's replica
+        owner = ClusterView.read(topo, exclude=(master.name,)).master_of_key(key)
+        if owner.address != master.address:
+            promoted = owner
+            break
+        time.sleep(0.2)
+    promotion_s = time.monotonic() - began
+    healed = fault.heal(ctx)
+    assert promoted is not None, "no promotion within 8 s of the partition"
+    assert healed.bit, healed.to_dict()
+    topo.redis.wait_ready(30)
+    assert not master.is_master()  # it rejoined as a replica
+    print(f"master cut from the other Redis nodes: replica promoted after {promotion_s:.2f} s")

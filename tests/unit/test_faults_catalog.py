@@ -158,3 +158,28 @@ def test_proc_state_of_self_and_of_nothing():
 
     assert proc_state(os.getpid()) in ("R", "S")
     assert proc_state(None) is None
+
+
+def test_group_exclusions():
+    from types import SimpleNamespace
+
+    from faults.base import FaultNotApplicable
+    from faults.targets import resolve_group
+
+    brokers = [SimpleNamespace(name=f"broker-{i}", host=f"127.0.0.{i + 10}", port=1883) for i in (1, 2, 3)]
+    topology = SimpleNamespace(redis_nodes=[], brokers=brokers, kafka=None, storage=None)
+    import random
+
+    rng = random.Random(1)
+    assert resolve_group(topology, ["broker", "-broker:1"], rng) == {"broker-2": "127.0.0.12",
+                                                                     "broker-3": "127.0.0.13"}
+    cache: dict = {}
+    picked = resolve_group(topology, "broker-random", rng, cache=cache)
+    rest = resolve_group(topology, ["broker", "-broker-random"], rng, cache=cache)
+    assert len(picked) == 1 and set(picked).isdisjoint(rest) and len(rest) == 2
+    with pytest.raises(FaultNotApplicable, match="everything excluded"):
+        resolve_group(topology, ["broker:1", "-broker:1"], rng)
+    with pytest.raises(FaultSpecError, match="only exclusions"):
+        parse_group(["-redis"])
+    with pytest.raises(FaultSpecError, match="leading '-' excludes"):
+        parse_group(["redis", "-nonsense"])

@@ -21,6 +21,9 @@ import re
 import shutil
 import subprocess
 import threading
+from typing import Any
+
+import psutil
 
 from faults.base import (
     Check,
@@ -32,7 +35,7 @@ from faults.base import (
     Param,
     register,
 )
-from faults.targets import group_error, resolve_group, resolve_node
+from faults.targets import all_nodes, group_error, resolve_group, resolve_node
 
 TABLE = "ordeal_chaos"
 NETNS_MARKER = "ORDEAL_NETNS"  # same name and value as harness/netns.py MARKER (faults may not import harness)
@@ -159,10 +162,13 @@ class DropFault:
             _run(["nft", "-f", "-"], stdin=script)
             self.installed = True
             listed = parse_counters(_run(["nft", "-j", "list", "chain", "inet", TABLE, self.chain]))
-        return Evidence.of(Check("drop rules installed",
-                                 {"table": TABLE, "chain": self.chain, "rules": rules,
-                                  "sides": self.sides, "installed_rules": len(listed)},
-                                 len(listed) == len(rules)))
+        sides = list(self.sides.values())
+        return Evidence.of(
+            Check("drop rules installed", {"table": TABLE, "chain": self.chain, "rules": rules,
+                                           "sides": self.sides, "installed_rules": len(listed)},
+                  len(listed) == len(rules)),
+            traffic_check(ctx.topology, sides[0], sides[1] if len(sides) > 1 else None),
+        )
 
     def counters(self) -> list[dict[str, int]]:
         return parse_counters(_run(["nft", "-j", "list", "chain", "inet", TABLE, self.chain]))
@@ -183,6 +189,38 @@ class DropFault:
             Check("packets dropped", {"counters": counters, "packets": dropped}, dropped > 0),
             Check("drop rules removed", {"chain": self.chain, "tables": remaining.split()}, gone),
         )
+
+
+def misrouted_connections(topology: Any, side: dict[str, str], other: dict[str, str] | None) -> list[dict]:
+    """TCP connections a node of ``side`` opened towards ``other`` (None: anywhere) from an address that is
+    not its side's: rules keyed on addresses cannot see that traffic.  (A process that does not bind its
+    outgoing sockets leaves from 127.0.0.1 whatever address it listens on.)"""
+    nodes = {node.name: node for node in all_nodes(topology)}
+    found = []
+    for name in side:
+        node = nodes.get(name)
+        if node is None or not node.pid:
+            continue
+        try:
+            process = psutil.Process(node.pid)
+            processes = [process, *process.children(recursive=True)]
+            connections = [conn for proc in processes for conn in proc.net_connections(kind="tcp")]
+        except psutil.Error:
+            continue
+        for conn in connections:
+            if not conn.raddr or (conn.laddr.ip == node.host and conn.laddr.port == node.port):
+                continue  # not connected, or a connection the node accepted on its own address
+            towards_other = other is None or conn.raddr.ip in other.values()
+            if towards_other and conn.laddr.ip not in side.values():
+                found.append({"node": name, "local": f"{conn.laddr.ip}:{conn.laddr.port}",
+                              "remote": f"{conn.raddr.ip}:{conn.raddr.port}"})
+    return found
+
+
+def traffic_check(topology: Any, a: dict[str, str], b: dict[str, str] | None) -> Check:
+    misrouted = misrouted_connections(topology, a, b) + (misrouted_connections(topology, b, a) if b else [])
+    return Check("traffic between the sides uses the nodes' addresses",
+                 {"misrouted": misrouted[:20], "misrouted_count": len(misrouted)}, not misrouted)
 
 
 def _list_table_or_empty() -> str:
@@ -253,7 +291,8 @@ class BandwidthFault:
         return Evidence.of(Check("bandwidth limit installed",
                                  {"class": self.classid, "rate": rate, "burst": burst, "pairs": pairs,
                                   "sides": {"a": a, "b": b}, "filters": installed},
-                                 installed >= len(pairs)))
+                                 installed >= len(pairs)),
+                           traffic_check(ctx.topology, a, b))
 
     def heal(self, ctx: FaultContext) -> Evidence:
         if self.classid is None:

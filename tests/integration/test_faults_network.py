@@ -181,3 +181,59 @@ def test_redis_redis_partition_of_a_master_from_the_rest_promotes_its_replica(to
     topo.redis.wait_ready(30)
     assert not master.is_master()  # it rejoined as a replica
     print(f"master cut from the other Redis nodes: replica promoted after {promotion_s:.2f} s")
+
+
+# A stand-in "service" process: listens on its own address and keeps pinging one Redis node, from its own
+# address (bound) or from wherever the kernel picks (unbound: 127.0.0.1), like a real broker node does.
+PINGER = """
+import socket, sys, time
+host, port, redis_host, redis_port, bind = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+listener = socket.create_server((host, port))
+out = socket.socket()
+out.settimeout(0.2)
+if bind == "bound":
+    out.bind((host, 0))
+out.connect((redis_host, redis_port))
+while True:
+    try:
+        out.sendall(b"PING\\r\\n")
+        out.recv(64)
+    except OSError:
+        pass
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("bind", ["bound", "unbound"])
+def test_partition_sees_only_traffic_from_the_nodes_addresses(topo: LocalTopology, ctx: FaultContext, bind,
+                                                              tmp_path):
+    import sys
+    from types import SimpleNamespace
+
+    from harness.node import ProcessNode
+
+    redis_node = topo.redis_nodes[0]
+    service = ProcessNode("broker-1", "broker", "127.0.0.200", 18830,
+                          [sys.executable, "-c", PINGER, "127.0.0.200", "18830", redis_node.host,
+                           str(redis_node.port), bind], log_path=tmp_path / "pinger.log", data_dir=tmp_path)
+    service.start()
+    try:
+        service.wait_ready(10)
+        time.sleep(0.2)
+        with_service = SimpleNamespace(redis_nodes=topo.redis_nodes, kafka=None, storage=None, brokers=[service])
+        context = FaultContext(with_service, seed=1)
+        fault = _fault("net_partition", a="broker", b=f"node:{redis_node.name}")
+        evidence = fault.apply(context)
+        time.sleep(0.4)
+        healed = fault.heal(context)
+    finally:
+        service.stop(2)
+    traffic = evidence.checks[1]
+    if bind == "bound":
+        assert evidence.bit and healed.bit, (evidence.to_dict(), healed.to_dict())
+    else:
+        # The rules cannot see a connection that leaves from 127.0.0.1: the evidence says so, and the
+        # counters confirm nothing was dropped.
+        assert not traffic.ok and traffic.observed["misrouted"][0]["local"].startswith("127.0.0.1:")
+        assert not evidence.bit and not healed.bit
+        assert healed.checks[0].observed["packets"] == 0

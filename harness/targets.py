@@ -93,6 +93,13 @@ class ExternalTarget:
         from harness.node import ProcessNode
 
         argv = [self._format(a, "start") for a in self.spec.start]
+        if os.geteuid() == 0 and shutil.which("unshare"):
+            # A broker that drops root (setuid) loses PR_SET_PDEATHSIG, so it would outlive a killed harness.
+            # So: unshare (root, dies with us) -> sh, PID 1 of a new PID namespace (root, killed by
+            # --kill-child when unshare dies) -> the broker.  When PID 1 dies the kernel kills everything
+            # in its namespace, the broker included.  Signals to the process group still reach the broker.
+            argv = ["unshare", "--pid", "--fork", "--kill-child", "--", "/bin/sh", "-c",
+                    '"$@" & child=$!; wait $child; exit $?', "ordeal-contain", *argv]
         self.node = ProcessNode(self.name, "mqtt-broker", self.host, self.port, argv,
                                 log_path=self.log_dir / f"{self.name}.log", data_dir=self.data_dir,
                                 cwd=self.run_dir)

@@ -1,0 +1,50 @@
+"""`ordeal run` / `ordeal plan` / `ordeal scenarios` on bad and good input: exact errors, nothing started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ordeal.cli import main
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    return path
+
+
+def test_run_with_an_invalid_scenario_fails_before_anything_starts(tmp_path: Path):
+    bad = _write(tmp_path, "[scenario]\nname = 'x'\nduration_s = 5\n[workload]\npairs = 0\n")
+    out = tmp_path / "runs"
+    result = CliRunner().invoke(main, ["run", str(bad), "--seed", "1", "--out", str(out)])
+    assert result.exit_code == 1
+    assert f"Error: {bad}: [workload] pairs = 0: must be >= 1 and <= 5000" in result.output
+    assert not out.exists(), "no run directory for an invalid scenario"
+
+
+def test_run_with_an_unknown_key_and_a_missing_scenario(tmp_path: Path):
+    bad = _write(tmp_path, "[scenario]\nname = 'x'\nduration_s = 5\nduraton_s = 5\n")
+    result = CliRunner().invoke(main, ["run", str(bad), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 1 and "[scenario] unknown key 'duraton_s'" in result.output
+    result = CliRunner().invoke(main, ["run", "no-such-scenario", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 1 and "no such scenario" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_plan_prints_the_same_bytes_for_the_same_seed():
+    runner = CliRunner()
+    first = runner.invoke(main, ["plan", "p2p-smoke", "--seed", "5"])
+    again = runner.invoke(main, ["plan", "p2p-smoke", "--seed", "5"])
+    other = runner.invoke(main, ["plan", "p2p-smoke", "--seed", "6"])
+    assert first.exit_code == 0 and first.output == again.output and first.output != other.output
+    assert '"scenario":"p2p-smoke"' in first.output
+
+
+def test_scenarios_lists_every_shipped_scenario():
+    result = CliRunner().invoke(main, ["scenarios"])
+    assert result.exit_code == 0
+    for name in ("p2p-smoke", "p2p-offline-backlog", "p2p-wraparound", "p2p-limit-trim", "p2p-expiry",
+                 "p2p-nightly", "mosquitto-smoke"):
+        assert name in result.output

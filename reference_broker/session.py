@@ -317,8 +317,10 @@ class Connection:
                 if self.persistent:
                     room = self.window - len(self.inflight)
                     if room > 0:
-                        if not self.inflight and backlog_first:
-                            cursor = "-inf"  # scores restart below the cursor once the ZSET emptied
+                        if not self.inflight and backlog_first and not self.config.has("puback_not_removing"):
+                            # every sent message is acknowledged and removed; scores restart below the
+                            # cursor once the ZSET emptied (after a wrap), so read from the start again
+                            cursor = "-inf"
                         entries = await store.read(self.client_id, cursor, room)
                         for entry in entries:
                             cursor = str(int(entry.score))

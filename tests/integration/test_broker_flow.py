@@ -59,7 +59,7 @@ class BrokerCluster:
                                cwd=Path.cwd())
             node.start()
             self.nodes.append(node)
-        for node in self.nodes:
+        for node in self.nodes[-count:]:
             node.wait_ready(30)
         return self.nodes
 

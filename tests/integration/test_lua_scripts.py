@@ -105,7 +105,7 @@ def test_defect_packet_id_wraps_to_zero(queue):
     assert queue.ids() == [65535, 0, 1]
 
 
-def test_defect_score_reset_at_wrap_breaks_order(queue):
+def test_defect_score_reset_at_wrap(queue):
     queue.redis.set(queue.last, 65533)
     queue.save(2)
     queue.save(2, defects="score_reset_at_wrap", start=2)

@@ -1,0 +1,151 @@
+"""Each broker-level defect of the catalog, switched on, visibly changes behaviour (the save-script
+defects are shown in test_lua_scripts.py).  The correct behaviour each one breaks is asserted in
+test_broker_flow.py, or in the same test as a control."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import test_broker_flow
+from test_broker_flow import FILTER, TOPIC, offline_backlog, payloads, reconnect
+
+from reference_broker.defects import CATALOG
+
+pytestmark = pytest.mark.integration
+brokers = test_broker_flow.brokers  # the fixture, shared with the flow tests
+
+LUA_LEVEL = {"score_reset_at_wrap", "packet_id_wraps_to_zero", "last_packet_id_from_zset", "trim_newest",
+             "trim_off_by_one", "expiry_as_milliseconds"}
+
+
+def test_every_defect_has_a_focused_test():
+    import test_lua_scripts
+
+    here = {name for name in globals() if name.startswith("test_defect_")}
+    lua = {name for name in dir(test_lua_scripts) if name.startswith("test_defect_")}
+    for defect in CATALOG:
+        assert f"test_defect_{defect}" in (lua if defect in LUA_LEVEL else here), defect
+
+
+def test_defect_ignore_message_expiry(brokers):
+    cluster = brokers(defects=["ignore_message_expiry"])
+    sub, pub = offline_backlog(cluster, 5, 0)
+    pub.publish(TOPIC, b"expired", 1, expiry=1)
+    cluster.wait_stored(sub.client_id, 1)
+    time.sleep(2.2)
+    assert reconnect(sub) is True
+    got = sub.settle(0.7)
+    assert payloads(got) == [b"expired"] and got[0].expiry is None   # delivered after its expiry
+
+
+def test_defect_remaining_expiry_not_reduced(brokers):
+    cluster = brokers(defects=["remaining_expiry_not_reduced"])
+    sub, pub = offline_backlog(cluster, 5, 0)
+    pub.publish(TOPIC, b"waited", 1, expiry=60)
+    cluster.wait_stored(sub.client_id, 1)
+    time.sleep(2.2)
+    assert reconnect(sub) is True
+    got = sub.settle(0.7)
+    assert payloads(got) == [b"waited"] and got[0].expiry == 60
+
+
+def _resend_after_reconnect(cluster):
+    sub, _ = offline_backlog(cluster, 4, 3)
+    cluster.wait_stored(sub.client_id, 3)
+    sub.auto_ack = False
+    reconnect(sub)
+    first = sub.wait_for(3)
+    sub.drop()                       # no PUBACKs: all three are still owed
+    sub.clear()
+    sub.auto_ack = True
+    reconnect(sub)
+    return first, sub.wait_for(3)
+
+
+def test_defect_no_dup_on_resend(brokers):
+    first, resent = _resend_after_reconnect(brokers(defects=["no_dup_on_resend"]))
+    assert [d.dup for d in first] == [False] * 3
+    assert payloads(resent) == payloads(first) and [d.dup for d in resent] == [False] * 3
+
+
+def test_correct_broker_sets_dup_on_resend_only(brokers):
+    first, resent = _resend_after_reconnect(brokers())
+    assert [d.dup for d in first] == [False] * 3
+    assert payloads(resent) == payloads(first) and [d.dup for d in resent] == [True] * 3
+
+
+def test_defect_dup_on_first_delivery(brokers):
+    first, _ = _resend_after_reconnect(brokers(defects=["dup_on_first_delivery"]))
+    assert [d.dup for d in first] == [True] * 3
+
+
+def test_defect_puback_not_removing(brokers):
+    cluster = brokers(defects=["puback_not_removing"])
+    sub, _ = offline_backlog(cluster, 5, 3)
+    cluster.wait_stored(sub.client_id, 3)
+    reconnect(sub)
+    assert len(sub.settle(0.5)) == 3          # received and acknowledged
+    assert len(cluster.stored_ids(sub.client_id)) == 3
+    sub.disconnect()
+    sub.clear()
+    reconnect(sub)
+    assert payloads(sub.settle(0.7)) == [b"m000", b"m001", b"m002"]   # redelivered after the ack
+
+
+def test_defect_session_present_always_zero(brokers):
+    cluster = brokers(defects=["session_present_always_zero"])
+    sub, _ = offline_backlog(cluster, 4, 2)
+    cluster.wait_stored(sub.client_id, 2)
+    assert reconnect(sub) is False             # the session did resume ...
+    assert payloads(sub.wait_for(2)) == [b"m000", b"m001"]   # ... its backlog proves it
+
+
+def test_defect_live_before_backlog(brokers):
+    cluster = brokers(defects=["live_before_backlog"])
+    sub, pub = offline_backlog(cluster, 5, 4)
+    cluster.wait_stored(sub.client_id, 4)
+    reconnect(sub)
+    for i in range(2):
+        pub.publish(TOPIC, b"new%d" % i, 1)
+    got = payloads(sub.wait_for(6))
+    assert sorted(got) == sorted([b"m000", b"m001", b"m002", b"m003", b"new0", b"new1"])
+    assert got[:2] == [b"new0", b"new1"]       # the new messages overtook the backlog
+
+
+def test_defect_stale_subscription_cache(brokers):
+    cluster = brokers(defects=["stale_subscription_cache"])
+    pub = cluster.probe(version=5)
+    pub.connect(clean=True)
+    pub.publish(TOPIC, b"warm-up", 1)          # the fan-out loads its cache here
+    time.sleep(0.5)
+    sub = cluster.probe(version=5)
+    sub.connect(clean=False, session_expiry=600)
+    sub.subscribe(FILTER, 1)
+    pub.publish(TOPIC, b"after-suback", 1)
+    assert sub.settle(1.0) == []               # published after the SUBACK, never delivered
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["correct", "commit_before_save"])
+def test_defect_commit_before_save(brokers, defect):
+    """A node killed while the save keeps failing: the correct broker has not committed, so the next
+    node saves the batch again; with the defect the offsets were committed first and the batch is lost."""
+    cluster = brokers(defects=["commit_before_save"] if defect else [],
+                      persisted_failure_strategy="retry_forever", persisted_failure_backoff_s=0.2)
+    sub, pub = offline_backlog(cluster, 5, 0)
+    blocker = cluster.key(sub.client_id, "messages")
+    cluster.redis.set(blocker, "not-a-zset")   # every save of this client fails with WRONGTYPE
+    for i in range(3):
+        pub.publish(TOPIC, b"k%d" % i, 1)
+    pub.drop()
+    time.sleep(1.5)                            # fan-out done, saves failing and retried
+    cluster.nodes[0].kill()
+    cluster.redis.delete(blocker)
+    cluster.start(1)                           # a fresh node takes the partitions once the lease ran out
+    moved = cluster.probe(sub.client_id, node=1, version=5)
+    assert moved.connect(clean=False, session_expiry=3600) is True
+    got = payloads(moved.settle(1.0, timeout=15) if defect else moved.wait_for(3, timeout=15))
+    if defect:
+        assert got == []
+    else:
+        assert got == [b"k0", b"k1", b"k2"]

@@ -41,7 +41,7 @@ INVARIANT_IDS: tuple[str, ...] = (
     "meta.history_complete", "meta.fault_bit", "meta.checker_error",
 )
 
-MIN_PAYLOAD_SIZE = 32  # the identity header (harness/payload.py) needs 30 bytes; keep a margin
+MIN_PAYLOAD_SIZE = 32  # the identity header (harness/payload.py) is 23 bytes; architecture.md fixes 32
 MAX_PACKET_ID = 65535
 
 

@@ -11,9 +11,10 @@ the broker saw it go) as fault_evidence rows, like the nemesis does for its own 
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-from faults.base import KindInfo, Param, register
+from faults.base import Check, FaultNotApplicable, KindInfo, Param, register
 
 _MODES = ("abrupt", "clean")
 
@@ -51,3 +52,42 @@ register(KindInfo(
             _MODE, _CLEAN_START, Param("node", str, "random", "which broker node each reconnects to",
                                        check=node_choice_error)),
 ))
+
+
+# --- helpers for the executor, so every player resolves a client fault the same way ------------------
+
+
+def storm_sessions(spec_params: dict[str, Any], subscriber_ids: list[str], rng: random.Random) -> list[str]:
+    """The subscribers a reconnect storm drops: all, or ``sessions`` of them (seeded, in a stable order)."""
+    wanted = spec_params.get("sessions", "all")
+    ordered = sorted(subscriber_ids)
+    if wanted == "all" or wanted >= len(ordered):
+        return ordered
+    return sorted(rng.sample(ordered, wanted))
+
+
+def reconnect_node(choice: str, current: int, node_count: int, rng: random.Random) -> int:
+    """The broker node index (0-based) a client reconnects to: "same", "other" (the next one round the
+    ring; the same when there is only one node), "random" (seeded) or "broker:N" (N is 1-based)."""
+    if node_count < 1:
+        raise FaultNotApplicable("no broker node to reconnect to")
+    if choice == "same":
+        return current
+    if choice == "other":
+        return (current + 1) % node_count
+    if choice == "random":
+        return rng.randrange(node_count)
+    index = int(choice.split(":", 1)[1]) - 1
+    if index >= node_count:
+        raise FaultNotApplicable(f"reconnect to {choice}: the topology has {node_count} broker node(s)")
+    return index
+
+
+def socket_lost_check(client_id: str, lost: bool, **observed: Any) -> Check:
+    """The evidence a client fault bit at apply: the client's socket really closed (abrupt or clean)."""
+    return Check("client socket closed", {"client": client_id, **observed}, lost)
+
+
+def reconnected_check(client_id: str, connected: bool, **observed: Any) -> Check:
+    """The evidence at heal: the reconnect got its CONNACK (observed: session_present, node, ...)."""
+    return Check("client reconnected", {"client": client_id, **observed}, connected)

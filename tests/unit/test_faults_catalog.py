@@ -183,3 +183,24 @@ def test_group_exclusions():
         parse_group(["-redis"])
     with pytest.raises(FaultSpecError, match="leading '-' excludes"):
         parse_group(["redis", "-nonsense"])
+
+
+def test_client_fault_helpers_are_deterministic():
+    import random
+
+    from faults.base import FaultNotApplicable
+    from faults.client import reconnect_node, storm_sessions
+
+    subscribers = [f"sub-{i}" for i in range(10)]
+    assert storm_sessions({"sessions": "all"}, subscribers, random.Random(1)) == sorted(subscribers)
+    picked = storm_sessions({"sessions": 3}, subscribers, random.Random("7:storm"))
+    assert len(picked) == 3 and picked == storm_sessions({"sessions": 3}, subscribers[::-1],
+                                                         random.Random("7:storm"))
+    assert storm_sessions({"sessions": 30}, subscribers, random.Random(1)) == sorted(subscribers)
+    assert reconnect_node("same", 1, 3, random.Random(0)) == 1
+    assert reconnect_node("other", 2, 3, random.Random(0)) == 0
+    assert reconnect_node("other", 0, 1, random.Random(0)) == 0
+    assert reconnect_node("broker:2", 0, 2, random.Random(0)) == 1
+    assert 0 <= reconnect_node("random", 0, 3, random.Random(0)) < 3
+    with pytest.raises(FaultNotApplicable, match="has 2 broker node"):
+        reconnect_node("broker:3", 0, 2, random.Random(0))

@@ -166,25 +166,34 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     timings["total_s"] = round(time.monotonic() - began, 3)
     summary = build_summary(run_dir, scenario, plan, replay, timings, outcome, complete)
     exit_code = EXIT_UNKNOWN if (not complete or outcome["error"]) else EXIT_PASS
-    checked = False
+    summary["checked"] = False
+    summary["exit_code"] = exit_code
+    summary["check"] = "skipped (--no-check)" if not check else "not run: the history is incomplete"
+    _write_summary(run_dir, summary)  # before the check: a checker crash must not lose the summary
     if check and complete:
         check_run = _checker()
         if check_run is None:
             summary["check"] = "not run: spark_checkers.check_run is not available yet"
         else:
             reporter.phase("checking")
-            exit_code = int(check_run(run_dir, spark_master=spark_master))
-            checked = True
-            summary["check"] = {"exit_code": exit_code}
-    elif not check:
-        summary["check"] = "skipped (--no-check)"
-    summary["checked"] = checked
-    summary["exit_code"] = exit_code
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+            try:
+                exit_code = int(check_run(run_dir, spark_master=spark_master))
+                summary["check"] = {"exit_code": exit_code}
+                summary["checked"] = True
+            except Exception as error:  # noqa: BLE001 - a broken checker makes the verdict unknown
+                exit_code = EXIT_UNKNOWN
+                summary["check"] = f"the checker failed: {type(error).__name__}: {error}"
+                reporter.message(f"check failed, verdict unknown: {summary['check']}")
+        summary["exit_code"] = exit_code
+        _write_summary(run_dir, summary)
     reporter.message(f"seed {seed}  exit {exit_code}  run dir {run_dir}\nreplay: {replay}")
     if raise_later is not None:
         raise raise_later
     return RunResult(run_dir=run_dir, exit_code=exit_code, summary=summary)
+
+
+def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def recorder_safe_note(recorder: HistoryRecorder, text: str) -> None:

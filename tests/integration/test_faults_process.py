@@ -77,6 +77,16 @@ def test_kill_master_of_client_slot_promotes_its_replica(topo: LocalTopology, ct
     print(f"kill+promotion evidence in {took:.2f} s")
 
 
+def test_graceful_stop_of_a_master_also_ends_in_a_promotion(topo: LocalTopology, ctx: FaultContext):
+    fault = _fault("process_stop", "redis-random-master", timeout_s=5)
+    evidence = fault.apply(ctx)
+    assert evidence.bit, evidence.to_dict()
+    assert [check.what for check in evidence.checks] == ["pid gone", "port refuses", "replica promoted"]
+    assert fault.heal(ctx).bit
+    topo.redis.wait_ready(30)
+    assert not fault.node.is_master()
+
+
 def test_pause_replica_shows_state_T_then_runs_again(topo: LocalTopology, ctx: FaultContext):
     fault = _fault("process_pause", "redis-random-replica")
     evidence = fault.apply(ctx)

@@ -145,6 +145,7 @@ def test_forced_failover_swaps_roles(topo: LocalTopology, ctx: FaultContext):
     assert fault.replica.is_master() and not master.is_master()  # the effect, asked of the nodes directly
     assert topo.redis.master_for_key(client_messages_key(CLIENT)) is fault.replica
     assert fault.heal(ctx).bit
+    print(f"CLUSTER FAILOVER -> roles swapped in {evidence.checks[0].observed['waited_s']:.2f} s")
 
 
 def test_fault_on_a_dead_node_is_not_applicable(topo: LocalTopology, ctx: FaultContext):

@@ -133,13 +133,17 @@ class Executor:
                                 f"within {self.settings.ready_timeout_s} s")
         return {"not_ready": not_ready}
 
-    def play(self, on_tick: Callable[[float], None] | None = None) -> None:
-        """Play every publish and subscriber action at its offset from now (offset-0 connects are done)."""
+    def play(self, on_tick: Callable[[float], None] | None = None,
+             on_start: Callable[[float], None] | None = None) -> None:
+        """Play every publish and subscriber action at its offset from now (offset-0 connects are done).
+        ``on_start(t0)`` gets the monotonic time of offset 0 (the nemesis counts its offsets from it)."""
         events: list[tuple[float, int, object]] = [(p.offset_s, 1, p) for p in self.plan.publishes]
         events += [(a.offset_s, 0, a) for a in self.plan.subscriber_actions
                    if not (a.offset_s == 0.0 and a.action == CONNECT)]
         events.sort(key=lambda e: (e[0], e[1]))  # stable: plan order within one offset
         self.workload_started = start = time.monotonic()
+        if on_start is not None:
+            on_start(start)
         index = 0
         while index < len(events) and not self.stop.is_set():
             now = time.monotonic()

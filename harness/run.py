@@ -82,12 +82,18 @@ def write_inputs(run_dir: Path, scenario_path: Path, scenario: Scenario, plan: P
 
 def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs", *,
                  reporter: Reporter | None = None, check: bool = True, spark_master: str | None = None,
-                 stop: threading.Event | None = None) -> RunResult:
-    """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts."""
+                 stop: threading.Event | None = None, plan: Plan | None = None) -> RunResult:
+    """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts.
+    ``plan``: play this stored plan instead of planning again (replay / shrink); it must belong to the
+    scenario."""
     reporter = reporter or SilentReporter()
     scenario_path = Path(scenario_path)
     scenario = load_scenario(scenario_path)  # validation first: a bad file starts nothing
-    plan = make_plan(scenario, seed)
+    if plan is None:
+        plan = make_plan(scenario, seed)
+    elif plan.scenario != scenario.name:
+        raise ValueError(f"the plan is for scenario {plan.scenario!r}, not {scenario.name!r}")
+    seed = plan.seed
     out = Path(out)
     run_dir = new_run_dir(out, scenario, seed)
     write_inputs(run_dir, scenario_path, scenario, plan)
@@ -116,17 +122,25 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         outcome["notes"] += target.apply_presets(plan)
 
         executor = Executor(plan, target.endpoints(), recorder, stop=stop)
+        nemesis = make_nemesis(plan, target, recorder)  # before any client: a bad schedule starts nothing
         reporter.phase("connecting clients")
         ready = executor.connect_all()
         recorder.phase(Phase.WORKLOAD_START, **ready)
         reporter.phase("workload", total_s=plan.duration_s)
         mark = time.monotonic()
-        executor.play(on_tick=lambda elapsed: reporter.tick(elapsed, executor.counters.as_dict(), 0))
+        executor.play(on_start=nemesis.start if nemesis else None,
+                      on_tick=lambda elapsed: reporter.tick(elapsed, executor.counters.as_dict(),
+                                                            _faults_active(nemesis)))
         _raise_if_stopped(stop)
         settle = executor.settle()
         timings["workload_s"] = round(time.monotonic() - mark, 3)
         recorder.phase(Phase.WORKLOAD_END, max_lag_s=round(executor.max_lag_s, 6), **settle)
-        recorder.phase(Phase.HEAL_ALL, faults_healed=0, nodes_restarted=0)
+        if nemesis is not None:
+            reporter.phase("healing every fault")
+            healed = nemesis.heal_all()
+            recorder.phase(Phase.HEAL_ALL, faults=len(plan.faults), **healed)
+        else:
+            recorder.phase(Phase.HEAL_ALL, faults=0)
 
         reporter.phase("draining", total_s=scenario.scenario.drain_timeout_s)
         mark = time.monotonic()
@@ -190,6 +204,30 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     if raise_later is not None:
         raise raise_later
     return RunResult(run_dir=run_dir, exit_code=exit_code, summary=summary)
+
+
+def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder):
+    """The faults/ nemesis for the plan's fault slots, or None when the plan has none."""
+    if not plan.faults:
+        return None
+    try:
+        from faults.base import FaultContext
+        from faults.nemesis import Nemesis, schedule_from_slots
+    except ImportError as error:
+        raise RuntimeError(f"the plan has {len(plan.faults)} fault slot(s) but the nemesis (faults/) is not "
+                           f"available: {error}") from error
+    topology = getattr(target, "topology", None)
+    if topology is None:
+        raise RuntimeError("fault slots need the reference target's local topology; this target is a black box")
+    context = FaultContext(topology=topology, seed=plan.seed, record=recorder.record,
+                           broker_key_prefix=str(getattr(target, "key_prefix", "")))
+    return Nemesis(schedule_from_slots(plan.faults), context)
+
+
+def _faults_active(nemesis: Any) -> int:
+    if nemesis is None:
+        return 0
+    return sum(1 for outcome in list(nemesis.outcomes.values()) if outcome == "applied")
 
 
 def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

@@ -204,8 +204,12 @@ class ReferenceTarget:
     def endpoints(self) -> list[Endpoint]:
         return [(b.host, b.port, b.name) for b in self.topology.brokers]
 
-    def _key_prefix(self) -> str:
+    @property
+    def key_prefix(self) -> str:
         return str(self.scenario.broker.get("key_prefix", ""))
+
+    def _key_prefix(self) -> str:
+        return self.key_prefix
 
     def apply_presets(self, plan: Plan) -> list[str]:
         from harness.snapshot import preset_last_packet_ids

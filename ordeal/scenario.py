@@ -24,9 +24,18 @@ RECONNECT_NODES = ("same", "other", "any")
 APPENDFSYNC = ("always", "everysec", "no")
 KAFKA_STORAGE = ("s3rver", "moto", "memory")
 
-# The fault kinds the nemesis implements.  Empty until the faults issue lands; a scenario naming any
-# kind not listed here is rejected on load, never silently run without it.
+# The fault kinds the nemesis implements (faults/catalog.py registers them; see known_fault_kinds()).
+# A scenario naming any kind not registered there is rejected on load, never silently run without it.
 FAULT_KINDS: tuple[str, ...] = ()
+
+
+def known_fault_kinds() -> tuple[str, ...]:
+    """The nemesis' catalog when faults/ is importable, else FAULT_KINDS (empty)."""
+    try:
+        from faults.catalog import FAULT_KINDS as catalog
+    except ImportError:
+        return FAULT_KINDS
+    return tuple(sorted(catalog))
 
 # The invariant vocabulary of docs/architecture.md (scenarios' checks.allowed uses these ids).
 INVARIANT_IDS: tuple[str, ...] = (
@@ -530,7 +539,7 @@ def _read_subscribers(s: _Section) -> SubscriberSpec:
 
 def _read_faults(s: _Section) -> FaultSpec:
     d = FaultSpec()
-    mix = s.weights("mix", {}, FAULT_KINDS, "fault kind")
+    mix = s.weights("mix", {}, known_fault_kinds(), "fault kind")
     spec = FaultSpec(
         mix=tuple(sorted(mix.items())),
         quiet_s=s.number_range("quiet_s", d.quiet_s),

@@ -143,3 +143,29 @@ def test_reference_broker_wraparound_preset(out_dir: Path):
     rows = assert_history_consistent(result.run_dir)
     ids = [r["packet_id"] for r in rows if r["kind"] == Kind.DELIVERY]
     assert max(ids) > 65500 and min(ids) < 100, "deliveries cross the 65535 -> 1 wrap"
+
+
+def test_a_stored_plan_with_a_fault_slot_is_played_by_the_nemesis(out_dir: Path):
+    """The run hands the plan's fault slots to faults/ (the nemesis) and heals them before the drain.
+    The reference broker is killed for 1.5 s; a correct broker still delivers every acknowledged publish."""
+    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available yet")
+    pytest.importorskip("faults.nemesis", reason="the nemesis is not available yet")
+    import dataclasses
+
+    from ordeal.scenario import load_scenario
+    from properties.generate import make_plan
+    from properties.plan import FaultSlot
+
+    path = find_scenario("p2p-smoke")
+    plan = make_plan(load_scenario(path), 11)
+    plan = dataclasses.replace(plan, faults=(FaultSlot("kill-broker", "process_kill", "broker:1", 2.0, 3.5),))
+    result = run_scenario(path, 11, out_dir, check=False, plan=plan)
+    assert json.loads((result.run_dir / "plan.json").read_text())["faults"][0]["fault_id"] == "kill-broker"
+    rows = assert_history_consistent(result.run_dir)
+    fault_kinds = [r["kind"] for r in rows if r["fault_id"] == "kill-broker"]
+    assert Kind.FAULT_START in fault_kinds and Kind.FAULT_HEAL in fault_kinds, fault_kinds
+    assert Kind.FAULT_ERROR not in fault_kinds
+    evidence = [r for r in rows if r["kind"] == Kind.FAULT_EVIDENCE and r["fault_id"] == "kill-broker"]
+    assert evidence and all(r["bit"] for r in evidence)
+    lost = [r for r in rows if r["kind"] == Kind.DISCONNECT and r["initiator"] == "server"]
+    assert lost, "clients saw the broker die"

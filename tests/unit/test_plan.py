@@ -96,3 +96,10 @@ def test_the_hypothesis_strategy_builds_valid_plans(plan: Plan):
     for sub in plan.subscribers():
         mine = [a for a in plan.subscriber_actions if a.client_id == sub.client_id]
         assert mine[0].action == CONNECT
+
+
+def test_a_fault_mix_is_refused_until_schedules_are_generated():
+    pytest.importorskip("faults.catalog")
+    scenario = parse_scenario("[scenario]\nname='f'\nduration_s=5\n[faults]\nmix={process_kill=1}\n", source="f.toml")
+    with pytest.raises(PlanError, match=r"f.toml: \[faults\] mix = .*fault schedules are not generated yet"):
+        make_plan(scenario, 1)

@@ -237,3 +237,29 @@ def test_partition_sees_only_traffic_from_the_nodes_addresses(topo: LocalTopolog
         assert not traffic.ok and traffic.observed["misrouted"][0]["local"].startswith("127.0.0.1:")
         assert not evidence.bit and not healed.bit
         assert healed.checks[0].observed["packets"] == 0
+
+
+def test_concurrent_faults_keep_their_own_chains_and_classes(topo: LocalTopology, ctx: FaultContext):
+    import subprocess
+
+    first, second = topo.redis_nodes[3], topo.redis_nodes[4]
+    cut_first = build_fault(validate_spec({"id": "cut-1", "kind": "net_partition_oneway",
+                                           "params": {"src": "client", "dst": f"node:{first.name}"}}))
+    cut_second = build_fault(validate_spec({"id": "cut-2", "kind": "net_partition_oneway",
+                                            "params": {"src": "client", "dst": f"node:{second.name}"}}))
+    slow_first = build_fault(validate_spec({"id": "slow-1", "kind": "net_bandwidth",
+                                            "params": {"a": "client", "b": f"node:{first.name}"}}))
+    slow_second = build_fault(validate_spec({"id": "slow-2", "kind": "net_bandwidth",
+                                             "params": {"a": "client", "b": f"node:{second.name}"}}))
+    for fault in (cut_first, cut_second, slow_first, slow_second):
+        assert fault.apply(ctx).checks[0].ok
+    assert probes.port_state(first.host, first.port, 0.3) == "silent"
+    cut_first.heal(ctx)
+    slow_first.heal(ctx)
+    assert cut_second.chain in _nft_table() and cut_first.chain not in _nft_table()
+    assert probes.port_state(first.host, first.port) == "accepts"
+    assert probes.port_state(second.host, second.port, 0.3) == "silent"
+    assert "htb" in subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
+    assert cut_second.heal(ctx).bit and slow_second.heal(ctx).checks[1].ok
+    assert _nft_table() == ""
+    assert "htb" not in subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout

@@ -169,3 +169,71 @@ def test_a_stored_plan_with_a_fault_slot_is_played_by_the_nemesis(out_dir: Path)
     assert evidence and all(r["bit"] for r in evidence)
     lost = [r for r in rows if r["kind"] == Kind.DISCONNECT and r["initiator"] == "server"]
     assert lost, "clients saw the broker die"
+
+
+MIXED = """
+[scenario]
+name = "mosquitto-mixed"
+duration_s = 4
+drain_quiet_s = 1.5
+drain_timeout_s = 20
+
+[target]
+kind = "external"
+name = "mosquitto"
+start = ["mosquitto", "-c", "{run_dir}/mosquitto.conf"]
+config_file = "mosquitto.conf"
+data_owner = "mosquitto"
+config_text = '''
+listener {port} {host}
+allow_anonymous true
+persistence true
+persistence_location {data_dir}/
+max_queued_messages 100000
+log_dest stdout
+'''
+
+[workload]
+pattern = "fan-in"
+publishers = 3
+subscribers = 2
+rate_per_publisher = 10
+qos_mix = { qos0 = 1, qos1 = 1, qos2 = 1 }
+subscription_qos = 2
+protocol_mix = { mqtt311 = 1, mqtt5 = 1 }
+expiry_mix = { none = 1, "60" = 1 }
+
+[subscribers]
+disconnects_per_minute = 20
+offline_s = [0.3, 0.8]
+"""
+
+
+def test_fan_in_with_every_qos_and_expiry(out_dir: Path, tmp_path: Path):
+    scenario = tmp_path / "mosquitto-mixed.toml"
+    scenario.write_text(MIXED)
+    result = run_scenario(scenario, 4, out_dir, check=False)
+    rows = read_history(result.run_dir / "history").to_pylist()
+    assert read_manifest(result.run_dir / "history")["complete"] is True
+    invokes = {(r["publisher"], r["pub_seq"]): r for r in rows if r["kind"] == Kind.PUBLISH_INVOKE}
+    outcomes = Counter((r["publisher"], r["pub_seq"]) for r in rows if r["kind"] in OUTCOMES)
+    assert set(outcomes) == set(invokes) and set(outcomes.values()) == {1}
+    assert {r["qos"] for r in invokes.values()} == {0, 1, 2}
+    deliveries = [r for r in rows if r["kind"] == Kind.DELIVERY]
+    assert {d["qos"] for d in deliveries} == {0, 1, 2}
+    for d in deliveries:
+        sent = invokes[(d["publisher"], d["pub_seq"])]
+        assert d["body_hash"] == sent["body_hash"] and d["qos"] == sent["qos"]
+        if d["protocol"] == 5 and sent["expiry_s"] is not None:
+            assert d["remaining_expiry_s"] is not None and d["remaining_expiry_s"] <= sent["expiry_s"]
+    # fan-in: each subscriber gets every publisher's stream
+    for client in ("test_sub_client_0_0", "test_sub_client_1_0"):
+        assert {d["publisher"] for d in deliveries if d["client"] == client} == {
+            f"test_pub_client_{j}_0" for j in range(3)}
+    acks = [r for r in rows if r["kind"] == Kind.DELIVERY_ACK_SENT]
+    assert len(acks) == sum(1 for d in deliveries if d["qos"] > 0)
+    acked_qos12 = {k for k, r in invokes.items() if r["qos"] > 0} & {
+        (r["publisher"], r["pub_seq"]) for r in rows if r["kind"] == Kind.PUBLISH_ACK}
+    for client in ("test_sub_client_0_0", "test_sub_client_1_0"):
+        got = {(d["publisher"], d["pub_seq"]) for d in deliveries if d["client"] == client}
+        assert not acked_qos12 - got, f"{client} misses acknowledged QoS>0 messages"

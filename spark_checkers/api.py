@@ -1,0 +1,241 @@
+"""check_run / check_runs: open stored runs, run every checker in one Spark job, decide, write reports."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_checkers import CHECKER_VERSION
+from spark_checkers.explain import explain, loss_gaps
+from spark_checkers.invariants import INVARIANTS
+from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
+from spark_checkers.loader import RunInput, open_run
+from spark_checkers.timeline import Timeline, build_timeline
+from spark_checkers.verdicts import FAIL, UNKNOWN, InvariantResult, decide, exit_code
+
+
+@dataclass
+class RunOutcome:
+    """What the Spark side and the timeline found for one run, before any verdict."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    witnesses: dict[str, list[dict]] = field(default_factory=dict)
+    metrics: list[tuple[str, str, float]] = field(default_factory=list)
+    timeline: Timeline | None = None
+    errors: dict[str, str] = field(default_factory=dict)  # invariant -> checker error
+    fatal: list[str] = field(default_factory=list)
+
+
+def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=None, quiet: bool = False) -> int:
+    """Check one stored run, write report.json / junit.xml / report.html into it, return 0 / 1 / 2."""
+    report = check_runs([Path(run_dir)], spark_master=spark_master, spark=spark)[0]
+    from spark_checkers.reports import write_reports
+
+    write_reports(Path(run_dir), report)
+    if not quiet:
+        from spark_checkers.reports import print_table
+
+        print_table(report)
+    return report["exit_code"]
+
+
+def check_runs(run_dirs: list[Path], *, spark_master: str | None = None, spark=None) -> list[dict[str, Any]]:
+    """Check many stored runs in one Spark job; one report dict (the report.json content) per run."""
+    started = time.monotonic()
+    inputs = [open_run(d, run_id=f"run{i}") for i, d in enumerate(run_dirs)]
+    outcomes: dict[str, RunOutcome] = {i.run_id: RunOutcome(fatal=list(i.fatal)) for i in inputs}
+    readable = [i for i in inputs if i.readable]
+    master = None
+    if readable:
+        from spark_checkers.session import spark_session
+
+        spark = spark or spark_session(spark_master)
+        master = spark.sparkContext.master
+        _evaluate_isolating(spark, readable, outcomes)
+    elapsed = time.monotonic() - started
+    return [_report(i, outcomes[i.run_id], master, elapsed) for i in inputs]
+
+
+def _evaluate_isolating(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) -> None:
+    """Evaluate together; if the batch breaks, evaluate run by run so one bad history spoils only itself."""
+    try:
+        _evaluate(spark, inputs, outcomes)
+        return
+    except Exception as error:  # noqa: BLE001 - a checker error must become an unknown verdict, never a crash
+        if len(inputs) == 1:
+            run = inputs[0]
+            outcomes[run.run_id] = RunOutcome(fatal=[f"checker error: {_short(error)}"])
+            outcomes[run.run_id].errors["*"] = traceback.format_exc(limit=3)
+            return
+    for run in inputs:
+        outcomes[run.run_id] = RunOutcome(fatal=list(run.fatal))
+        _evaluate_isolating(spark, [run], outcomes)
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
+
+
+def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) -> None:
+    from spark_checkers import jobs
+
+    specs = [jobs.RunSpec(i.run_id, i.parts, i.guarantees) for i in inputs]
+    events = jobs.load_events(spark, specs)
+    small = jobs.collect_small(events)
+    topics = jobs.collect_topics(events)
+    timelines = {i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees) for i in inputs}
+    violations, metrics, cached, parts = jobs.build(spark, specs, events, timelines, topics)
+    try:
+        try:
+            counts, witnesses = jobs.collect_violations(violations)
+        except Exception as error:  # noqa: BLE001
+            counts, witnesses = {}, {}
+            # Why one by one: find which checker broke, keep the others' answers.
+            for part in parts:
+                try:
+                    c, w = jobs.collect_violations(part)
+                    counts.update(c)
+                    witnesses.update(w)
+                except Exception as part_error:  # noqa: BLE001
+                    names = [r["invariant"] for r in part.select("invariant").limit(1).collect()] or ["?"]
+                    for run in inputs:
+                        outcomes[run.run_id].errors[names[0]] = _short(part_error)
+            if not any(o.errors for o in outcomes.values()):
+                raise error
+        metric_rows = metrics.collect()
+    finally:
+        for df in cached:
+            df.unpersist()
+    for run in inputs:
+        outcome = outcomes[run.run_id]
+        outcome.timeline = timelines[run.run_id]
+        for (run_id, invariant), count in counts.items():
+            if run_id == run.run_id:
+                outcome.counts[invariant] = count
+                outcome.witnesses[invariant] = [json.loads(w) for w in witnesses[(run_id, invariant)]]
+    for row in metric_rows:
+        outcomes[row["run_id"]].metrics.append((row["metric"], row["key"], row["value"]))
+
+
+def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: float) -> dict[str, Any]:
+    timeline = outcome.timeline
+    g = run.guarantees
+    counts = dict(outcome.counts)
+    witnesses = {k: list(v) for k, v in outcome.witnesses.items()}
+    unknown: dict[str, str] = {}
+    incomplete = list(run.incomplete)
+    metrics: dict[str, dict[str, float]] = {}
+    for metric, key, value in outcome.metrics:
+        metrics.setdefault(metric, {})[key] = value
+    if timeline is not None:
+        incomplete += timeline.incomplete
+        unknown.update(timeline.unknown)
+        for invariant, found in timeline.violations.items():
+            counts[invariant] = counts.get(invariant, 0) + len(found)
+            witnesses.setdefault(invariant, []).extend(found)
+        _last_packet_id(timeline, metrics.get("last_packet_id", {}), counts, witnesses)
+    errors = dict(outcome.errors)
+    if errors:
+        unknown.update({k: f"checker error: {v}" for k, v in errors.items() if k != "*"})
+    fatal = tuple(outcome.fatal)
+    results = []
+    for invariant in INVARIANTS:
+        count = counts.get(invariant.id, 0)
+        reason = unknown.get(invariant.id)
+        if invariant.id == "meta.history_complete" and incomplete:
+            reason = "; ".join(incomplete)
+        if invariant.id == "meta.checker_error" and errors:
+            reason = "; ".join(f"{k}: {v}" for k, v in errors.items())
+        verdict, why, allowed = decide(invariant, count, allowed=g.allowed if g else (), fatal=fatal,
+                                       incomplete=tuple(incomplete), unknown_reason=reason,
+                                       white_box=g.white_box if g else True)
+        shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count)
+        if invariant.id == "liveness.unseen_over_time":
+            count = int(sum(metrics.get("unseen_delta_per_bucket", {}).values()))
+            details["owed"] = metrics.get("count", {}).get("owed", 0)
+        results.append(InvariantResult(invariant.id, invariant.title, verdict, count, tuple(shown), why, allowed,
+                                       invariant.reported_only, details))
+    code = exit_code(results)
+    return {
+        "checker_version": CHECKER_VERSION,
+        "run_dir": str(run.run_dir),
+        "verdict": {0: "pass", 1: "fail", 2: "unknown"}[code],
+        "exit_code": code,
+        "summary": {v: sum(1 for r in results if r.verdict == v) for v in ("pass", FAIL, UNKNOWN, "not_applicable")},
+        "invariants": [r.to_dict() for r in results],
+        "history": {"hash_sha256": run.history_hash, "manifest": run.manifest, "parts": len(run.parts),
+                    "incomplete": incomplete, "fatal": list(fatal)},
+        "guarantees": g.to_dict() if g else None,
+        "counts": {k: int(v) for k, v in metrics.get("count", {}).items()},
+        "series": _series(metrics, timeline),
+        "faults": [] if timeline is None else [
+            {"fault_id": f.fault_id, "kind": f.kind, "node": f.node, "t_start_s": (f.t_start - timeline.t_first) / 1e6,
+             "t_heal_s": None if f.t_heal is None else (f.t_heal - timeline.t_first) / 1e6, "bit": f.bit,
+             "error": f.error} for f in timeline.faults],
+        "environment": {"python": sys.version.split()[0], "platform": platform.platform(),
+                        "spark_master": master, "pyspark": _pyspark_version(), "check_seconds": round(elapsed, 2)},
+    }
+
+
+def _pyspark_version() -> str | None:
+    try:
+        import pyspark
+
+        return pyspark.__version__
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def _last_packet_id(timeline: Timeline, delivered: dict[str, float], counts: dict, witnesses: dict) -> None:
+    """White box: the stored last packet id must not be behind the last one delivered (mod the wrap)."""
+    for snap in timeline.snapshots:
+        client, stored = snap.get("client"), snap.get("last_packet_id")
+        if client not in delivered or stored is None:
+            continue
+        last = int(delivered[client])
+        behind = (last - stored) % 65535
+        if 0 < behind < 32768:
+            counts["whitebox.last_packet_id_behind"] = counts.get("whitebox.last_packet_id_behind", 0) + 1
+            witnesses.setdefault("whitebox.last_packet_id_behind", []).append(
+                {"client": client, "stored": stored, "delivered": last, "t": snap["t_mono_us"]})
+
+
+def _witnesses(invariant: str, raw: list[dict], timeline: Timeline | None, count: int) -> tuple[list[dict], dict]:
+    if timeline is None or not raw:
+        return [], {}
+    details: dict[str, Any] = {}
+    if invariant in LOSS_INVARIANTS:
+        gaps = loss_gaps(raw, timeline)
+        details["gaps_from_first_lost"] = len(raw)
+        details["positions"] = {}
+        for gap in gaps:
+            details["positions"][gap["position"]] = details["positions"].get(gap["position"], 0) + gap["count"]
+        raw = gaps
+    raw = sorted(raw, key=lambda w: (w.get("t") or w.get("t_invoke") or 0))[:WITNESS_CAP] \
+        if invariant not in LOSS_INVARIANTS else raw[:WITNESS_CAP]
+    return [{"text": explain(invariant, w, timeline), "data": w} for w in raw], details
+
+
+def _series(metrics: dict[str, dict[str, float]], timeline: Timeline | None) -> dict[str, Any]:
+    if timeline is None:
+        return {}
+    bucket_s = timeline.bucket_us / 1e6
+
+    def series(name: str) -> list[list[float]]:
+        return sorted([[int(k) * bucket_s, v] for k, v in metrics.get(name, {}).items()])
+
+    unseen, running = [], 0.0
+    for t, delta in series("unseen_delta_per_bucket"):
+        running += delta
+        unseen.append([t, running])
+    return {"bucket_s": bucket_s, "acked_per_s": [[t, v / bucket_s] for t, v in series("acked_per_bucket")],
+            "delivered_per_s": [[t, v / bucket_s] for t, v in series("delivered_per_bucket")],
+            "latency_p50_ms": series("latency_p50_ms"), "latency_p99_ms": series("latency_p99_ms"),
+            "owed_unseen": unseen}

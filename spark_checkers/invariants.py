@@ -1,0 +1,62 @@
+"""The invariant vocabulary (docs/architecture.md) with what each id means, in one table.
+
+The ids are the contract between scenarios' ``checks.allowed``, the defect catalog and the reports; this
+module is the only place in spark_checkers that spells them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Invariant:
+    id: str
+    title: str
+    reported_only: bool = False  # liveness: counted and plotted, never failing the run
+    white_box: bool = False  # needs the reference broker's session snapshots
+    needs_complete_history: bool = False  # decided from an absence: an incomplete history cannot pass it
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("durability.lost", "Owed message never delivered after the drain", needs_complete_history=True),
+    Invariant("durability.session_lost", "Persistent session not present on reconnect"),
+    Invariant("durability.phantom", "Delivered but never published, or body differs from what was published"),
+    Invariant("durability.unsubscribed_delivery", "Delivered to a client with no matching subscription"),
+    Invariant("durability.delivered_after_failed_publish", "Delivered although its publish definitely failed"),
+    Invariant("order.out_of_order", "First deliveries of a publisher's stream to a subscriber out of sequence"),
+    Invariant("order.packet_id_invalid", "Packet id 0, missing or above 65535 on a QoS > 0 delivery"),
+    Invariant("order.packet_id_reused", "Packet id reused for another message while still unacknowledged"),
+    Invariant("order.dup_flag", "DUP set on a first delivery, or missing on a resend"),
+    Invariant("expiry.delivered_expired", "Delivered after its expiry (beyond the clock tolerance)"),
+    Invariant("expiry.remaining_not_reduced", "MQTT 5 remaining expiry not reduced by the time it waited"),
+    Invariant("expiry.dropped_early", "Message with an expiry interval dropped before it expired",
+              needs_complete_history=True),
+    Invariant("limits.over_limit", "More messages kept than the configured limit"),
+    Invariant("limits.trimmed_under_limit", "Trimmed more than needed: queue left under the limit",
+              needs_complete_history=True),
+    Invariant("limits.trim_not_oldest", "Trimmed messages were not the oldest", needs_complete_history=True),
+    Invariant("duplicates.redelivered_after_ack", "Redelivered after the subscriber acknowledged it"),
+    Invariant("duplicates.qos2", "QoS 2 message delivered more than once"),
+    Invariant("whitebox.orphan_payloads", "Payload keys with no reference in the session ZSET", white_box=True),
+    Invariant("whitebox.dangling_refs", "ZSET references whose payload key is gone", white_box=True),
+    Invariant("whitebox.last_packet_id_behind", "Stored last packet id behind the highest id delivered",
+              white_box=True),
+    Invariant("liveness.unseen_over_time", "Owed-but-unseen messages over time", reported_only=True),
+    Invariant("liveness.stuck_inflight", "Delivered QoS > 0 messages never acknowledged by the subscriber",
+              reported_only=True),
+    Invariant("meta.history_complete", "The history is complete and the drain ended quietly"),
+    Invariant("meta.fault_bit", "Every scheduled fault applied and proved that it bit"),
+    Invariant("meta.checker_error", "Every checker ran without error"),
+)
+
+BY_ID: dict[str, Invariant] = {invariant.id: invariant for invariant in INVARIANTS}
+IDS: tuple[str, ...] = tuple(BY_ID)
+
+
+def validate_ids(ids: list[str] | tuple[str, ...], where: str) -> tuple[str, ...]:
+    """Reject unknown invariant ids with a message naming the place and the valid choices."""
+    unknown = [value for value in ids if value not in BY_ID]
+    if unknown:
+        raise ValueError(f"{where}: unknown invariant id(s) {unknown}; expected ids from: {', '.join(IDS)}")
+    return tuple(ids)

@@ -1,0 +1,484 @@
+"""The Spark side: every invariant over the big streams (publishes, deliveries, acks) for many runs at once.
+
+Every key starts with ``run_id`` so one job checks a batch of histories (tests check dozens in one go).
+Shape, chosen to keep shuffles few: one groupBy per message on the publisher side; one window over each
+(subscriber, packet id) slot; one groupBy per (subscriber, message); the owed candidates joined once to the
+deliveries, with two windows clustered by subscriber (backlog rank, stream neighbours).  The small tables
+(subscriptions, offline windows, faults) are broadcast, looked up with higher-order functions, never joined
+row by row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+
+from harness.history_schema import EVENT_SCHEMA, Kind
+from spark_checkers.guarantees import Guarantees
+from spark_checkers.timeline import NEVER, SMALL_KINDS, Timeline
+from spark_checkers.topics import filter_matches
+
+WITNESS_CAP = 5
+LOSS_ROWS_CAP = 200  # lost messages collected per run and invariant, to build gap witnesses
+LOSS_INVARIANTS = ("durability.lost", "expiry.dropped_early", "limits.trimmed_under_limit", "limits.trim_not_oldest")
+PUB_KINDS = (Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBLISH_INDETERMINATE)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    parts: tuple[str, ...]
+    guarantees: Guarantees
+
+
+def spark_schema():
+    from pyspark.sql import types as T
+
+    mapping = {"int64": T.LongType(), "int32": T.IntegerType(), "int8": T.ByteType(), "string": T.StringType(),
+               "bool": T.BooleanType()}
+    return T.StructType([T.StructField(f.name, mapping[str(f.type)], True) for f in EVENT_SCHEMA])
+
+
+def load_events(spark, runs: list[RunSpec]):
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    schema = spark_schema()
+    frames = [spark.read.schema(schema).parquet(*run.parts).withColumn("run_id", F.lit(run.run_id)) for run in runs]
+    return reduce(DataFrame.unionByName, frames)
+
+
+def collect_small(events) -> dict[str, list[dict]]:
+    from pyspark.sql import functions as F
+
+    out: dict[str, list[dict]] = {}
+    for row in events.filter(F.col("kind").isin(*SMALL_KINDS)).collect():
+        out.setdefault(row["run_id"], []).append(row.asDict())
+    return out
+
+
+def collect_topics(events) -> dict[str, list[str]]:
+    from pyspark.sql import functions as F
+
+    out: dict[str, list[str]] = {}
+    rows = events.filter(F.col("kind") == Kind.PUBLISH_INVOKE).select("run_id", "topic").distinct().collect()
+    for row in rows:
+        if row["topic"] is not None:
+            out.setdefault(row["run_id"], []).append(row["topic"])
+    return out
+
+
+# --- Broadcast tables built from the timelines -------------------------------------------------------------
+
+
+def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topics: dict[str, list[str]]):
+    """(runs_df, clients_df, match_df): small DataFrames, broadcast to every join they meet."""
+    from pyspark.sql import types as T
+
+    run_rows, client_rows, match_rows = [], [], []
+    for run in runs:
+        timeline, g = timelines[run.run_id], run.guarantees
+        run_rows.append((run.run_id, g.persisted_messages_limit, g.ttl_us, g.tolerance_us, timeline.fault_times(),
+                         timeline.bucket_us, timeline.t_first))
+        clients = set(timeline.connect_seqs) | set(timeline.offline)
+        for client in clients:
+            client_rows.append((run.run_id, client, timeline.connect_seqs.get(client, []),
+                                timeline.fresh_seqs.get(client, []),
+                                [(s, t) for s, t in timeline.disconnects.get(client, [])],
+                                [(i, d, c) for i, d, c in timeline.offline.get(client, [])]))
+        for topic in topics.get(run.run_id, []):
+            subs = [(s.client, s.t_from, s.t_to, s.granted_qos, s.persistent)
+                    for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
+            if subs:
+                match_rows.append((run.run_id, topic, subs))
+    L, S, B, I = T.LongType(), T.StringType(), T.BooleanType(), T.IntegerType()
+    runs_df = spark.createDataFrame(run_rows, T.StructType([
+        T.StructField("run_id", S), T.StructField("limit", I), T.StructField("ttl_us", L),
+        T.StructField("tol_us", L), T.StructField("fault_times", T.ArrayType(L)), T.StructField("bucket_us", L),
+        T.StructField("t_origin", L)]))
+    clients_df = spark.createDataFrame(client_rows, T.StructType([
+        T.StructField("run_id", S), T.StructField("client", S), T.StructField("connect_seqs", T.ArrayType(L)),
+        T.StructField("fresh_seqs", T.ArrayType(L)),
+        T.StructField("disconnects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
+        T.StructField("offline", T.ArrayType(T.StructType([T.StructField("idx", I), T.StructField("d", L),
+                                                           T.StructField("c", L)])))]))
+    match_df = spark.createDataFrame(match_rows, T.StructType([
+        T.StructField("run_id", S), T.StructField("topic", S),
+        T.StructField("subs", T.ArrayType(T.StructType([
+            T.StructField("client", S), T.StructField("t_from", L), T.StructField("t_to", L),
+            T.StructField("granted", I), T.StructField("persistent", B)])))]))
+    return runs_df, clients_df, match_df
+
+
+# --- The big tables ---------------------------------------------------------------------------------------
+
+
+def publishes(events):
+    """One row per message: what was published and how the publish ended."""
+    from pyspark.sql import functions as F
+
+    p = events.filter(F.col("kind").isin(*PUB_KINDS)).withColumn(
+        "publisher", F.coalesce("publisher", "client")).filter(F.col("pub_seq").isNotNull())
+    inv = F.col("kind") == Kind.PUBLISH_INVOKE
+
+    def on_invoke(name: str):
+        return F.max(F.when(inv, F.col(name)))
+
+    return p.groupBy("run_id", "publisher", "pub_seq").agg(
+        F.sum(inv.cast("int")).alias("n_invoke"),
+        F.min(F.when(inv, F.col("t_mono_us"))).alias("t_invoke"),
+        on_invoke("topic").alias("topic"), on_invoke("qos").alias("pub_qos"),
+        on_invoke("expiry_s").alias("expiry_s"), on_invoke("body_hash").alias("pub_hash"),
+        on_invoke("node").alias("pub_node"),
+        F.min(F.when(F.col("kind") == Kind.PUBLISH_ACK, F.col("t_mono_us"))).alias("t_ack"),
+        F.min(F.when(F.col("kind") == Kind.PUBLISH_FAIL, F.col("t_mono_us"))).alias("t_fail"),
+        F.min(F.when(F.col("kind") == Kind.PUBLISH_INDETERMINATE, F.col("t_mono_us"))).alias("t_indet"),
+    )
+
+
+def delivery_slots(events, clients_df):
+    """Deliveries with what their packet-id slot says: the previous use of the slot, resend, reuse, acked."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    rows = events.filter(F.col("kind").isin(Kind.DELIVERY, Kind.DELIVERY_ACK_SENT)).select(
+        "run_id", "client", "seq", F.col("t_mono_us").alias("t"), "kind", "packet_id", "publisher", "pub_seq",
+        "body_hash", "topic", "qos", "dup", "remaining_expiry_s", "node")
+    rows = rows.join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs")),
+                     ["run_id", "client"], "left")
+    rows = rows.withColumn("conn", F.size(F.filter(F.coalesce("connect_seqs", F.array()), lambda x: x < F.col("seq"))))
+    rows = rows.withColumn("epoch", F.size(F.filter(F.coalesce("fresh_seqs", F.array()), lambda x: x < F.col("seq"))))
+    slot = Window.partitionBy("run_id", "client", "packet_id").orderBy("seq")
+    same_identity = (F.col("prev_publisher").eqNullSafe(F.col("publisher"))
+                     & F.col("prev_pub_seq").eqNullSafe(F.col("pub_seq")))
+    rows = (rows
+            .withColumn("prev_kind", F.lag("kind").over(slot))
+            .withColumn("prev_publisher", F.lag("publisher").over(slot))
+            .withColumn("prev_pub_seq", F.lag("pub_seq").over(slot))
+            .withColumn("prev_epoch", F.lag("epoch").over(slot))
+            .withColumn("prev_t", F.lag("t").over(slot))
+            .withColumn("next_kind", F.lead("kind").over(slot))
+            .withColumn("next_seq", F.lead("seq").over(slot))
+            .withColumn("next_t", F.lead("t").over(slot)))
+    slot_in_use = ((F.col("prev_kind") == Kind.DELIVERY) & (F.col("prev_epoch") == F.col("epoch"))
+                   & (F.coalesce("qos", F.lit(0)) > 0) & F.col("packet_id").isNotNull())
+    return (rows.filter(F.col("kind") == Kind.DELIVERY)
+            .withColumn("resend", slot_in_use & same_identity)
+            .withColumn("reused", slot_in_use & ~same_identity)
+            .withColumn("acked", F.col("next_kind") == Kind.DELIVERY_ACK_SENT)
+            .drop("connect_seqs", "fresh_seqs"))
+
+
+def deliveries_per_message(slots):
+    """One row per (subscriber, message): first and last delivery, acks, resends, redeliveries after ack."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    key = ["run_id", "client", "publisher", "pub_seq"]
+    w = Window.partitionBy(*key)
+    rows = slots.withColumn("first_ack_seq", F.min(F.when(F.col("acked"), F.col("next_seq"))).over(w))
+    after_ack = F.col("seq") > F.col("first_ack_seq")
+    first = F.struct("seq", "t", "packet_id", "dup", "conn", "node", "topic", "qos")
+    return rows.groupBy(*key).agg(
+        F.count(F.lit(1)).alias("n_deliveries"),
+        F.min_by(first, F.col("seq")).alias("first"),
+        F.max("t").alias("t_last"),
+        F.min("body_hash").alias("min_hash"), F.max("body_hash").alias("max_hash"),
+        F.max("qos").alias("qos"),
+        F.first("first_ack_seq").alias("first_ack_seq"),
+        F.min(F.when(F.col("acked"), F.col("next_t"))).alias("first_ack_t"),
+        F.sum(F.col("resend").cast("int")).alias("n_resends"),
+        F.sum(after_ack.cast("int")).alias("n_after_ack"),
+        F.min(F.when(after_ack, F.struct("seq", "t", "packet_id", "dup"))).alias("redelivery"),
+        F.max(F.col("t") + F.col("remaining_expiry_s") * 1_000_000).alias("implied_deadline"),
+        F.max(F.when(~F.col("acked") & (F.coalesce("qos", F.lit(0)) > 0), F.lit(1)).otherwise(F.lit(0))).alias("any_unacked"),
+    )
+
+
+def witness(df, invariant: str, sort_key, *columns):
+    from pyspark.sql import functions as F
+
+    return df.select("run_id", F.lit(invariant).alias("invariant"), sort_key.cast("long").alias("sort_key"),
+                     F.to_json(F.struct(*columns)).alias("witness"))
+
+
+class Rules:
+    """Violation rules over one table, evaluated in a single scan: each row emits one (invariant, sort_key,
+    witness) per rule it breaks.  ``separate()`` gives one DataFrame per rule, to pin a checker error."""
+
+    def __init__(self, df):
+        self.df = df
+        self.rules: list[tuple[str, object, object, tuple]] = []
+
+    def add(self, invariant: str, condition, sort_key, *columns) -> None:
+        self.rules.append((invariant, condition, sort_key, columns))
+
+    def combined(self):
+        from pyspark.sql import functions as F
+
+        items = [F.when(cond, F.struct(F.lit(inv).alias("invariant"), key.cast("long").alias("sort_key"),
+                                       F.to_json(F.struct(*cols)).alias("witness")))
+                 for inv, cond, key, cols in self.rules]
+        hits = self.df.select("run_id", F.filter(F.array(*items), lambda x: x.isNotNull()).alias("hits"))
+        return hits.filter(F.size("hits") > 0).select("run_id", F.explode("hits").alias("v")).select(
+            "run_id", "v.invariant", "v.sort_key", "v.witness")
+
+    def separate(self) -> list:
+        return [witness(self.df.filter(cond), inv, key, *cols) for inv, cond, key, cols in self.rules]
+
+
+def _freeze(df, cached: list):
+    """Materialise and cut the lineage: later plans start from here (Catalyst re-analyses whole plans on every
+    step, which costs seconds on these deep ones)."""
+    frozen = df.localCheckpoint(eager=True)
+    cached.append(frozen)
+    return frozen
+
+
+def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], topics: dict[str, list[str]]):
+    """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    cached: list = []
+    runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
+    runs_b, clients_b, match_b = F.broadcast(runs_df), F.broadcast(clients_df), F.broadcast(match_df)
+    pub = _freeze(publishes(events), cached)
+    slots = _freeze(delivery_slots(events, clients_df).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
+                    cached)
+    dsm = _freeze(deliveries_per_message(slots.drop("t_origin", "tol_us")), cached)
+    qos_pos = F.coalesce("qos", F.lit(0)) > 0
+    tol = F.col("tol_us")
+
+    # Per delivery: the packet-id slot rules.
+    slot_rules = Rules(slots)
+    rel = F.col("t") - F.col("t_origin")
+    ident = ["client", "publisher", "pub_seq", "packet_id", "dup", "qos", "t", "seq", "node", "t_origin"]
+    invalid = qos_pos & (F.col("packet_id").isNull() | (F.col("packet_id") <= 0) | (F.col("packet_id") > 65535))
+    slot_rules.add("order.packet_id_invalid", invalid, rel, *ident)
+    slot_rules.add("order.packet_id_reused", F.col("reused"), rel, *ident, "prev_publisher", "prev_pub_seq", "prev_t")
+    slot_rules.add("order.dup_flag", F.col("resend") & ~F.coalesce("dup", F.lit(False)), rel, *ident,
+                   F.lit("resend without DUP").alias("problem"))
+
+    # Per (subscriber, message), with the publish it claims to be and its place in the stream.
+    dp = (dsm.join(pub, ["run_id", "publisher", "pub_seq"], "left").join(runs_b, "run_id")
+          .join(match_b, ["run_id", "topic"], "left")
+          .join(clients_b.select("run_id", "client", "disconnects"), ["run_id", "client"], "left"))
+    stream = Window.partitionBy("run_id", "client", "publisher", "first.topic").orderBy("first.seq").rowsBetween(
+        Window.unboundedPreceding, -1)
+    prev_max = F.max(F.struct(F.col("pub_seq"), F.col("first.packet_id").alias("packet_id"),
+                              F.col("first.conn").alias("conn"), F.col("first.t").alias("t"))).over(stream)
+    deadline = F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
+    phantom_reason = (F.when(F.col("publisher").isNull() | F.col("pub_seq").isNull(), F.lit("payload identity unreadable"))
+                      .when(F.col("n_invoke").isNull() | (F.col("n_invoke") == 0), F.lit("never published"))
+                      .when((F.col("min_hash") != F.col("pub_hash")) | (F.col("max_hash") != F.col("pub_hash")),
+                            F.lit("body hash differs from the published one")))
+    dp = _freeze(dp.select("*", prev_max.alias("prev_max"), phantom_reason.alias("phantom_reason"),
+                           deadline.alias("deadline")), cached)
+    t_first = F.col("first.t")
+    rel_first = t_first - F.col("t_origin")
+    base = ["client", "publisher", "pub_seq", F.col("first.t").alias("t"), F.col("first.packet_id").alias("packet_id"),
+            F.col("first.node").alias("node"), "t_invoke", "t_ack", "t_origin", "topic"]
+    real = F.col("phantom_reason").isNull()
+    msg_rules = Rules(dp)
+    msg_rules.add("order.dup_flag", F.coalesce(F.col("first.dup"), F.lit(False)) & qos_pos, rel_first, *base,
+                  F.lit("DUP on a first delivery").alias("problem"))
+    msg_rules.add("durability.phantom", ~real, rel_first, *base, "phantom_reason", "min_hash", "max_hash", "pub_hash")
+    msg_rules.add("durability.delivered_after_failed_publish", real & F.col("t_fail").isNotNull() & F.col("t_ack").isNull(),
+                  rel_first, *base, "t_fail")
+    subscribed = F.exists(F.coalesce("subs", F.array()), lambda x: (x["client"] == F.col("client"))
+                          & (x["t_from"] <= t_first + tol) & (x["t_to"].isNull() | (x["t_to"] >= F.col("t_invoke") - tol)))
+    msg_rules.add("durability.unsubscribed_delivery", real & ~subscribed, rel_first, *base)
+    msg_rules.add("expiry.delivered_expired", real & (F.col("t_last") > F.col("deadline") + tol),
+                  F.col("t_last") - F.col("t_origin"), *base, "t_last", "expiry_s", "deadline", "tol_us")
+    # Remaining expiry is whole seconds (rounding may add up to 1 s): t + remaining must not pass the deadline.
+    not_reduced = F.col("expiry_s").isNotNull() & (F.col("implied_deadline") > F.col("deadline") + tol + 1_000_000)
+    msg_rules.add("expiry.remaining_not_reduced", real & not_reduced, rel_first, *base, "expiry_s", "implied_deadline",
+                  "deadline")
+    # Redelivered after the subscriber acked; legal only if the connection died within the tolerance after
+    # the ack (the PUBACK may never have left the socket).
+    ack_maybe_lost = F.exists(F.coalesce("disconnects", F.array()),
+                              lambda d: (d["seq"] > F.col("first_ack_seq")) & (d["seq"] < F.col("redelivery.seq"))
+                              & (d["t"] - F.col("first_ack_t") < tol))
+    redelivered = real & (F.col("n_after_ack") > 0) & ~ack_maybe_lost
+    dup_cols = [*base, "first_ack_t", F.col("redelivery.t").alias("t_redelivery"),
+                F.col("redelivery.packet_id").alias("redelivery_packet_id"), "n_after_ack"]
+    t_re = F.col("redelivery.t") - F.col("t_origin")
+    msg_rules.add("duplicates.redelivered_after_ack", redelivered & (F.coalesce("qos", F.lit(0)) < 2), t_re, *dup_cols)
+    msg_rules.add("duplicates.qos2", redelivered & (F.col("qos") == 2), t_re, *dup_cols)
+    msg_rules.add("liveness.stuck_inflight", real & (F.col("any_unacked") == 1) & F.col("first_ack_seq").isNull(),
+                  rel_first, *base)
+    # Order: first deliveries of each (subscriber, publisher, topic) stream by pub_seq.
+    msg_rules.add("order.out_of_order", F.col("pub_seq") < F.col("prev_max.pub_seq"), rel_first, *base,
+                  F.col("prev_max.pub_seq").alias("after_pub_seq"), F.col("prev_max.t").alias("after_t"),
+                  F.col("prev_max.packet_id").alias("after_packet_id"),
+                  (F.col("first.packet_id") < F.col("prev_max.packet_id")).alias("across_wrap"),
+                  (F.col("first.conn") != F.col("prev_max.conn")).alias("across_reconnect"),
+                  F.exists("fault_times", lambda x: (x >= F.col("prev_max.t")) & (x <= t_first)).alias("across_failover"))
+
+    cand = _freeze(owed_candidates(pub, dsm, runs_b, clients_b, match_b), cached)
+    lost = cand.filter(F.col("owed") & ~F.col("delivered"))
+    loss_cols = ["client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "t_origin", "expiry_s", "in_backlog",
+                 F.col("k.d").alias("t_offline"), F.col("k.c").alias("t_reconnect"), "rank", "n_backlog", "limit",
+                 "prev_delivered", "next_delivered", "position", "pub_node"]
+    lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
+                         (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
+                         F.to_json(F.struct(*loss_cols)).alias("witness"))
+    # Black box: more of one backlog delivered after the reconnect than the limit allows.
+    over = cand.filter(F.col("in_backlog") & (F.col("rank") == 1))
+    over_rules = Rules(over)
+    over_rules.add("limits.over_limit", F.col("n_backlog_delivered") > F.col("limit"), F.col("k.c") - F.col("t_origin"),
+                   "client", F.col("k.c").alias("t"), F.col("k.d").alias("t_offline"),
+                   F.col("n_backlog_delivered").alias("kept"), "limit", "n_backlog", "t_origin",
+                   F.lit("black box: delivered after reconnect").alias("source"))
+
+    groups = [slot_rules, msg_rules, over_rules]
+    violations = reduce(lambda a, b: a.unionByName(b), [g.combined() for g in groups] + [lost_w])
+    parts = [p for g in groups for p in g.separate()] + [lost_w]
+    metrics = _metrics(pub, slots, dp, cand, lost, runs_b)
+    return violations, metrics, cached, parts
+
+
+def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
+    """Every (subscriber, message) the broker owed or might have legally dropped, and why."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    seen = dsm.select("run_id", "publisher", "pub_seq").distinct().withColumn("seen", F.lit(True))
+    eligible = (pub.filter((F.col("n_invoke") > 0) & (F.coalesce("pub_qos", F.lit(0)) > 0))
+                .join(seen, ["run_id", "publisher", "pub_seq"], "left")
+                .filter(F.col("t_ack").isNotNull() | (F.col("t_indet").isNotNull() & F.col("seen").isNotNull())))
+    held = lambda x: (x["persistent"] & (x["granted"] > 0) & (x["t_from"] < F.col("t_invoke"))  # noqa: E731
+                      & (x["t_to"].isNull() | (F.col("t_invoke") < x["t_to"])))
+    cand = (eligible.join(match_b, ["run_id", "topic"])
+            .select("*", F.explode(F.array_distinct(F.transform(F.filter("subs", held), lambda x: x["client"])))
+                    .alias("client")).drop("subs", "seen"))
+    cand = cand.join(runs_b, "run_id").join(clients_b.select("run_id", "client", "offline"), ["run_id", "client"], "left")
+    got = dsm.select("run_id", "client", "publisher", "pub_seq", F.col("first.t").alias("t_first_delivery"),
+                     "first_ack_t")
+    cand = cand.join(got, ["run_id", "client", "publisher", "pub_seq"], "left")
+    t_arr = F.coalesce("t_ack", "t_invoke")
+    k = F.element_at(F.filter(F.coalesce("offline", F.array()), lambda i: i["c"] > t_arr), 1)
+    cand = cand.select("*", t_arr.alias("t_arr"), k.alias("k"),
+                       F.col("t_first_delivery").isNotNull().alias("delivered"))
+    # In the backlog of offline window k: published while offline, or earlier but not acked before it began.
+    in_backlog = F.col("k").isNotNull() & ((F.col("t_arr") >= F.col("k.d")) | F.col("first_ack_t").isNull()
+                                           | (F.col("first_ack_t") > F.col("k.d")))
+    cand = cand.select("*", in_backlog.alias("in_backlog"))
+    deadline = F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
+    opportunity = F.when(F.col("in_backlog"), F.col("k.c")).otherwise(F.col("t_arr"))
+    cand = cand.select("*", (deadline < opportunity + F.col("tol_us")).alias("expired_legally"),
+                       (F.col("in_backlog") & (F.col("k.c") >= NEVER)).alias("undeliverable"),
+                       F.when(F.col("in_backlog"), F.col("k.idx")).otherwise(F.lit(-1)).alias("backlog"))
+    # Why rank newest-first: while offline the broker keeps only the newest `limit` of the backlog.
+    queue = Window.partitionBy("run_id", "client", "backlog").orderBy(
+        F.col("t_arr").desc(), F.col("publisher").desc(), F.col("pub_seq").desc())
+    whole = Window.partitionBy("run_id", "client", "backlog")
+    cand = cand.select("*", F.row_number().over(queue).alias("rank"))
+    trimmed = F.col("in_backlog") & (F.col("rank") > F.col("limit"))
+    cand = cand.select("*", trimmed.alias("legally_trimmed"))
+    cand = cand.select(
+        "*", F.count(F.lit(1)).over(whole).alias("n_backlog"),
+        F.sum(F.col("delivered").cast("int")).over(whole).alias("n_backlog_delivered"),
+        F.max(F.when(F.col("delivered") & ~F.col("legally_trimmed"), F.col("rank"))).over(whole).alias(
+            "max_rank_delivered_kept"),
+        F.max((F.col("delivered") & F.col("legally_trimmed")).cast("int")).over(whole).alias("trimmed_delivered"),
+        (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
+    before = Window.partitionBy("run_id", "client", "publisher").orderBy("pub_seq").rowsBetween(
+        Window.unboundedPreceding, -1)
+    after = Window.partitionBy("run_id", "client", "publisher").orderBy("pub_seq").rowsBetween(
+        1, Window.unboundedFollowing)
+    delivered_seq = F.when(F.col("delivered"), F.col("pub_seq"))
+    cand = cand.select("*", F.last(delivered_seq, ignorenulls=True).over(before).alias("prev_delivered"),
+                       F.first(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"))
+    in_b = F.col("in_backlog")
+    cause = (F.when(in_b & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
+                    F.lit("limits.trim_not_oldest"))
+             .when(in_b & (F.col("n_backlog") >= F.col("limit")) & (F.col("trimmed_delivered") == 0)
+                   & (F.col("max_rank_delivered_kept").isNull() | (F.col("rank") > F.col("max_rank_delivered_kept"))),
+                   F.lit("limits.trimmed_under_limit"))
+             .when(in_b & F.col("expiry_s").isNotNull(), F.lit("expiry.dropped_early"))
+             .otherwise(F.lit("durability.lost")))
+    position = (F.when(F.col("prev_delivered").isNull() & F.col("next_delivered").isNull(), F.lit("whole"))
+                .when(F.col("prev_delivered").isNull(), F.lit("prefix"))
+                .when(F.col("next_delivered").isNull(), F.lit("suffix")).otherwise(F.lit("middle")))
+    return cand.select("*", cause.alias("cause"), position.alias("position"))
+
+
+def _metrics(pub, slots, dp, cand, lost, runs_b):
+    """Small metric rows: (run_id, metric, key, value) — counts, per-bucket series, loss breakdown."""
+    from pyspark.sql import functions as F
+
+    def bucket(col):
+        return ((col - F.col("t_origin")) / F.col("bucket_us")).cast("long")
+
+    parts = []
+    p = pub.join(runs_b, "run_id")
+    parts.append(p.groupBy("run_id").agg(
+        F.count(F.lit(1)).alias("published"), F.count("t_ack").alias("acked"),
+        F.sum((F.col("t_fail").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("failed"),
+        F.sum((F.col("t_indet").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("indeterminate"),
+    ).select("run_id", F.explode(F.map_from_arrays(
+        F.array(*[F.lit(x) for x in ("published", "acked", "failed", "indeterminate")]),
+        F.array("published", "acked", "failed", "indeterminate"))).alias("key", "value"))
+        .select("run_id", F.lit("count").alias("metric"), "key", F.col("value").cast("double").alias("value")))
+    parts.append(p.filter(F.col("t_ack").isNotNull()).groupBy("run_id", bucket(F.col("t_ack")).alias("b"))
+                 .count().select("run_id", F.lit("acked_per_bucket").alias("metric"),
+                                 F.col("b").cast("string").alias("key"), F.col("count").cast("double").alias("value")))
+    d = dp
+    parts.append(d.groupBy("run_id").agg(
+        F.count(F.lit(1)).alias("delivered_messages"), F.sum("n_deliveries").alias("deliveries"),
+        F.sum("n_resends").alias("inflight_resends"), F.sum("n_after_ack").alias("redeliveries_after_ack"),
+    ).select("run_id", F.explode(F.map_from_arrays(
+        F.array(*[F.lit(x) for x in ("delivered_messages", "deliveries", "inflight_resends", "redeliveries_after_ack")]),
+        F.array("delivered_messages", "deliveries", "inflight_resends", "redeliveries_after_ack"))).alias("key", "value"))
+        .select("run_id", F.lit("count").alias("metric"), "key", F.col("value").cast("double").alias("value")))
+    db = d.withColumn("b", bucket(F.col("first.t"))).withColumn("latency_ms", (F.col("first.t") - F.col("t_invoke")) / 1000)
+    parts.append(db.groupBy("run_id", "b").agg(F.count(F.lit(1)).alias("n")).select(
+        "run_id", F.lit("delivered_per_bucket").alias("metric"), F.col("b").cast("string").alias("key"),
+        F.col("n").cast("double").alias("value")))
+    lat = db.filter(F.col("latency_ms").isNotNull()).groupBy("run_id", "b").agg(
+        F.percentile_approx("latency_ms", 0.5).alias("p50"), F.percentile_approx("latency_ms", 0.99).alias("p99"))
+    for name in ("p50", "p99"):
+        parts.append(lat.select("run_id", F.lit(f"latency_{name}_ms").alias("metric"),
+                                F.col("b").cast("string").alias("key"), F.col(name).cast("double").alias("value")))
+    owed = cand.filter(F.col("owed"))
+    parts.append(owed.groupBy("run_id").agg(F.count(F.lit(1)).alias("v")).select(
+        "run_id", F.lit("count").alias("metric"), F.lit("owed").alias("key"), F.col("v").cast("double").alias("value")))
+    for flag in ("legally_trimmed", "expired_legally", "undeliverable"):
+        parts.append(cand.filter(F.col(flag)).groupBy("run_id").count().select(
+            "run_id", F.lit("count").alias("metric"), F.lit(flag).alias("key"),
+            F.col("count").cast("double").alias("value")))
+    changes = owed.select("run_id", "t_origin", "bucket_us", F.col("t_invoke").alias("t"), F.lit(1).alias("delta")).unionByName(
+        owed.filter(F.col("delivered")).select("run_id", "t_origin", "bucket_us", F.col("t_first_delivery").alias("t"),
+                                               F.lit(-1).alias("delta")))
+    parts.append(changes.groupBy("run_id", bucket(F.col("t")).alias("b")).agg(F.sum("delta").alias("v")).select(
+        "run_id", F.lit("unseen_delta_per_bucket").alias("metric"), F.col("b").cast("string").alias("key"),
+        F.col("v").cast("double").alias("value")))
+    parts.append(lost.groupBy("run_id", "cause", "position").count().select(
+        "run_id", F.lit("loss_position").alias("metric"), F.concat_ws("|", "cause", "position").alias("key"),
+        F.col("count").cast("double").alias("value")))
+    last_pid = slots.filter(F.col("packet_id").isNotNull()).groupBy("run_id", "client").agg(
+        F.max_by("packet_id", "seq").alias("pid"))
+    parts.append(last_pid.select("run_id", F.lit("last_packet_id").alias("metric"), F.col("client").alias("key"),
+                                 F.col("pid").cast("double").alias("value")))
+    return reduce(lambda a, b: a.unionByName(b), parts)
+
+
+def collect_violations(violations):
+    """(counts per (run, invariant), witnesses: the earliest few per (run, invariant))."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy("run_id", "invariant").orderBy("sort_key", "witness")
+    cap = F.when(F.col("invariant").isin(*LOSS_INVARIANTS), F.lit(LOSS_ROWS_CAP)).otherwise(F.lit(WITNESS_CAP))
+    ranked = violations.withColumn("rn", F.row_number().over(w)).withColumn(
+        "total", F.count(F.lit(1)).over(Window.partitionBy("run_id", "invariant")))
+    rows = ranked.filter(F.col("rn") <= cap).collect()
+    counts: dict[tuple[str, str], int] = {}
+    witnesses: dict[tuple[str, str], list[str]] = {}
+    for row in rows:
+        key = (row["run_id"], row["invariant"])
+        counts[key] = row["total"]
+        witnesses.setdefault(key, []).append((row["sort_key"], row["witness"]))
+    return counts, {k: [w for _, w in sorted(v)] for k, v in witnesses.items()}

@@ -1,0 +1,33 @@
+"""The Spark session the checkers run on: local[2] by default, any master when asked."""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_MASTER = "local[2]"
+
+
+def spark_session(master: str | None = None, app_name: str = "ordeal-checkers"):
+    """Get (or create) the Spark session.  ``master``: ``--spark-master``, else $ORDEAL_SPARK_MASTER, else
+    local[2].  An existing session is reused as is (cold start costs 7-11 s)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None:
+        return active
+    chosen = master or os.environ.get("ORDEAL_SPARK_MASTER") or DEFAULT_MASTER
+    builder = (
+        SparkSession.builder.master(chosen)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", os.environ.get("ORDEAL_SPARK_DRIVER_MEMORY", "3g"))
+        .config("spark.sql.shuffle.partitions", os.environ.get("ORDEAL_SPARK_SHUFFLE_PARTITIONS", "8"))
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.sql.ansi.enabled", "false")  # out-of-range array lookups give null, not an error
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.extraJavaOptions", "-XX:+UseParallelGC")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,416 @@
+"""Synthetic histories in the exact history schema, clean or with planted anomalies at known places.
+
+Pure Python + pyarrow (no Spark): a tiny deterministic model of a correct broker with persistent sessions
+(P2P pairs: ``pub-i`` → ``europe/ua/kyiv/i/0`` → ``sub-i`` on ``europe/ua/kyiv/i/+``, optionally one
+``sub-all`` watching ``europe/ua/kyiv/#``), offline windows with backlog, trimming to the limit, message
+expiry, packet ids that wrap 65535 → 1, faults with evidence, the drain and white-box snapshots.
+Mutations (``drop_delivery``, ``swap_deliveries``, ...) then plant exactly one anomaly.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.history_schema import EVENT_SCHEMA, MANIFEST_NAME, SCHEMA_VERSION, Kind, Phase
+
+Row = dict[str, Any]
+T0_US = 1_000_000
+START_WALL_US = 1_790_000_000_000_000
+
+
+@dataclass(frozen=True)
+class Offline:
+    """Subscriber ``sub-<subscriber>`` is offline while message slots [from_slot, to_slot) are published."""
+
+    subscriber: int
+    from_slot: int
+    to_slot: int
+
+
+@dataclass(frozen=True)
+class Fault:
+    fault_id: str
+    kind: str  # e.g. "kill"
+    node: str  # e.g. "redis-7003"
+    start_slot: int
+    heal_slot: int
+    bit: bool | None = True  # None: no evidence row at all
+    error: bool = False  # a fault_error row instead of evidence
+
+
+@dataclass(frozen=True)
+class Spec:
+    pairs: int = 2
+    messages: int = 20  # per publisher; slots 1..messages
+    interval_us: int = 100_000
+    latency_us: int = 5_000
+    qos: int = 1
+    protocol: int = 4
+    expiry_s: int | None = None  # MQTT 5 message expiry on every publish
+    offline: tuple[Offline, ...] = ()
+    first_packet_id: int = 1
+    limit: int = 10000
+    ttl_s: int = 604800
+    tolerance_ms: int = 200
+    allowed: tuple[str, ...] = ()
+    target_kind: str = "reference"
+    faults: tuple[Fault, ...] = ()
+    watcher: bool = False  # add sub-all on europe/ua/kyiv/# (always online)
+    trim_mode: str = "oldest"  # oldest (correct) | none (over limit) | one_extra | newest
+    indeterminate: tuple[tuple[int, int], ...] = ()  # (publisher index, pub_seq) with no ack
+    scenario_name: str = "synthetic"
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def scenario(self) -> dict[str, Any]:
+        return {
+            "name": self.scenario_name,
+            "broker": {"persisted_messages_limit": self.limit, "persisted_message_ttl_s": self.ttl_s},
+            "checks": {"clock_tolerance_ms": self.tolerance_ms, "allowed": list(self.allowed)},
+            "target": {"kind": self.target_kind},
+        }
+
+
+def body_hash(publisher: str, pub_seq: int) -> str:
+    return hashlib.blake2b(f"{publisher}:{pub_seq}".encode(), digest_size=8).hexdigest()
+
+
+def next_packet_id(packet_id: int) -> int:
+    return packet_id % 65535 + 1  # 65535 -> 1, never 0
+
+
+def slot_time(spec: Spec, slot: int) -> int:
+    return T0_US + (slot - 1) * spec.interval_us
+
+
+def generate(spec: Spec) -> list[Row]:
+    """The rows of a correct run of ``spec``, sorted by time (seq is assigned when written)."""
+    rows: list[Row] = []
+    session_expiry = 3600 if spec.protocol == 5 else None
+
+    def add(t: int, kind: str, **fields: Any) -> Row:
+        row = {"t_mono_us": t, "kind": kind, **fields}
+        rows.append(row)
+        return row
+
+    add(0, Kind.PHASE, detail=json.dumps({"phase": Phase.RUN_START}))
+    subscribers = [(f"sub-{i}", f"europe/ua/kyiv/{i}/+") for i in range(spec.pairs)]
+    if spec.watcher:
+        subscribers.append(("sub-all", "europe/ua/kyiv/#"))
+    for i in range(spec.pairs):
+        add(T0_US - 60_000, Kind.CONNECT, client=f"pub-{i}", node="broker-1", protocol=spec.protocol,
+            clean_start=True, session_present=False, reason_code=0, session_expiry_s=0 if spec.protocol == 5 else None)
+    for name, topic_filter in subscribers:
+        add(T0_US - 50_000, Kind.CONNECT, client=name, node="broker-1", protocol=spec.protocol, clean_start=False,
+            session_present=False, reason_code=0, session_expiry_s=session_expiry)
+        add(T0_US - 40_000, Kind.SUBSCRIBE_ACK, client=name, node="broker-1", protocol=spec.protocol,
+            topic=topic_filter, qos=spec.qos)
+    add(T0_US - 1, Kind.PHASE, detail=json.dumps({"phase": Phase.WORKLOAD_START}))
+
+    # Publishes: invoke, then an ack 2 ms later (or an indeterminate outcome).
+    arrivals: list[tuple[int, int, str, int, str, int | None]] = []  # (t_arrival, t_invoke, publisher, seq, topic, expiry)
+    indeterminate = set(spec.indeterminate)
+    for seq in range(1, spec.messages + 1):
+        for i in range(spec.pairs):
+            publisher, topic = f"pub-{i}", f"europe/ua/kyiv/{i}/0"
+            t = slot_time(spec, seq) + i * 1000
+            add(t, Kind.PUBLISH_INVOKE, client=publisher, node="broker-1", protocol=spec.protocol, topic=topic,
+                qos=spec.qos, packet_id=(seq - 1) % 65535 + 1, payload_size=62, expiry_s=spec.expiry_s,
+                publisher=publisher, pub_seq=seq, send_wall_us=START_WALL_US + t, body_hash=body_hash(publisher, seq),
+                dup=False, retain=False)
+            outcome = Kind.PUBLISH_INDETERMINATE if (i, seq) in indeterminate else Kind.PUBLISH_ACK
+            add(t + 2000, outcome, client=publisher, node="broker-1", protocol=spec.protocol, topic=topic, qos=spec.qos,
+                packet_id=(seq - 1) % 65535 + 1, publisher=publisher, pub_seq=seq, reason_code=0)
+            arrivals.append((t + 2000, t, publisher, seq, topic, spec.expiry_s))
+    last_publish = slot_time(spec, spec.messages) + spec.pairs * 1000
+    add(last_publish + 10_000, Kind.PHASE, detail=json.dumps({"phase": Phase.WORKLOAD_END}))
+
+    for fault in spec.faults:
+        start, heal = slot_time(spec, fault.start_slot) + spec.interval_us // 3, slot_time(spec, fault.heal_slot)
+        add(start, Kind.FAULT_START, fault_id=fault.fault_id, fault_kind=fault.kind, node=fault.node,
+            detail=json.dumps({"node": fault.node}))
+        add(start + 1, Kind.NODE_EVENT, node=fault.node, detail=json.dumps({"action": fault.kind}))
+        if fault.error:
+            add(start + 2, Kind.FAULT_ERROR, fault_id=fault.fault_id, fault_kind=fault.kind, node=fault.node,
+                detail=json.dumps({"error": "could not apply"}))
+        elif fault.bit is not None:
+            add(start + 2, Kind.FAULT_EVIDENCE, fault_id=fault.fault_id, fault_kind=fault.kind, node=fault.node,
+                bit=fault.bit, detail=json.dumps({"evidence": "process dead" if fault.bit else "still alive"}))
+        add(heal, Kind.FAULT_HEAL, fault_id=fault.fault_id, fault_kind=fault.kind, node=fault.node)
+        add(heal + 1, Kind.NODE_EVENT, node=fault.node, detail=json.dumps({"action": "restart"}))
+
+    last_delivery = last_publish
+    last_packet_ids: dict[str, int] = {}
+    for index, (name, topic_filter) in enumerate(subscribers):
+        windows = [w for w in spec.offline if w.subscriber == index]
+        matching = sorted(a for a in arrivals if _matches(topic_filter, a[4]))
+        packet_id = spec.first_packet_id
+        pending: list[tuple] = []
+        busy_until = 0
+        packet_ids_used = 0
+
+        def deliver(t: int, arrival: tuple, dup: bool = False) -> int:
+            nonlocal packet_id, packet_ids_used
+            _, t_invoke, publisher, seq, topic, expiry = arrival
+            remaining = None
+            if spec.protocol == 5 and expiry is not None:
+                remaining = expiry - (t - t_invoke) // 1_000_000
+            add(t, Kind.DELIVERY, client=name, node="broker-1", protocol=spec.protocol, topic=topic, qos=spec.qos,
+                packet_id=packet_id if spec.qos > 0 else None, dup=dup, retain=False, payload_size=62,
+                remaining_expiry_s=remaining, publisher=publisher, pub_seq=seq, send_wall_us=START_WALL_US + t_invoke,
+                body_hash=body_hash(publisher, seq))
+            if spec.qos > 0:
+                add(t + 300, Kind.DELIVERY_ACK_SENT, client=name, node="broker-1", protocol=spec.protocol,
+                    packet_id=packet_id, qos=spec.qos)
+                last_packet_ids[name] = packet_id
+                packet_id = next_packet_id(packet_id)
+                packet_ids_used += 1
+            return t
+
+        def expired(arrival: tuple, at: int) -> bool:
+            expiry = arrival[5] if arrival[5] is not None else spec.ttl_s
+            return arrival[1] + expiry * 1_000_000 <= at
+
+        events = sorted([(a[0], 1, a) for a in matching]
+                        + [(slot_time(spec, w.from_slot) - spec.interval_us // 4, 0, ("off", w)) for w in windows]
+                        + [(slot_time(spec, w.to_slot) - spec.interval_us // 4, 0, ("on", w)) for w in windows],
+                        key=lambda e: (e[0], e[1]))
+        online = True
+        for t, _, item in events:
+            if item[0] == "off":
+                add(t, Kind.DISCONNECT, client=name, node="broker-1", protocol=spec.protocol, initiator="harness",
+                    abrupt=True)
+                online = False
+            elif item[0] == "on":
+                add(t, Kind.CONNECT, client=name, node="broker-1", protocol=spec.protocol, clean_start=False,
+                    session_present=True, reason_code=0, session_expiry_s=session_expiry)
+                online = True
+                backlog = [a for a in pending if not expired(a, t)]
+                backlog = _trim(backlog, spec.limit, spec.trim_mode)
+                pending = []
+                # Why: the backlog is redelivered in queue order before any live message may overtake it.
+                busy_until = t + 2000
+                for arrival in backlog:
+                    busy_until = deliver(busy_until, arrival) + 50
+            elif online:
+                t_delivery = max(t + spec.latency_us, busy_until)
+                if not expired(item, t_delivery):
+                    busy_until = deliver(t_delivery, item) + 50
+            else:
+                pending.append(item)
+        last_delivery = max(last_delivery, busy_until)
+        last_packet_ids.setdefault(name, (spec.first_packet_id - 2) % 65535 + 1 if packet_ids_used == 0 else packet_id)
+
+    drain_start = last_publish + 100_000
+    add(drain_start, Kind.PHASE, detail=json.dumps({"phase": Phase.HEAL_ALL}))
+    add(drain_start + 1, Kind.PHASE, detail=json.dumps({"phase": Phase.DRAIN_START}))
+    drain_end = max(drain_start, last_delivery) + 1_000_000
+    add(drain_end, Kind.PHASE, detail=json.dumps({"phase": Phase.DRAIN_END, "reason": "quiet"}))
+    if spec.target_kind == "reference":
+        for name, _ in subscribers:
+            add(drain_end + 10, Kind.SESSION_SNAPSHOT, client=name, node="redis-7001", zset_size=0,
+                last_packet_id=last_packet_ids[name], orphan_payloads=0, dangling_refs=0, detail=json.dumps({}))
+    add(drain_end + 100, Kind.PHASE, detail=json.dumps({"phase": Phase.SNAPSHOT_DONE}))
+    add(drain_end + 200, Kind.PHASE, detail=json.dumps({"phase": Phase.RUN_END}))
+    return sort_rows(rows)
+
+
+def _matches(topic_filter: str, topic: str) -> bool:
+    from spark_checkers.topics import filter_matches
+
+    return filter_matches(topic_filter, topic)
+
+
+def _trim(backlog: list[tuple], limit: int, mode: str) -> list[tuple]:
+    """Which of the backlog (oldest first) the broker keeps, per ``Spec.trim_mode``."""
+    if len(backlog) <= limit or mode == "none":
+        return backlog
+    if mode == "oldest":
+        return backlog[-limit:]
+    if mode == "one_extra":
+        return backlog[-(limit - 1):]
+    if mode == "newest":
+        excess = len(backlog) - limit
+        return backlog[:-excess]
+    raise ValueError(f"Spec.trim_mode must be oldest|none|one_extra|newest, got {mode!r}")
+
+
+def sort_rows(rows: Iterable[Row]) -> list[Row]:
+    """Stable sort by monotonic time: the recorder's order."""
+    return sorted(rows, key=lambda row: row["t_mono_us"])
+
+
+# --- Writing ---------------------------------------------------------------------------------------------
+
+
+def write_run(run_dir: Path, rows: list[Row], spec: Spec, *, complete: bool = True, parts: int = 2,
+              schema_version: int = SCHEMA_VERSION, end_reason: str = "drained") -> Path:
+    """Write ``rows`` as a run directory: history/ (manifest + parts), scenario.json, plan.json."""
+    run_dir = Path(run_dir)
+    history_dir = run_dir / "history"
+    history_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "scenario.json").write_text(json.dumps(spec.scenario(), indent=2))
+    (run_dir / "plan.json").write_text(json.dumps({"synthetic": True, "seed": spec.seed}))
+    ordered = sort_rows(rows)
+    records = []
+    for seq, row in enumerate(ordered):
+        record = dict(row)
+        record["seq"] = seq
+        record["t_wall_us"] = START_WALL_US + row["t_mono_us"]
+        records.append(record)
+    schema = EVENT_SCHEMA.with_metadata({b"ordeal.history.schema_version": str(schema_version).encode()})
+    table = pa.Table.from_pylist(records, schema=schema)
+    names = []
+    chunk = max(1, -(-len(records) // parts))
+    for index in range(parts):
+        part = table.slice(index * chunk, chunk)
+        if part.num_rows == 0 and index > 0:
+            break
+        name = f"events-{index:05d}.parquet"
+        pq.write_table(part, history_dir / name)
+        names.append(name)
+    manifest = {"schema_version": schema_version, "complete": complete, "parts": names, "rows": len(records),
+                "end_reason": end_reason, "scenario": spec.scenario_name, "seed": spec.seed,
+                "started_wall_us": START_WALL_US}
+    (history_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+    return run_dir
+
+
+def write_spec(run_dir: Path, spec: Spec, **kwargs: Any) -> Path:
+    return write_run(run_dir, generate(spec), spec, **kwargs)
+
+
+# --- Mutations: each plants exactly one anomaly and returns new rows -----------------------------------------
+
+
+def _copy(rows: list[Row]) -> list[Row]:
+    return copy.deepcopy(rows)
+
+
+def deliveries(rows: list[Row], client: str | None = None) -> list[Row]:
+    return [r for r in rows if r["kind"] == Kind.DELIVERY and (client is None or r.get("client") == client)]
+
+
+def find_delivery(rows: list[Row], client: str, publisher: str, pub_seq: int, nth: int = 0) -> Row:
+    found = [r for r in deliveries(rows, client) if r.get("publisher") == publisher and r.get("pub_seq") == pub_seq]
+    if len(found) <= nth:
+        raise LookupError(f"no delivery #{nth} of {publisher}#{pub_seq} to {client}")
+    return found[nth]
+
+
+def _ack_after(rows: list[Row], delivery: Row) -> Row | None:
+    for row in rows:
+        if (row["kind"] == Kind.DELIVERY_ACK_SENT and row.get("client") == delivery["client"]
+                and row.get("packet_id") == delivery.get("packet_id") and row["t_mono_us"] >= delivery["t_mono_us"]):
+            return row
+    return None
+
+
+def drop_delivery(rows: list[Row], client: str, publisher: str, pub_seq: int) -> list[Row]:
+    """The delivery and its ack vanish: a lost message."""
+    rows = _copy(rows)
+    target = find_delivery(rows, client, publisher, pub_seq)
+    ack = _ack_after(rows, target)
+    return [r for r in rows if r is not target and r is not ack]
+
+
+IDENTITY_FIELDS = ("publisher", "pub_seq", "body_hash", "send_wall_us", "topic", "remaining_expiry_s")
+
+
+def swap_deliveries(rows: list[Row], client: str, publisher: str, seq_a: int, seq_b: int) -> list[Row]:
+    """Two messages arrive in each other's slot (packet ids and times stay): an order inversion."""
+    rows = _copy(rows)
+    a, b = find_delivery(rows, client, publisher, seq_a), find_delivery(rows, client, publisher, seq_b)
+    for name in IDENTITY_FIELDS:
+        a[name], b[name] = b.get(name), a.get(name)
+    return rows
+
+
+def set_delivery_field(rows: list[Row], client: str, publisher: str, pub_seq: int, **fields: Any) -> list[Row]:
+    rows = _copy(rows)
+    find_delivery(rows, client, publisher, pub_seq).update(fields)
+    return rows
+
+
+def move_delivery(rows: list[Row], client: str, publisher: str, pub_seq: int, t_mono_us: int) -> list[Row]:
+    """Deliver at another time (its ack follows 300 µs later)."""
+    rows = _copy(rows)
+    target = find_delivery(rows, client, publisher, pub_seq)
+    ack = _ack_after(rows, target)
+    target["t_mono_us"] = t_mono_us
+    if ack is not None:
+        ack["t_mono_us"] = t_mono_us + 300
+    return sort_rows(rows)
+
+
+def publish_row(rows: list[Row], kind: str, publisher: str, pub_seq: int) -> Row:
+    for row in rows:
+        if row["kind"] == kind and row.get("publisher") == publisher and row.get("pub_seq") == pub_seq:
+            return row
+    raise LookupError(f"no {kind} row for {publisher}#{pub_seq}")
+
+
+def fail_publish(rows: list[Row], publisher: str, pub_seq: int) -> list[Row]:
+    """The publisher was told the publish failed (yet the message may still be delivered)."""
+    rows = _copy(rows)
+    row = publish_row(rows, Kind.PUBLISH_ACK, publisher, pub_seq)
+    row["kind"], row["reason_code"] = Kind.PUBLISH_FAIL, 0x80
+    return rows
+
+
+def add_delivery(rows: list[Row], template: Row, t_mono_us: int, *, ack: bool = True, **fields: Any) -> list[Row]:
+    """Insert a delivery built from ``template`` (another delivery row), optionally acknowledged."""
+    rows = _copy(rows)
+    new = {**copy.deepcopy(template), **fields, "t_mono_us": t_mono_us}
+    rows.append(new)
+    if ack and new.get("qos", 0) > 0:
+        rows.append({"t_mono_us": t_mono_us + 300, "kind": Kind.DELIVERY_ACK_SENT, "client": new["client"],
+                     "node": new.get("node"), "protocol": new.get("protocol"), "packet_id": new["packet_id"],
+                     "qos": new["qos"]})
+    return sort_rows(rows)
+
+
+def resend_before_ack(rows: list[Row], client: str, publisher: str, pub_seq: int, *, dup: bool = True) -> list[Row]:
+    """The first delivery's ack is lost (never sent); the broker resends the same packet id, then it is acked."""
+    rows = _copy(rows)
+    first = find_delivery(rows, client, publisher, pub_seq)
+    ack = _ack_after(rows, first)
+    assert ack is not None, "resend_before_ack needs a QoS > 0 delivery"
+    ack["t_mono_us"] = first["t_mono_us"] + 200  # the ack of the resend
+    resend = {**copy.deepcopy(first), "t_mono_us": first["t_mono_us"] + 100, "dup": dup}
+    rows.append(resend)
+    return sort_rows(rows)
+
+
+def set_connect(rows: list[Row], client: str, nth: int, **fields: Any) -> list[Row]:
+    rows = _copy(rows)
+    connects = [r for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == client]
+    connects[nth].update(fields)
+    return rows
+
+
+def set_snapshot(rows: list[Row], client: str, **fields: Any) -> list[Row]:
+    rows = _copy(rows)
+    for row in rows:
+        if row["kind"] == Kind.SESSION_SNAPSHOT and row.get("client") == client:
+            row.update(fields)
+            return rows
+    raise LookupError(f"no session_snapshot for {client}")
+
+
+def set_phase_detail(rows: list[Row], phase: str, **detail: Any) -> list[Row]:
+    rows = _copy(rows)
+    for row in rows:
+        if row["kind"] == Kind.PHASE and json.loads(row.get("detail") or "{}").get("phase") == phase:
+            row["detail"] = json.dumps({"phase": phase, **detail})
+            return rows
+    raise LookupError(f"no phase row {phase}")

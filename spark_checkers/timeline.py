@@ -1,0 +1,227 @@
+"""The small side of a history, in plain Python: sessions, subscriptions, offline windows, faults, phases
+and snapshots (thousands of rows, collected once), plus the invariants decided from them alone."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.history_schema import Kind, Phase
+from spark_checkers.guarantees import Guarantees
+
+SMALL_KINDS = (
+    Kind.CONNECT, Kind.CONNECT_FAIL, Kind.DISCONNECT, Kind.SUBSCRIBE_ACK, Kind.UNSUBSCRIBE_ACK, Kind.NODE_EVENT,
+    Kind.FAULT_START, Kind.FAULT_HEAL, Kind.FAULT_EVIDENCE, Kind.FAULT_ERROR, Kind.SESSION_SNAPSHOT, Kind.PHASE,
+)
+NEVER = (1 << 62)  # "no end" for intervals, as a long Spark can compare
+
+
+def detail_of(row: dict) -> dict[str, Any]:
+    try:
+        value = json.loads(row.get("detail") or "{}")
+    except json.JSONDecodeError:
+        return {"unparsed": row.get("detail")}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+@dataclass(frozen=True)
+class Subscription:
+    client: str
+    topic_filter: str
+    granted_qos: int
+    t_from: int
+    t_to: int | None
+    persistent: bool
+
+
+@dataclass(frozen=True)
+class FaultSpan:
+    fault_id: str
+    kind: str
+    node: str | None
+    t_start: int
+    t_heal: int | None
+    bit: bool | None  # True if any evidence row says it bit
+    error: str | None
+
+
+@dataclass
+class Timeline:
+    run_id: str
+    subscriptions: list[Subscription] = field(default_factory=list)
+    offline: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)  # client -> [(idx, d, c)]
+    connect_seqs: dict[str, list[int]] = field(default_factory=dict)
+    fresh_seqs: dict[str, list[int]] = field(default_factory=dict)  # connects that start a new session
+    disconnects: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # client -> [(seq, t)]
+    connects: dict[str, list[dict]] = field(default_factory=dict)
+    faults: list[FaultSpan] = field(default_factory=list)
+    node_events: list[dict] = field(default_factory=list)
+    phases: dict[str, dict] = field(default_factory=dict)
+    snapshots: list[dict] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
+    violations: dict[str, list[dict]] = field(default_factory=dict)  # invariant -> witnesses (all of them)
+    unknown: dict[str, str] = field(default_factory=dict)  # invariant -> reason
+    t_first: int = 0
+    t_last: int = 0
+
+    @property
+    def bucket_us(self) -> int:
+        span = max(1, self.t_last - self.t_first)
+        return max(1_000_000, -(-span // 200) // 1_000_000 * 1_000_000)
+
+    def fault_times(self) -> list[int]:
+        times = [f.t_start for f in self.faults] + [e["t_mono_us"] for e in self.node_events]
+        return sorted(times)
+
+
+def is_persistent(row: dict) -> bool:
+    """MQTT 3.1.1 clean session = 0; MQTT 5 session expiry > 0 or clean start = 0 (TBMQ's rule)."""
+    if row.get("clean_start") is False:
+        return True
+    return row.get("protocol") == 5 and (row.get("session_expiry_s") or 0) > 0
+
+
+def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Timeline:
+    rows = sorted(rows, key=lambda r: r["seq"])
+    timeline = Timeline(run_id)
+    if rows:
+        timeline.t_first, timeline.t_last = rows[0]["t_mono_us"], rows[-1]["t_mono_us"]
+    by_client: dict[str, list[dict]] = defaultdict(list)
+    fault_rows: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        kind = row["kind"]
+        if kind in (Kind.CONNECT, Kind.DISCONNECT, Kind.SUBSCRIBE_ACK, Kind.UNSUBSCRIBE_ACK) and row.get("client"):
+            by_client[row["client"]].append(row)
+        elif kind in (Kind.FAULT_START, Kind.FAULT_HEAL, Kind.FAULT_EVIDENCE, Kind.FAULT_ERROR):
+            fault_rows[row.get("fault_id") or f"<no fault_id at seq {row['seq']}>"].append(row)
+        elif kind == Kind.NODE_EVENT:
+            timeline.node_events.append({**row, "action": detail_of(row).get("action")})
+        elif kind == Kind.PHASE:
+            detail = detail_of(row)
+            timeline.phases.setdefault(str(detail.get("phase")), {**detail, "t_mono_us": row["t_mono_us"],
+                                                                  "seq": row["seq"]})
+        elif kind == Kind.SESSION_SNAPSHOT:
+            timeline.snapshots.append(row)
+    for client, client_rows in by_client.items():
+        _sessions(timeline, client, client_rows)
+    for fault_id, frows in fault_rows.items():
+        _fault(timeline, fault_id, frows)
+    _phases(timeline)
+    _snapshots(timeline, guarantees)
+    return timeline
+
+
+def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
+    """Walk one client's lifecycle: sessions, subscriptions and offline windows; spot lost sessions."""
+    open_subs: dict[str, tuple[int, int]] = {}  # filter -> (t_from, granted)
+    persistent = False
+    session_expiry: int | None = None
+    last_disconnect: dict | None = None
+    online = False
+    offline: list[tuple[int, int, int]] = []
+    timeline.connect_seqs[client] = []
+    timeline.fresh_seqs[client] = []
+    timeline.disconnects[client] = []
+    timeline.connects[client] = []
+
+    def close_all(t_end: int) -> None:
+        for topic_filter, (t_from, granted) in open_subs.items():
+            timeline.subscriptions.append(Subscription(client, topic_filter, granted, t_from, t_end, persistent))
+        open_subs.clear()
+
+    for row in rows:
+        kind, t = row["kind"], row["t_mono_us"]
+        if kind == Kind.CONNECT:
+            timeline.connect_seqs[client].append(row["seq"])
+            timeline.connects[client].append(row)
+            if row.get("reason_code") not in (None, 0) and row.get("reason_code", 0) >= 0x80:
+                continue  # refused: no session change
+            if last_disconnect is not None:
+                offline.append((len(offline), last_disconnect["t_mono_us"], t))
+            was_persistent, previous_expiry = persistent, session_expiry
+            expired = (last_disconnect is not None and previous_expiry is not None and previous_expiry >= 0
+                       and row.get("protocol") == 5
+                       and t - last_disconnect["t_mono_us"] > previous_expiry * 1_000_000)
+            if (row.get("clean_start") is False and was_persistent and not expired and last_disconnect is not None
+                    and row.get("session_present") is False):
+                timeline.violations.setdefault("durability.session_lost", []).append({
+                    "client": client, "t": t, "seq": row["seq"], "node": row.get("node"),
+                    "t_disconnect": last_disconnect["t_mono_us"], "session_expiry_s": previous_expiry})
+            if row.get("session_present") is not True:
+                timeline.fresh_seqs[client].append(row["seq"])
+                close_all(t)  # a new session: whatever was subscribed before is gone
+            persistent = is_persistent(row)
+            session_expiry = row.get("session_expiry_s") if row.get("protocol") == 5 else None
+            online, last_disconnect = True, None
+        elif kind == Kind.DISCONNECT:
+            timeline.disconnects[client].append((row["seq"], t))
+            if online:
+                last_disconnect, online = row, False
+                if not persistent:
+                    close_all(t)
+        elif kind == Kind.SUBSCRIBE_ACK and row.get("topic"):
+            granted = row.get("qos")
+            granted = 0 if granted is None or granted >= 0x80 else granted
+            if row["topic"] in open_subs:
+                old_from, _ = open_subs.pop(row["topic"])
+                timeline.subscriptions.append(Subscription(client, row["topic"], _, old_from, t, persistent))
+            if row.get("qos") is None or row.get("qos") < 0x80:
+                open_subs[row["topic"]] = (t, granted)
+        elif kind == Kind.UNSUBSCRIBE_ACK and row.get("topic") in open_subs:
+            t_from, granted = open_subs.pop(row["topic"])
+            timeline.subscriptions.append(Subscription(client, row["topic"], granted, t_from, t, persistent))
+    if last_disconnect is not None:
+        offline.append((len(offline), last_disconnect["t_mono_us"], NEVER))
+    for topic_filter, (t_from, granted) in open_subs.items():
+        timeline.subscriptions.append(Subscription(client, topic_filter, granted, t_from, None, persistent))
+    timeline.offline[client] = offline
+
+
+def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
+    start = next((r for r in rows if r["kind"] == Kind.FAULT_START), None)
+    heal = next((r for r in rows if r["kind"] == Kind.FAULT_HEAL), None)
+    evidence = [r for r in rows if r["kind"] == Kind.FAULT_EVIDENCE]
+    errors = [r for r in rows if r["kind"] == Kind.FAULT_ERROR]
+    first = start or rows[0]
+    bit = True if any(r.get("bit") is True for r in evidence) else (False if evidence else None)
+    span = FaultSpan(fault_id, first.get("fault_kind") or "?", first.get("node"), first["t_mono_us"],
+                     heal["t_mono_us"] if heal else None, bit,
+                     "; ".join(json.dumps(detail_of(r)) for r in errors) or None)
+    timeline.faults.append(span)
+    if span.error:
+        timeline.unknown["meta.fault_bit"] = f"fault {fault_id} ({span.kind} {span.node}) could not be applied: {span.error}"
+    elif bit is not True:
+        timeline.violations.setdefault("meta.fault_bit", []).append({
+            "fault_id": fault_id, "fault_kind": span.kind, "node": span.node, "t": span.t_start,
+            "evidence": "evidence says it did not bite" if bit is False else "no evidence row"})
+
+
+def _phases(timeline: Timeline) -> None:
+    drain_end = timeline.phases.get(Phase.DRAIN_END)
+    if drain_end is None:
+        timeline.incomplete.append("no drain_end phase row: the run never finished draining")
+    elif drain_end.get("reason") == "timeout":
+        timeline.incomplete.append("the drain ended by timeout, not quiet: messages may still have been in flight")
+    elif drain_end.get("reason") != "quiet":
+        timeline.incomplete.append(f"drain_end reason {drain_end.get('reason')!r}, expected 'quiet'")
+
+
+def _snapshots(timeline: Timeline, guarantees: Guarantees) -> None:
+    if not guarantees.white_box:
+        return
+    if not timeline.snapshots:
+        for invariant in ("whitebox.orphan_payloads", "whitebox.dangling_refs", "whitebox.last_packet_id_behind"):
+            timeline.unknown[invariant] = "target.kind is 'reference' but the history has no session_snapshot rows"
+        return
+    for row in timeline.snapshots:
+        base = {"client": row.get("client"), "t": row["t_mono_us"], "node": row.get("node")}
+        if (row.get("orphan_payloads") or 0) > 0:
+            timeline.violations.setdefault("whitebox.orphan_payloads", []).append(
+                {**base, "count": row["orphan_payloads"]})
+        if (row.get("dangling_refs") or 0) > 0:
+            timeline.violations.setdefault("whitebox.dangling_refs", []).append({**base, "count": row["dangling_refs"]})
+        if (row.get("zset_size") or 0) > guarantees.persisted_messages_limit:
+            timeline.violations.setdefault("limits.over_limit", []).append(
+                {**base, "kept": row["zset_size"], "limit": guarantees.persisted_messages_limit, "source": "white box"})

@@ -1,0 +1,61 @@
+"""From counts and witnesses to a verdict per invariant, and from verdicts to the exit code."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from spark_checkers.invariants import Invariant
+
+PASS, FAIL, UNKNOWN, NOT_APPLICABLE = "pass", "fail", "unknown", "not_applicable"
+EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class InvariantResult:
+    id: str
+    title: str
+    verdict: str
+    count: int  # violations found (for reported-only invariants: the reported amount)
+    witnesses: tuple[dict, ...] = ()  # {"text": plain words, "data": the raw witness}
+    reason: str | None = None  # why unknown / not applicable / allowed
+    allowed: bool = False  # violations found but the scenario allows them
+    reported_only: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["witnesses"] = list(self.witnesses)
+        return data
+
+
+def decide(invariant: Invariant, count: int, *, allowed: tuple[str, ...], fatal: tuple[str, ...],
+           incomplete: tuple[str, ...], unknown_reason: str | None, white_box: bool) -> tuple[str, str | None, bool]:
+    """(verdict, reason, allowed) for one invariant.  Unknown is never a pass."""
+    if fatal:
+        return UNKNOWN, "; ".join(fatal), False
+    if invariant.white_box and not white_box:
+        return NOT_APPLICABLE, "black-box target (target.kind = 'external'): no white-box state to inspect", False
+    if unknown_reason:
+        return UNKNOWN, unknown_reason, False
+    if invariant.reported_only:
+        return PASS, "reported, never failing", False
+    if count > 0:
+        if invariant.id in allowed:
+            return PASS, f"{count} violation(s), allowed by the scenario's checks.allowed", True
+        if invariant.needs_complete_history and incomplete:
+            return UNKNOWN, (f"{count} candidate violation(s), but the history is incomplete: "
+                             + "; ".join(incomplete)), False
+        return FAIL, None, False
+    if invariant.needs_complete_history and incomplete:
+        return UNKNOWN, "an absence proves nothing in an incomplete history: " + "; ".join(incomplete), False
+    return PASS, None, False
+
+
+def exit_code(results: list[InvariantResult] | tuple[InvariantResult, ...]) -> int:
+    verdicts = {r.verdict for r in results}
+    if FAIL in verdicts:
+        return EXIT_FAIL
+    if UNKNOWN in verdicts or not results:
+        return EXIT_UNKNOWN
+    return EXIT_PASS

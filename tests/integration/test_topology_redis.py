@@ -78,20 +78,23 @@ def test_cluster_is_ready_by_the_full_definition(topology: LocalTopology) -> Non
 
 
 def test_hash_tagged_evalsha_runs_on_the_slot_owner(topology: LocalTopology) -> None:
+    # the shared session topology also serves other tests' brokers: keys of a client nobody else uses
+    keys = ["{topology-test}_messages", "{topology-test}_last_packet_id"]
     client = redis.RedisCluster(startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in
                                                topology.redis_startup_nodes()], decode_responses=True)
     try:
         sha = client.script_load(SAVE_SCRIPT)
-        client.delete(*KEYS)
-        first = client.evalsha(sha, 2, *KEYS, "m")
-        second = client.evalsha(sha, 2, *KEYS, "m")
+        client.delete(*keys)
+        first = client.evalsha(sha, 2, *keys, "m")
+        second = client.evalsha(sha, 2, *keys, "m")
         assert second == first + 1
-        owner = topology.redis.master_for_key(KEYS[0])
-        assert owner.command("ZCARD", KEYS[0]) == 2  # the data really is on the node owning the slot
-        assert owner.command("GET", f"{KEYS[0]}_{second}") == "m"
+        owner = topology.redis.master_for_key(keys[0])
+        assert owner.command("ZCARD", keys[0]) == 2  # the data really is on the node owning the slot
+        assert owner.command("GET", f"{keys[0]}_{second}") == "m"
         with pytest.raises(redis.ResponseError, match="same slot"):  # CROSSSLOT: why the keys are hash-tagged
-            owner.command("EVAL", SAVE_SCRIPT, 2, "{c1}_messages", "{c2}_last_packet_id", "m")
+            owner.command("EVAL", SAVE_SCRIPT, 2, keys[0], "{other-test}_last_packet_id", "m")
     finally:
+        client.delete(*keys, f"{keys[0]}_1", f"{keys[0]}_2")
         client.close()
 
 

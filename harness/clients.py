@@ -14,6 +14,8 @@ indeterminate; the broker's session (what we test) lives on the broker, not in p
 
 from __future__ import annotations
 
+import errno
+import os
 import selectors
 import socket
 import time
@@ -51,6 +53,29 @@ class Counters:
 
     def as_dict(self) -> dict[str, int]:
         return {k: v for k, v in self.__dict__.items() if k != "last_delivery_mono"}
+
+
+class NonBlockingConnectClient(mqtt.Client):
+    """A paho client whose connect() returns at once: the TCP handshake completes on the selector loop.
+    paho's own connect blocks for up to connect_timeout, and on one shared loop a broker behind a network
+    partition would stall every other client that long.  A connection that never completes is caught by
+    the executor's CONNACK timeout; a refused one surfaces as a read error (connect_fail row).
+    (Overrides paho's ``_create_socket_connection``; paho-mqtt is pinned to 2.x in pyproject.toml.)"""
+
+    def _create_socket_connection(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            if self._bind_address:
+                sock.bind((self._bind_address, self._bind_port))
+            code = sock.connect_ex((self._host, self._port))
+        except OSError:
+            sock.close()
+            raise
+        if code not in (0, errno.EINPROGRESS):
+            sock.close()
+            raise OSError(code, os.strerror(code))
+        return sock
 
 
 class SelectorLoop:
@@ -133,6 +158,7 @@ class ClientSession:
     closing: bool = False  # the harness is ending this connection; its on_disconnect is not news
     reconnect_at: float | None = None
     why: str = ""  # why the current connection was opened (plan, auto-reconnect, drain)
+    consecutive_failures: int = 0  # connect attempts failed since the last CONNACK (auto-reconnect rotates nodes)
     pending: dict[int, PendingPublish] = field(default_factory=dict)
     sub_mids: dict[int, list[str]] = field(default_factory=dict)
 
@@ -158,11 +184,12 @@ class ClientSession:
         self.reconnect_at = None
         self.why = why
         if self.protocol == 5:
-            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
+            client = NonBlockingConnectClient(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                                              protocol=mqtt.MQTTv5)
         else:  # 3.1.1: clean_session is the session flag; a persistent client never asks for a clean one
             clean_session = clean_start or not self.plan.persistent
-            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv311,
-                                 clean_session=clean_session)
+            client = NonBlockingConnectClient(CallbackAPIVersion.VERSION2, client_id=self.client_id,
+                                              protocol=mqtt.MQTTv311, clean_session=clean_session)
         client.manual_ack_set(True)  # we send each PUBACK ourselves, so the history knows it was sent
         client.max_inflight_messages_set(65535)
         client.max_queued_messages_set(0)
@@ -190,6 +217,7 @@ class ClientSession:
 
     def _record_connect_fail(self, reason: str, why: str, reason_code: int | None = None) -> None:
         self.counters.connect_failures += 1
+        self.consecutive_failures += 1
         self.recorder.record(Kind.CONNECT_FAIL, client=self.client_id, node=self.node_name,
                              protocol=self.protocol, clean_start=self.clean_start,
                              session_expiry_s=self.session_expiry_s, reason_code=reason_code,
@@ -211,6 +239,7 @@ class ClientSession:
             self.drop("refused")
             return
         self.connected = True
+        self.consecutive_failures = 0
         self.counters.connects += 1
         self.recorder.record(Kind.CONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
                              session_present=bool(flags.session_present), reason_code=code,

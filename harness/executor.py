@@ -104,7 +104,9 @@ class Executor:
                     self._reconnect(session, "auto-reconnect after a lost or failed connection")
 
     def _reconnect(self, session: ClientSession, why: str) -> None:
-        session.connect(clean_start=False if session.plan.persistent else True, node=session.node,
+        # After a failed attempt, try the next broker node (a killed node must not hold its clients back).
+        node = (session.node + 1) % len(self.endpoints) if session.consecutive_failures else session.node
+        session.connect(clean_start=False if session.plan.persistent else True, node=node,
                         session_expiry_s=session.plan.session_expiry_s, why=why)
 
     def _wait_for(self, condition: Callable[[], bool], timeout_s: float) -> bool:

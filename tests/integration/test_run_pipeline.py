@@ -237,3 +237,28 @@ def test_fan_in_with_every_qos_and_expiry(out_dir: Path, tmp_path: Path):
     for client in ("test_sub_client_0_0", "test_sub_client_1_0"):
         got = {(d["publisher"], d["pub_seq"]) for d in deliveries if d["client"] == client}
         assert not acked_qos12 - got, f"{client} misses acknowledged QoS>0 messages"
+
+
+def test_an_unreachable_broker_gives_connect_fail_rows_and_a_clear_error(tmp_path: Path):
+    """Non-blocking connects: a refused port surfaces as connect_fail rows (and retries), never a hang."""
+    from harness.executor import Executor, ExecutorError, ExecutorSettings
+    from harness.history import HistoryRecorder
+    from harness.targets import free_port
+    from ordeal.scenario import load_scenario
+    from properties.generate import make_plan
+
+    plan = make_plan(load_scenario(find_scenario("p2p-smoke")), 1)
+    recorder = HistoryRecorder(tmp_path / "history", run_id="unreachable")
+    port = free_port("127.0.0.1")  # nothing listens there
+    executor = Executor(plan, [("127.0.0.1", port, "nobody")], recorder,
+                        settings=ExecutorSettings(ready_timeout_s=1.5, reconnect_backoff_s=0.2))
+    try:
+        with pytest.raises(ExecutorError, match=f"no client could connect to \\['127.0.0.1:{port}'\\]"):
+            executor.connect_all()
+    finally:
+        executor.close()
+        recorder.close()
+    rows = read_history(tmp_path / "history").to_pylist()
+    fails = [r for r in rows if r["kind"] == Kind.CONNECT_FAIL]
+    assert len(fails) >= len(plan.clients) * 2, "every client retried"
+    assert not any(r["kind"] == Kind.CONNECT for r in rows)

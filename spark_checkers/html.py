@@ -13,6 +13,10 @@ def _esc(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
+def _secs(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
 def render_html(report: dict[str, Any]) -> str:
     rows = []
     for item in report["invariants"]:
@@ -38,7 +42,7 @@ def render_html(report: dict[str, Any]) -> str:
                         f"{shown} shown.</p>{extra}<ol>{bullets}</ol></section>")
     faults = "".join(
         f"<tr><td>{_esc(f['fault_id'])}</td><td>{_esc(f['kind'])}</td><td>{_esc(f['node'])}</td>"
-        f"<td class='n'>{f['t_start_s']:.3f}</td><td class='n'>{'' if f['t_heal_s'] is None else f'{f['t_heal_s']:.3f}'}"
+        f"<td class='n'>{f['t_start_s']:.3f}</td><td class='n'>{_secs(f['t_heal_s'])}"
         f"</td><td>{_esc(f['bit'])}</td><td>{_esc(f.get('error') or '')}</td></tr>" for f in report.get("faults", []))
     counts = "".join(f"<tr><td>{_esc(k)}</td><td class='n'>{v}</td></tr>" for k, v in sorted(report.get("counts", {}).items()))
     env = report.get("environment", {})

@@ -91,22 +91,22 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                     for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
             if subs:
                 match_rows.append((run.run_id, topic, subs))
-    L, S, B, I = T.LongType(), T.StringType(), T.BooleanType(), T.IntegerType()
+    L, S, B, N = T.LongType(), T.StringType(), T.BooleanType(), T.IntegerType()
     runs_df = spark.createDataFrame(run_rows, T.StructType([
-        T.StructField("run_id", S), T.StructField("limit", I), T.StructField("ttl_us", L),
+        T.StructField("run_id", S), T.StructField("limit", N), T.StructField("ttl_us", L),
         T.StructField("tol_us", L), T.StructField("fault_times", T.ArrayType(L)), T.StructField("bucket_us", L),
         T.StructField("t_origin", L)]))
     clients_df = spark.createDataFrame(client_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("client", S), T.StructField("connect_seqs", T.ArrayType(L)),
         T.StructField("fresh_seqs", T.ArrayType(L)),
         T.StructField("disconnects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
-        T.StructField("offline", T.ArrayType(T.StructType([T.StructField("idx", I), T.StructField("d", L),
+        T.StructField("offline", T.ArrayType(T.StructType([T.StructField("idx", N), T.StructField("d", L),
                                                            T.StructField("c", L)])))]))
     match_df = spark.createDataFrame(match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", S),
         T.StructField("subs", T.ArrayType(T.StructType([
             T.StructField("client", S), T.StructField("t_from", L), T.StructField("t_to", L),
-            T.StructField("granted", I), T.StructField("persistent", B)])))]))
+            T.StructField("granted", N), T.StructField("persistent", B)])))]))
     return runs_df, clients_df, match_df
 
 

@@ -158,7 +158,7 @@ def generate(spec: Spec) -> list[Row]:
         busy_until = 0
         packet_ids_used = 0
 
-        def deliver(t: int, arrival: tuple, dup: bool = False) -> int:
+        def deliver(t: int, arrival: tuple, name: str, dup: bool = False) -> int:
             nonlocal packet_id, packet_ids_used
             _, t_invoke, publisher, seq, topic, expiry = arrival
             remaining = None
@@ -200,11 +200,11 @@ def generate(spec: Spec) -> list[Row]:
                 # Why: the backlog is redelivered in queue order before any live message may overtake it.
                 busy_until = t + 2000
                 for arrival in backlog:
-                    busy_until = deliver(busy_until, arrival) + 50
+                    busy_until = deliver(busy_until, arrival, name) + 50
             elif online:
                 t_delivery = max(t + spec.latency_us, busy_until)
                 if not expired(item, t_delivery):
-                    busy_until = deliver(t_delivery, item) + 50
+                    busy_until = deliver(t_delivery, item, name) + 50
             else:
                 pending.append(item)
         last_delivery = max(last_delivery, busy_until)
@@ -414,3 +414,29 @@ def set_phase_detail(rows: list[Row], phase: str, **detail: Any) -> list[Row]:
             row["detail"] = json.dumps({"phase": phase, **detail})
             return rows
     raise LookupError(f"no phase row {phase}")
+
+
+def lose_session(rows: list[Row], client: str, nth: int) -> list[Row]:
+    """The broker answers session present = 0 on the ``nth`` connect (0 = first) although the session was
+    persistent; the client resubscribes right away."""
+    rows = _copy(rows)
+    connects = [r for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == client]
+    connect = connects[nth]
+    connect["session_present"] = False
+    subscriptions = [r for r in rows if r["kind"] == Kind.SUBSCRIBE_ACK and r.get("client") == client]
+    for sub in subscriptions[:1]:
+        rows.append({**copy.deepcopy(sub), "t_mono_us": connect["t_mono_us"] + 1})
+    return sort_rows(rows)
+
+
+def reuse_packet_id(rows: list[Row], client: str, publisher: str, seq_held: int, seq_reusing: int) -> list[Row]:
+    """``seq_held`` is never acknowledged, yet ``seq_reusing`` is delivered with the same packet id."""
+    rows = _copy(rows)
+    held = find_delivery(rows, client, publisher, seq_held)
+    reusing = find_delivery(rows, client, publisher, seq_reusing)
+    held_ack, reusing_ack = _ack_after(rows, held), _ack_after(rows, reusing)
+    rows = [r for r in rows if r is not held_ack]
+    reusing["packet_id"] = held["packet_id"]
+    if reusing_ack is not None:
+        reusing_ack["packet_id"] = held["packet_id"]
+    return rows

@@ -1,0 +1,205 @@
+"""Every anomaly planted alone in a synthetic history fails exactly its invariant; every near-miss twin
+passes.  All cases are checked in one Spark batch (one job for dozens of histories)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from harness.history_schema import Phase
+from spark_checkers import synthetic as s
+from spark_checkers.api import check_runs
+
+pytestmark = pytest.mark.spark
+
+BASE = s.Spec(pairs=2, messages=12, offline=(s.Offline(0, 5, 8),),
+              faults=(s.Fault("f1", "kill", "redis-7003", 4, 6),))
+WRAP = replace(BASE, first_packet_id=65530)
+V5 = replace(BASE, protocol=5, expiry_s=2)
+V5_LONG = replace(BASE, protocol=5, expiry_s=60, messages=45, offline=(s.Offline(0, 5, 40),))
+V5_SHORT = replace(BASE, protocol=5, expiry_s=1, messages=30, offline=(s.Offline(0, 5, 25),))
+LIMIT = replace(BASE, limit=3, offline=(s.Offline(0, 5, 11),))
+QOS2 = replace(BASE, qos=2)
+EXTERNAL = replace(BASE, target_kind="external")
+
+
+def _delivery(rows, client, publisher, seq):
+    return s.find_delivery(rows, client, publisher, seq)
+
+
+def _expiry_move(rows, offset_us):
+    last = _delivery(rows, "sub-1", "pub-1", 12)
+    invoke = s.publish_row(rows, "publish_invoke", "pub-1", 12)
+    moved = s.move_delivery(rows, "sub-1", "pub-1", 12, invoke["t_mono_us"] + 2_000_000 + offset_us)
+    return s.set_delivery_field(moved, "sub-1", "pub-1", 12, remaining_expiry_s=0) if last else moved
+
+
+def _add_copy(rows, client, source_publisher, seq, t_slot, **fields):
+    """A copy of one of ``client``'s deliveries, delivered again at slot ``t_slot`` with ``fields`` changed."""
+    template = _delivery(rows, client, source_publisher, seq)
+    return s.add_delivery(rows, template, s.slot_time(BASE, t_slot) + 50_000, **fields)
+
+
+def _foreign(rows):
+    template = _delivery(rows, "sub-0", "pub-0", 3)
+    return s.add_delivery(rows, template, s.slot_time(BASE, 3) + 50_000, client="sub-1", packet_id=30001)
+
+
+# name -> (spec, mutation or None, failing invariants expected, extra expectation on the report)
+CASES = {
+    "clean": (BASE, None, set()),
+    "clean_wrap": (WRAP, None, set()),
+    "clean_watcher": (replace(BASE, watcher=True, first_packet_id=65000), None, set()),
+    "clean_external": (EXTERNAL, None, set()),
+    "lost_middle": (BASE, lambda r: s.drop_delivery(r, "sub-1", "pub-1", 6), {"durability.lost"}),
+    "lost_backlog": (BASE, lambda r: s.drop_delivery(r, "sub-0", "pub-0", 6), {"durability.lost"}),
+    "lost_suffix": (BASE, lambda r: s.drop_delivery(r, "sub-1", "pub-1", 12), {"durability.lost"}),
+    "indeterminate_unseen": (replace(BASE, indeterminate=((1, 6),)),
+                             lambda r: s.drop_delivery(r, "sub-1", "pub-1", 6), set()),
+    "indeterminate_seen_lost_elsewhere": (replace(BASE, indeterminate=((1, 6),), watcher=True),
+                                          lambda r: s.drop_delivery(r, "sub-1", "pub-1", 6), {"durability.lost"}),
+    "session_lost": (BASE, lambda r: s.lose_session(r, "sub-0", 1), {"durability.session_lost"}),
+    "phantom_never_published": (BASE, lambda r: _add_copy(r, "sub-1", "pub-1", 3, 3, publisher="pub-9", pub_seq=1,
+                                                          packet_id=30000), {"durability.phantom"}),
+    "phantom_body_hash": (BASE, lambda r: s.set_delivery_field(r, "sub-1", "pub-1", 4, body_hash="deadbeef00000000"),
+                          {"durability.phantom"}),
+    "unsubscribed": (BASE, _foreign, {"durability.unsubscribed_delivery"}),
+    "delivered_after_fail": (BASE, lambda r: s.fail_publish(r, "pub-1", 4),
+                             {"durability.delivered_after_failed_publish"}),
+    "out_of_order": (BASE, lambda r: s.swap_deliveries(r, "sub-1", "pub-1", 4, 5), {"order.out_of_order"}),
+    "out_of_order_wrap": (WRAP, lambda r: s.swap_deliveries(r, "sub-1", "pub-1", 6, 7), {"order.out_of_order"}),
+    "packet_id_zero": (BASE, lambda r: s.set_delivery_field(r, "sub-1", "pub-1", 4, packet_id=0),
+                       {"order.packet_id_invalid"}),
+    "packet_id_reused": (BASE, lambda r: s.reuse_packet_id(r, "sub-1", "pub-1", 4, 5), {"order.packet_id_reused"}),
+    "dup_on_first": (BASE, lambda r: s.set_delivery_field(r, "sub-1", "pub-1", 4, dup=True), {"order.dup_flag"}),
+    "legal_resend_with_dup": (BASE, lambda r: s.resend_before_ack(r, "sub-1", "pub-1", 4, dup=True), set()),
+    "resend_without_dup": (BASE, lambda r: s.resend_before_ack(r, "sub-1", "pub-1", 4, dup=False), {"order.dup_flag"}),
+    "delivered_expired": (V5, lambda r: _expiry_move(r, 200_000 + 1_000), {"expiry.delivered_expired"}),
+    "delivered_within_tolerance": (V5, lambda r: _expiry_move(r, 200_000 - 1_000), set()),
+    "remaining_not_reduced": (V5_LONG, lambda r: s.set_delivery_field(r, "sub-0", "pub-0", 5, remaining_expiry_s=60),
+                              {"expiry.remaining_not_reduced"}),
+    "remaining_short_wait": (V5_LONG, lambda r: s.set_delivery_field(r, "sub-1", "pub-1", 5, remaining_expiry_s=60),
+                             set()),
+    "dropped_early": (replace(V5_LONG, offline=(s.Offline(0, 5, 9),)),
+                      lambda r: s.drop_delivery(r, "sub-0", "pub-0", 6), {"expiry.dropped_early"}),
+    "expired_while_offline": (V5_SHORT, None, set()),
+    "trimmed_at_limit": (LIMIT, None, set()),
+    "over_limit_black_box": (replace(LIMIT, trim_mode="none"), None, {"limits.over_limit"}),
+    "over_limit_white_box": (LIMIT, lambda r: s.set_snapshot(r, "sub-0", zset_size=4), {"limits.over_limit"}),
+    "trimmed_under_limit": (replace(LIMIT, trim_mode="one_extra"), None, {"limits.trimmed_under_limit"}),
+    "trim_not_oldest": (replace(LIMIT, trim_mode="newest"), None, {"limits.trim_not_oldest"}),
+    "redelivered_after_ack": (BASE, lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6, packet_id=30002),
+                              {"duplicates.redelivered_after_ack"}),
+    "allowed_redelivery": (replace(BASE, allowed=("duplicates.redelivered_after_ack",)),
+                           lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6, packet_id=30002), set()),
+    "qos2_duplicate": (QOS2, lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6, packet_id=30002), {"duplicates.qos2"}),
+    "orphan_payloads": (BASE, lambda r: s.set_snapshot(r, "sub-1", orphan_payloads=2), {"whitebox.orphan_payloads"}),
+    "dangling_refs": (BASE, lambda r: s.set_snapshot(r, "sub-1", dangling_refs=1), {"whitebox.dangling_refs"}),
+    "last_packet_id_behind": (BASE, lambda r: s.set_snapshot(r, "sub-1", last_packet_id=5),
+                              {"whitebox.last_packet_id_behind"}),
+    "fault_did_not_bite": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=False),)), None,
+                           {"meta.fault_bit"}),
+    "fault_without_evidence": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=None),)), None,
+                               {"meta.fault_bit"}),
+}
+UNKNOWN_CASES = {
+    "fault_error": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, error=True),)), None, {},
+                    {"meta.fault_bit"}),
+    "incomplete_manifest": (BASE, None, {"complete": False}, {"meta.history_complete", "durability.lost"}),
+    "drain_timeout": (BASE, lambda r: s.set_phase_detail(r, Phase.DRAIN_END, reason="timeout"), {},
+                      {"meta.history_complete", "durability.lost"}),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(spark, tmp_path_factory):
+    root = tmp_path_factory.mktemp("anomalies")
+    names, dirs = [], []
+    for name, (spec, mutate, *rest) in {**CASES, **UNKNOWN_CASES}.items():
+        rows = s.generate(spec)
+        rows = mutate(rows) if mutate else rows
+        write_kwargs = rest[0] if name in UNKNOWN_CASES else {}
+        dirs.append(s.write_run(root / name, rows, spec, **write_kwargs))
+        names.append(name)
+    return dict(zip(names, check_runs(dirs, spark=spark), strict=True))
+
+
+def _by_verdict(report, verdict):
+    return {item["id"] for item in report["invariants"] if item["verdict"] == verdict}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_exactly_the_planted_invariant_fails(reports, name):
+    expected = CASES[name][2]
+    report = reports[name]
+    assert _by_verdict(report, "fail") == expected, [
+        (i["id"], i["verdict"], [w["text"] for w in i["witnesses"]]) for i in report["invariants"] if i["count"]]
+    assert _by_verdict(report, "unknown") == set(), [(i["id"], i["reason"]) for i in report["invariants"]
+                                                     if i["verdict"] == "unknown"]
+    assert report["exit_code"] == (1 if expected else 0)
+    for invariant in expected:
+        item = next(i for i in report["invariants"] if i["id"] == invariant)
+        assert item["witnesses"], f"{invariant} failed without a witness"
+        assert all(w["text"] for w in item["witnesses"])
+
+
+@pytest.mark.parametrize("name", list(UNKNOWN_CASES))
+def test_unknown_is_never_a_pass(reports, name):
+    report = reports[name]
+    unknown = _by_verdict(report, "unknown")
+    assert UNKNOWN_CASES[name][3] <= unknown, unknown
+    assert _by_verdict(report, "fail") == set()
+    assert report["exit_code"] == 2
+
+
+def _witness(report, invariant):
+    item = next(i for i in report["invariants"] if i["id"] == invariant)
+    return item["witnesses"][0]
+
+
+def test_lost_witness_names_message_neighbours_and_fault(reports):
+    witness = _witness(reports["lost_middle"], "durability.lost")
+    data = witness["data"]
+    assert (data["client"], data["publisher"], data["first_seq"], data["last_seq"]) == ("sub-1", "pub-1", 6, 6)
+    assert data["position"] == "middle"
+    assert (data["prev_delivered"], data["next_delivered"]) == (5, 7)
+    assert data["fault"]["fault_id"] == "f1"
+    assert "received 5 then 7" in witness["text"] and "redis-7003" in witness["text"]
+    assert _witness(reports["lost_suffix"], "durability.lost")["data"]["position"] == "suffix"
+    backlog = _witness(reports["lost_backlog"], "durability.lost")
+    assert backlog["data"]["in_backlog"] and "reconnected" in backlog["text"]
+
+
+def test_order_witness_flags_the_wrap(reports):
+    wrapped = _witness(reports["out_of_order_wrap"], "order.out_of_order")["data"]
+    plain = _witness(reports["out_of_order"], "order.out_of_order")["data"]
+    assert wrapped["across_wrap"] is True and plain["across_wrap"] is False
+    assert (plain["pub_seq"], plain["after_pub_seq"]) == (4, 5)
+
+
+def test_limit_witnesses(reports):
+    over = _witness(reports["over_limit_black_box"], "limits.over_limit")["data"]
+    assert (over["client"], over["kept"], over["limit"]) == ("sub-0", 6, 3)
+    under = _witness(reports["trimmed_under_limit"], "limits.trimmed_under_limit")["data"]
+    assert (under["first_seq"], under["rank"], under["n_backlog"]) == (8, 3, 6)
+    assert {i["id"]: i["count"] for i in reports["trim_not_oldest"]["invariants"]}["limits.trim_not_oldest"] == 3
+
+
+def test_external_target_has_no_white_box_verdicts(reports):
+    report = reports["clean_external"]
+    assert _by_verdict(report, "not_applicable") == {"whitebox.orphan_payloads", "whitebox.dangling_refs",
+                                                     "whitebox.last_packet_id_behind"}
+
+
+def test_allowed_violation_is_counted_but_passes(reports):
+    item = next(i for i in reports["allowed_redelivery"]["invariants"] if i["id"] == "duplicates.redelivered_after_ack")
+    assert (item["verdict"], item["allowed"], item["count"]) == ("pass", True, 1)
+
+
+def test_counts_and_series(reports):
+    report = reports["clean"]
+    assert report["counts"]["published"] == 24 and report["counts"]["acked"] == 24
+    assert report["counts"]["owed"] == 24 and report["counts"]["delivered_messages"] == 24
+    assert report["series"]["owed_unseen"][-1][1] == 0
+    assert report["history"]["hash_sha256"]

@@ -145,6 +145,7 @@ class ClientSession:
     publisher_names: dict[int, str]
     keepalive_s: int = 30
     connect_timeout_s: float = 5.0
+    bind_address: str = ""  # source address of every connection ("" = the kernel's choice)
 
     paho: mqtt.Client | None = None
     node: int = 0
@@ -209,7 +210,7 @@ class ClientSession:
                 properties.SessionExpiryInterval = self.session_expiry_s
             kwargs = {"clean_start": clean_start, "properties": properties}
         try:
-            client.connect(host, port, keepalive=self.keepalive_s, **kwargs)
+            client.connect(host, port, keepalive=self.keepalive_s, bind_address=self.bind_address, **kwargs)
         except OSError as error:  # refused, unreachable, timed out: nothing was established
             self.paho = None
             self._record_connect_fail(f"{type(error).__name__}: {error}", why)

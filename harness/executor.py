@@ -41,6 +41,9 @@ class ExecutorSettings:
     reconnect_backoff_s: float = 0.5
     housekeeping_s: float = 0.25
     max_wait_s: float = 0.1  # longest single selector wait (keeps stop requests responsive)
+    # Source address of every client connection; network faults match client packets on it
+    # (faults/targets.py client_hosts: with distinct node addresses 127.0.0.1 is the clients').
+    client_bind_address: str = ""
 
 
 class Executor:
@@ -62,7 +65,8 @@ class Executor:
             c.client_id: ClientSession(
                 plan=c, recorder=recorder, loop=self.loop, counters=self.counters, address_of=self._address,
                 publisher_names=publisher_names, keepalive_s=self.settings.keepalive_s,
-                connect_timeout_s=self.settings.connect_timeout_s, node=c.node)
+                connect_timeout_s=self.settings.connect_timeout_s, bind_address=self.settings.client_bind_address,
+                node=c.node)
             for c in plan.clients}
         self._last_housekeeping = 0.0
 

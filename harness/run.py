@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.executor import Executor
+from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
 from harness.history_schema import Kind, Phase
 from harness.targets import make_target
@@ -121,7 +121,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         (run_dir / "topology.json").write_text(json.dumps(target.describe(), indent=2, default=str) + "\n")
         outcome["notes"] += target.apply_presets(plan)
 
-        executor = Executor(plan, target.endpoints(), recorder, stop=stop)
+        executor = Executor(plan, target.endpoints(), recorder, stop=stop,
+                            settings=ExecutorSettings(client_bind_address=target.client_bind_address()))
         nemesis = make_nemesis(plan, target, recorder)  # before any client: a bad schedule starts nothing
         reporter.phase("connecting clients")
         ready = executor.connect_all()

@@ -132,6 +132,9 @@ class ExternalTarget:
     def endpoints(self) -> list[Endpoint]:
         return [(self.host, self.port, self.name)]
 
+    def client_bind_address(self) -> str:
+        return ""
+
     def apply_presets(self, plan: Plan) -> list[str]:
         """Preset packet ids need the broker's storage: not possible for a black box."""
         if any(c.preset_last_packet_id for c in plan.clients):
@@ -203,6 +206,10 @@ class ReferenceTarget:
 
     def endpoints(self) -> list[Endpoint]:
         return [(b.host, b.port, b.name) for b in self.topology.brokers]
+
+    def client_bind_address(self) -> str:
+        """With distinct node addresses (private netns) the clients own 127.0.0.1 (harness/addresses.py)."""
+        return "127.0.0.1" if self.topology.addresses.mode == "distinct" else ""
 
     @property
     def key_prefix(self) -> str:

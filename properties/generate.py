@@ -203,8 +203,9 @@ def _subscriber_actions(scenario: Scenario, subscribers: list[ClientPlan], nodes
                                         clean_start=False, session_expiry_s=client.session_expiry_s, node=node))
         now = 0.0
         while rate_per_s > 0:
-            # Exponential inter-arrival time: -ln(1 - u) / rate.
-            now += -math.log(1.0 - draw.uniform(0.0, 0.999999)) / rate_per_s
+            # Exponential inter-arrival time -ln(u) / rate; u's simplest value (its low end) gives the
+            # longest gap, so a shrinking Hypothesis removes disconnects instead of adding them.
+            now += -math.log(draw.uniform(1e-6, 1.0)) / rate_per_s
             if now >= duration:
                 break
             actions.append(SubscriberAction(offset_s=_round(now), client_id=client.client_id, action=DISCONNECT,

@@ -103,3 +103,15 @@ def test_a_fault_mix_is_refused_until_schedules_are_generated():
     scenario = parse_scenario("[scenario]\nname='f'\nduration_s=5\n[faults]\nmix={process_kill=1}\n", source="f.toml")
     with pytest.raises(PlanError, match=r"f.toml: \[faults\] mix = .*fault schedules are not generated yet"):
         make_plan(scenario, 1)
+
+
+def test_hypothesis_shrinks_plans_towards_fewer_events():
+    """What the shrinker of the faults/replay work relies on: simpler draws give smaller plans."""
+    from hypothesis import find
+
+    scenario = parse_scenario("[scenario]\nname='s'\nduration_s=10\n[workload]\npairs=3\n"
+                              "[subscribers]\ndisconnects_per_minute=30\nabrupt_fraction=0.5\n")
+    minimal = find(plans(scenario), lambda p: any(a.abrupt for a in p.subscriber_actions),
+                   settings=settings(database=None, max_examples=300, deadline=None))
+    disconnects = [a for a in minimal.subscriber_actions if a.action == DISCONNECT]
+    assert len(disconnects) == 1 and disconnects[0].abrupt

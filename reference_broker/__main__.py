@@ -20,6 +20,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 def run_node(node: NodeConfig, node_id: str, host: str, port: int) -> None:
     from reference_broker.server import Broker
 
+    sys.stdout.reconfigure(line_buffering=True)  # the log must show "ready" (and a crash) at once
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)

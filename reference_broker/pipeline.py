@@ -116,6 +116,7 @@ class LeasedConsumer:
             while True:
                 target = leases.target(self.topic)
                 if target != assigned:
+                    log.info("%s: consuming partitions %s", self.topic, sorted(target))
                     self.consumer.assign([TopicPartition(self.topic, p) for p in sorted(target)])
                     assigned = target
                     leases.assigned[self.topic] = set(assigned)
@@ -141,7 +142,10 @@ class LeasedConsumer:
                     await self._process_with_strategy(records)
                     await self._commit(offsets)
                 if self.after_commit is not None:
-                    await self.after_commit()
+                    try:
+                        await self.after_commit()
+                    except Exception as error:  # hints only: the periodic re-check covers a lost one
+                        log.warning("%s: live hints failed: %r", self.topic, error)
                 self.records_done += len(records)
         finally:
             with contextlib.suppress(Exception):
@@ -232,6 +236,7 @@ class Persister:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        self.pending_hints: list[str] = []
 
     async def process(self, records: list[Any]) -> None:
         broker = self.broker
@@ -258,6 +263,6 @@ class Persister:
         self.pending_hints = list(by_client)
 
     async def after_commit(self) -> None:
-        for client in getattr(self, "pending_hints", []):
+        clients, self.pending_hints = self.pending_hints, []
+        for client in clients:
             await self.broker.hint(client)
-        self.pending_hints = []

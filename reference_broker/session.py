@@ -262,19 +262,31 @@ class Connection:
             if packet.reason_code >= 0x80:  # the subscriber refused it: the flow ends here
                 self.inflight.pop(pid, None)
                 if stored:
-                    await store.remove_one(self.client_id, pid)
+                    await self._with_retry(store.remove_one, pid)
                 self.wake.set()
                 return
             if stored:
-                await store.mark_released(self.client_id, pid)
+                await self._with_retry(store.mark_released, pid)
                 self.inflight[pid] = ("rel", entry[1])
             self.send(Ack(codec.PUBREL, pid))
             return
         # PUBACK or PUBCOMP: the message is done
         self.inflight.pop(pid, None)
         if stored and not self.config.has("puback_not_removing"):
-            await store.remove_one(self.client_id, pid)
+            await self._with_retry(store.remove_one, pid)
         self.wake.set()
+
+    async def _with_retry(self, operation, packet_id: int) -> None:
+        """Ack bookkeeping rides through a Redis failover; if it still fails, the message stays stored
+        and is redelivered after the next reconnect (a duplicate, never a loss)."""
+        for attempt in range(6):
+            try:
+                await operation(self.client_id, packet_id)
+                return
+            except Exception as error:
+                log.warning("%s: %s(%d) failed (attempt %d): %r", self.client_id, operation.__name__,
+                            packet_id, attempt + 1, error)
+                await asyncio.sleep(0.5)
 
     # ------------------------------------------------------------ subscriptions
     async def on_subscribe(self, packet: Subscribe) -> None:
@@ -311,8 +323,10 @@ class Connection:
             if top:
                 cursor, backlog_first = str(int(top[0][1])), False
         started = time.monotonic()
-        try:
-            while not self.closed:
+        while not self.closed:
+            # clear before reading: a hint that lands during the read wakes the next round
+            self.wake.clear()
+            try:
                 await self._send_live()
                 if self.persistent:
                     room = self.window - len(self.inflight)
@@ -332,14 +346,15 @@ class Connection:
                             continue
                     if not backlog_first and (len(self.inflight) or time.monotonic() - started > 1.0):
                         backlog_first, cursor = True, "-inf"
-                self.wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), self.config.delivery_recheck_s)
-        except (ConnectionError, asyncio.CancelledError):
-            return
-        except Exception:
-            log.exception("%s: delivery loop failed", self.client_id)
-            await self.close(codec.RC_UNSPECIFIED_ERROR)
+            except (ConnectionError, asyncio.CancelledError):
+                return
+            except Exception as error:
+                # Redis failing over, for instance: the queue is still there, read it again shortly
+                log.warning("%s: delivery read failed: %r; retrying", self.client_id, error)
+                await asyncio.sleep(0.5)
+                continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.config.delivery_recheck_s)
 
     async def _send_stored(self, entry) -> None:
         message = entry.message

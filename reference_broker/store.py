@@ -113,7 +113,7 @@ class SessionStore:
                 raise
             saved, waited = commands[0].result, commands[1].result
             if isinstance(saved, NoScriptError):
-                await self.redis.script_load(script.script, target_nodes=node)
+                await node.execute_command("SCRIPT", "LOAD", script.script)
                 continue
             if isinstance(saved, ResponseError) and str(saved).startswith("MOVED"):
                 await self.redis.nodes_manager.initialize()

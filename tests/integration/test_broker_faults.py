@@ -1,0 +1,139 @@
+"""Faults against the broker configured for durability (retry forever, WAIT for a replica): a Redis master
+killed mid-stream, and a broker node killed with its clients moving to the other node.  Nothing whose
+PUBACK the publisher received may be missing at the subscriber after the drain.  The numbers measured are
+printed (run with -s to see them)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import test_broker_flow
+from test_broker_flow import FILTER, TOPIC
+
+from reference_broker.probe import Probe
+
+pytestmark = pytest.mark.integration
+brokers = test_broker_flow.brokers  # the fixture, shared with the flow tests
+
+DURABLE = {"incoming_failure_strategy": "retry_forever", "persisted_failure_strategy": "retry_forever",
+           "incoming_failure_backoff_s": 0.3, "persisted_failure_backoff_s": 0.3, "producer_acks": "all"}
+
+
+class Publisher(threading.Thread):
+    """Publishes numbered QoS 1 messages at a fixed rate; on a failure reconnects (to the next address)
+    and goes on with the next number.  Records which numbers were acknowledged."""
+
+    def __init__(self, addresses: list[tuple[str, int]], count: int, rate: float) -> None:
+        super().__init__(daemon=True)
+        self.addresses, self.count, self.rate = addresses, count, rate
+        self.acked: list[int] = []
+        self.failed: list[int] = []
+        self.probe: Probe | None = None
+        self.target = 0
+
+    def _connect(self) -> None:
+        for _ in range(40):
+            host, port = self.addresses[self.target % len(self.addresses)]
+            self.probe = Probe(host, port, "fault-publisher", version=5)
+            try:
+                self.probe.connect(clean=True, timeout=3)
+                return
+            except Exception:  # noqa: BLE001 - that node is down: try the next one
+                self.target += 1
+                time.sleep(0.25)
+        raise RuntimeError("publisher could not reconnect")
+
+    def run(self) -> None:
+        self._connect()
+        for seq in range(self.count):
+            try:
+                self.probe.publish(TOPIC, b"s%05d" % seq, 1, timeout=3)
+                self.acked.append(seq)
+            except Exception:  # noqa: BLE001 - indeterminate: not owed, may still arrive
+                self.failed.append(seq)
+                self.probe.drop()
+                self.target += 1
+                self._connect()
+            time.sleep(1 / self.rate)
+        self.probe.disconnect()
+
+
+def drain(cluster, client_id: str, node: int, expected: set[int], before: Probe, timeout: float = 30.0):
+    """Reconnect the persistent subscriber and collect until every expected number arrived (or time out)."""
+    sub = cluster.probe(client_id, node=node, version=5)
+    sub.connect(clean=False, session_expiry=3600)
+    deadline = time.monotonic() + timeout
+    earlier = {int(d.payload[1:]) for d in before.deliveries}
+    while time.monotonic() < deadline:
+        seen = earlier | {int(d.payload[1:]) for d in sub.deliveries}
+        if expected <= seen:
+            break
+        time.sleep(0.2)
+    sub.settle(0.5)
+    return sub
+
+
+def test_redis_master_killed_mid_stream_loses_nothing_acknowledged(brokers, topology):
+    cluster = brokers(redis_wait_replicas=1, redis_wait_timeout_ms=500, **DURABLE)
+    sub = cluster.probe(version=5)
+    sub.connect(clean=False, session_expiry=3600)
+    sub.subscribe(FILTER, 1)
+    master = topology.redis.master_for_key(cluster.key(sub.client_id, "messages"))
+    node = cluster.nodes[0]
+    publisher = Publisher([(node.host, node.port)], count=150, rate=60)
+    publisher.start()
+    killed_at = None
+    try:
+        time.sleep(0.8)
+        killed_at = time.monotonic()
+        master.kill()
+        time.sleep(3.0)                                 # the replica takes over meanwhile
+        master.start()                                   # back as a replica: WAIT can succeed again
+        master.wait_ready(15)
+        publisher.join(60)
+    finally:
+        if not master.is_alive():
+            master.start()
+            master.wait_ready(15)
+        topology.redis.wait_ready(30)
+    assert not publisher.is_alive()
+    sub.drop()
+    acked = set(publisher.acked)
+    final = drain(cluster, sub.client_id, 0, acked, sub)
+    seen = [int(d.payload[1:]) for d in sub.deliveries + final.deliveries]
+    lost = acked - set(seen)
+    duplicates = len(seen) - len(set(seen))
+    took = time.monotonic() - killed_at
+    print(f"\nredis master killed: published {publisher.count}, acked {len(acked)}, "
+          f"failed {len(publisher.failed)}, delivered {len(set(seen))} unique, duplicates {duplicates}, "
+          f"lost {len(lost)}, kill-to-drained {took:.1f} s")
+    assert len(acked) > 100
+    assert lost == set(), f"acknowledged but never delivered: {sorted(lost)[:20]}"
+
+
+def test_broker_node_killed_clients_move_and_nothing_acknowledged_is_lost(brokers):
+    cluster = brokers(count=2, **DURABLE)
+    first, second = cluster.nodes
+    sub = cluster.probe(node=0, version=5)
+    sub.connect(clean=False, session_expiry=3600)
+    sub.subscribe(FILTER, 1)
+    publisher = Publisher([(first.host, first.port), (second.host, second.port)], count=150, rate=60)
+    publisher.start()
+    time.sleep(1.0)
+    killed_at = time.monotonic()
+    first.kill()                                        # SIGKILL: its leases run out after 2 s
+    sub.drop()
+    publisher.join(60)
+    assert not publisher.is_alive()
+    acked = set(publisher.acked)
+    final = drain(cluster, sub.client_id, 1, acked, sub)
+    seen = [int(d.payload[1:]) for d in sub.deliveries + final.deliveries]
+    lost = acked - set(seen)
+    took = time.monotonic() - killed_at
+    print(f"\nbroker node killed: published {publisher.count}, acked {len(acked)}, failed "
+          f"{len(publisher.failed)}, delivered {len(set(seen))} unique, duplicates {len(seen) - len(set(seen))}, "
+          f"lost {len(lost)}, kill-to-drained {took:.1f} s")
+    assert len(acked) > 100
+    assert lost == set(), f"acknowledged but never delivered: {sorted(lost)[:20]}"

@@ -137,6 +137,8 @@ class Broker:
             resumed = False
         subscription = await store.get_subscription(client) if resumed else None
         conn.filters = dict(subscription["filters"]) if subscription else {}
+        if resumed:
+            conn.inbound_qos2 = await store.inbound_qos2(client)
         await store.put_session(client, {
             "node": self.node_id, "conn": conn.conn_id, "persistent": int(conn.persistent),
             "expiry": conn.session_expiry or "", "protocol": conn.version, "connected_at": int(time.time() * 1000)})

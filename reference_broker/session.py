@@ -244,6 +244,9 @@ class Connection:
                 self.send(Ack(codec.PUBACK, packet_id))
             else:
                 self.inbound_qos2.add(packet_id)
+                if self.persistent:
+                    # part of the session: a publisher that reconnects and resends must not produce twice
+                    await self._with_retry(self.broker.store.add_inbound_qos2, packet_id)
                 self.send(Ack(codec.PUBREC, packet_id))
 
     # ------------------------------------------------------------ acks from the subscriber (and PUBREL)
@@ -253,6 +256,8 @@ class Connection:
         if packet.packet_type == codec.PUBREL:
             known = pid in self.inbound_qos2
             self.inbound_qos2.discard(pid)
+            if known and self.persistent:
+                await self._with_retry(self.broker.store.remove_inbound_qos2, pid)
             rc = codec.RC_SUCCESS if known or self.version != MQTT5 else codec.RC_PACKET_ID_NOT_FOUND
             self.send(Ack(codec.PUBCOMP, pid, rc))
             return

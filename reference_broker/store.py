@@ -6,6 +6,7 @@ Per client (hash tag = client id, so one Lua script may touch them all):
   <prefix>{client}_last_packet_id    STRING last packet id handed out
   <prefix>{client}_sent              HASH  payload key -> score it had when sent (drives the DUP flag)
   <prefix>{client}_session           HASH  node, conn, persistent, expiry, disconnected_at
+  <prefix>{client}_inbound_qos2      SET   QoS 2 packet ids received from the client, PUBREL pending
 Shared by every node (hash tag {ordeal}):
   <prefix>{ordeal}:subscriptions     HASH  client -> JSON {node, persistent, filters{filter: qos}}
   <prefix>{ordeal}:subs_version      STRING bumped after every subscription change
@@ -149,8 +150,23 @@ class SessionStore:
         return int(await self.scripts["mark_released"](keys=[self.messages_key(client)], args=[packet_id]))
 
     async def remove_all(self, client: str) -> int:
-        return int(await self.scripts["remove_all"](
+        removed = int(await self.scripts["remove_all"](
             keys=[self.messages_key(client), self.last_packet_id_key(client), self.sent_key(client)]))
+        await self.redis.delete(self.inbound_qos2_key(client))
+        return removed
+
+    # ------------------------------------------------------------ inbound QoS 2 (publisher side)
+    def inbound_qos2_key(self, client: str) -> str:
+        return f"{self.prefix}{{{client}}}_inbound_qos2"
+
+    async def add_inbound_qos2(self, client: str, packet_id: int) -> None:
+        await self.redis.sadd(self.inbound_qos2_key(client), packet_id)
+
+    async def remove_inbound_qos2(self, client: str, packet_id: int) -> None:
+        await self.redis.srem(self.inbound_qos2_key(client), packet_id)
+
+    async def inbound_qos2(self, client: str) -> set[int]:
+        return {int(x) for x in await self.redis.smembers(self.inbound_qos2_key(client))}
 
     # ------------------------------------------------------------ sessions
     async def get_session(self, client: str) -> dict[str, str]:

@@ -428,3 +428,25 @@ def test_two_nodes_share_sessions_and_route_live(brokers):
     for i in range(20, 25):
         pub.publish(TOPIC, b"n%d" % i, 1)
     assert payloads(moved.wait_for(15)) == [b"n%d" % i for i in range(10, 25)]
+
+
+def test_qos2_publisher_resend_after_reconnect_is_delivered_once(brokers):
+    cluster = brokers()
+    node = cluster.nodes[0]
+    sub = cluster.probe(version=5)
+    sub.connect(clean=True)
+    sub.subscribe(FILTER, 2)
+    publisher_id = f"p2-{uuid.uuid4().hex[:6]}"
+    raw = RawClient(node.host, node.port)
+    raw.connect(publisher_id, clean=True)
+    raw.send(codec.Publish(TOPIC, b"exactly-once", 2, packet_id=7))
+    assert raw.receive() == codec.Ack(codec.PUBREC, 7)
+    raw.close()                                         # PUBREL never sent on this connection
+    raw = RawClient(node.host, node.port)
+    assert raw.connect(publisher_id, clean=False).session_present is True
+    raw.send(codec.Publish(TOPIC, b"exactly-once", 2, dup=True, packet_id=7))   # the resend
+    assert raw.receive() == codec.Ack(codec.PUBREC, 7)
+    raw.send(codec.Ack(codec.PUBREL, 7))
+    assert raw.receive() == codec.Ack(codec.PUBCOMP, 7)
+    raw.close()
+    assert payloads(sub.settle(1.0)) == [b"exactly-once"]

@@ -82,7 +82,7 @@ def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
         if w.get("in_backlog") and w.get("t_reconnect") is not None and w["t_reconnect"] < NEVER:
             parts.append(f"subscriber {w['client']} was offline from {seconds(w.get('t_offline'), o)} and reconnected "
                          f"at {seconds(w['t_reconnect'], o)} with {w.get('n_backlog')} messages queued "
-                         f"(limit {w.get('limit')}; the oldest is rank {w.get('n_backlog')}, this one rank {w.get('rank')})")
+                         f"(limit {w.get('limit')}; this one was number {w.get('rank')} counting from the newest)")
         prev, nxt = w.get("prev_delivered"), w.get("next_delivered")
         received = " then ".join(str(x) for x in (prev, nxt) if x is not None)
         if received:

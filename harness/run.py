@@ -83,7 +83,9 @@ def write_inputs(run_dir: Path, scenario_path: Path, scenario: Scenario, plan: P
 def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs", *,
                  reporter: Reporter | None = None, check: bool = True, spark_master: str | None = None,
                  stop: threading.Event | None = None, plan: Plan | None = None) -> RunResult:
-    """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts.
+    """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts; a run
+    that breaks later (a node that will not start, no client can connect, ...) returns exit code 2 with
+    the error in summary.json and the traceback in logs/harness-error.log.
     ``plan``: play this stored plan instead of planning again (replay / shrink); it must belong to the
     scenario."""
     reporter = reporter or SilentReporter()
@@ -109,7 +111,6 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     target = None
     executor = None
     close_reason = ""
-    raise_later: Exception | None = None
     complete = False
     try:
         recorder.phase(Phase.RUN_START, scenario=scenario.name, seed=seed, replay=replay, plan=plan.summary())
@@ -164,7 +165,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         close_reason = f"the run broke: {type(error).__name__}: {error}"
         outcome["error"] = close_reason
         recorder_safe_note(recorder, close_reason)
-        raise_later = error
+        _write_traceback(run_dir)
+        reporter.message(f"{close_reason}\n(traceback in {run_dir / 'logs' / 'harness-error.log'})")
     finally:
         if executor is not None:
             _quietly(executor.close)
@@ -202,8 +204,6 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         summary["exit_code"] = exit_code
         _write_summary(run_dir, summary)
     reporter.message(f"seed {seed}  exit {exit_code}  run dir {run_dir}\nreplay: {replay}")
-    if raise_later is not None:
-        raise raise_later
     return RunResult(run_dir=run_dir, exit_code=exit_code, summary=summary)
 
 
@@ -229,6 +229,13 @@ def _faults_active(nemesis: Any) -> int:
     if nemesis is None:
         return 0
     return sum(1 for outcome in list(nemesis.outcomes.values()) if outcome == "applied")
+
+
+def _write_traceback(run_dir: Path) -> None:
+    import traceback
+
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs" / "harness-error.log").write_text(traceback.format_exc())
 
 
 def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

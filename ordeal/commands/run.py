@@ -81,6 +81,8 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
                   f"{counts.get('delivered')} ({counts.get('delivered_unique')} unique)  drain "
                   f"{(result.summary.get('drain') or {}).get('reason')}  history complete "
                   f"{result.summary.get('history_complete')}")
+    if result.summary.get("error"):
+        console.print(f"[bold red]{result.summary['error']}[/]")
     if isinstance(result.summary.get("check"), str):
         console.print(f"check: {result.summary['check']}")
     click.echo(str(result.run_dir))

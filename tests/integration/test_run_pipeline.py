@@ -262,3 +262,14 @@ def test_an_unreachable_broker_gives_connect_fail_rows_and_a_clear_error(tmp_pat
     fails = [r for r in rows if r["kind"] == Kind.CONNECT_FAIL]
     assert len(fails) >= len(plan.clients) * 2, "every client retried"
     assert not any(r["kind"] == Kind.CONNECT for r in rows)
+
+
+def test_a_target_that_cannot_start_ends_the_run_unknown_with_the_reason(out_dir: Path, tmp_path: Path):
+    scenario = tmp_path / "missing.toml"
+    scenario.write_text("[scenario]\nname='missing'\nduration_s=1\n[target]\nkind='external'\n"
+                        "start=['no-such-broker-binary', '-c', '{run_dir}/x.conf']\n")
+    result = run_scenario(scenario, 1, out_dir, check=False)
+    assert result.exit_code == 2
+    assert "'no-such-broker-binary' is not installed" in result.summary["error"]
+    assert read_manifest(result.run_dir / "history")["complete"] is False
+    assert (result.run_dir / "logs" / "harness-error.log").read_text().startswith("Traceback")

@@ -108,6 +108,9 @@ class LeasedConsumer:
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.broker.kafka_bootstrap, group_id=f"ordeal-broker-{self.topic}",
             enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=30000,
+            # Tansu holds a fetch for the full max wait even when records arrive meanwhile; every hop of
+            # the pipeline pays it, so keep it short (aiokafka's default is 500 ms)
+            fetch_max_wait_ms=30,
             max_poll_records=config.poll_max_records)
         await self.consumer.start()
         leases = self.broker.leases

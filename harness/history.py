@@ -47,12 +47,14 @@ class HistoryRecorder:
     """Append-only recorder.  ``record(kind, **columns)`` from any thread; ``close()`` once at the end."""
 
     def __init__(self, directory: str | Path, *, run_id: str, flush_rows: int = 5000,
-                 flush_interval_s: float = 1.0, mono_origin_ns: int | None = None):
+                 flush_interval_s: float = 1.0, mono_origin_ns: int | None = None,
+                 meta: Mapping[str, Any] | None = None):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         if any(self.directory.glob(PART_GLOB)) or (self.directory / MANIFEST_NAME).exists():
             raise HistoryError(f"{self.directory}: already holds a history; use a fresh directory")
         self.run_id = run_id
+        self.meta = dict(meta or {})  # extra manifest keys (scenario, seed)
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
         self.mono_origin_ns = time.monotonic_ns() if mono_origin_ns is None else mono_origin_ns
@@ -152,15 +154,19 @@ class HistoryRecorder:
     def _write_manifest(self, *, complete: bool, counts: Mapping[str, int] | None = None,
                         reason: str = "") -> None:
         written = sum(p["rows"] for p in self._parts)
+        incomplete_reason = "" if complete else (reason or "the run has not finished (or was killed)")
         manifest = {
+            **self.meta,
             "schema_version": SCHEMA_VERSION,
             "run_id": self.run_id,
             "complete": complete,
-            "incomplete_reason": "" if complete else (reason or "the run has not finished (or was killed)"),
+            "incomplete_reason": incomplete_reason,
+            "end_reason": "run_end" if complete else incomplete_reason,
             "started_wall_us": self.started_wall_us,
             "updated_wall_us": time.time_ns() // 1000,
             "rows": written,
-            "parts": list(self._parts),
+            "parts": [p["file"] for p in self._parts],  # part file names, in seq order
+            "part_details": list(self._parts),
             "counts_recorded": dict(sorted((counts or {}).items())),
         }
         temporary = self.directory / f".{MANIFEST_NAME}.tmp"

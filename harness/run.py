@@ -103,7 +103,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     reporter.message(f"seed {seed}  run dir {run_dir}\nreplay: {replay}")
 
     stop = stop or threading.Event()
-    recorder = HistoryRecorder(run_dir / "history", run_id=run_dir.name)
+    recorder = HistoryRecorder(run_dir / "history", run_id=run_dir.name,
+                               meta={"scenario": scenario.name, "seed": seed})
     timings: dict[str, float] = {}
     outcome: dict[str, Any] = {"drain": None, "error": None, "notes": []}
     began = time.monotonic()

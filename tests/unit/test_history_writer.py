@@ -28,6 +28,7 @@ def test_rows_land_in_the_exact_schema(tmp_path: Path):
     assert recorder.close() is True
     manifest = read_manifest(tmp_path)
     assert manifest["complete"] is True and manifest["schema_version"] == 1 and manifest["rows"] == 4
+    assert manifest["parts"] == ["events-00000.parquet"] and manifest["part_details"][0]["last_seq"] == 4
     parts = sorted(tmp_path.glob("events-*.parquet"))
     assert parts
     schema = pq.read_schema(parts[0])

@@ -348,7 +348,8 @@ class Connection:
                             await self._send_stored(entry)
                         if entries:
                             await self.writer.drain()
-                            continue
+                        if len(entries) == room:
+                            continue  # the window was the limit: there may be more right away
                     if not backlog_first and (len(self.inflight) or time.monotonic() - started > 1.0):
                         backlog_first, cursor = True, "-inf"
             except (ConnectionError, asyncio.CancelledError):

@@ -109,10 +109,10 @@ def up(scenario: Path | None, check: bool, isolated: bool, run_dir: Path | None)
 
             summary = check_health(topology)
             summary["timings"]["total_s"] = round(time.monotonic() - began, 3)
-            _emit({**summary, "endpoints": topology.endpoints()})
+            _emit({**summary, "endpoints": topology.endpoints(), "pid_namespace": "private" if isolated else "host"})
             exit_code = 0 if summary["healthy"] else 1
         else:
-            _emit(topology.endpoints())
+            _emit({**topology.endpoints(), "pid_namespace": "private" if isolated else "host"})
             click.echo("ready; Ctrl-C to stop", err=True)
             while True:
                 time.sleep(3600)

@@ -41,7 +41,7 @@ _DEFECTS = (
     Defect("expiry_as_milliseconds",
            "the MQTT 5 message expiry interval is applied to the payload key as milliseconds (PX), so "
            "messages vanish long before they expire",
-           "expiry.dropped_early", False, "reference_broker/store.py"),
+           "expiry.dropped_early", False, "lua/save.lua"),
     Defect("ignore_message_expiry",
            "the MQTT 5 message expiry interval is ignored: the default TTL is used and expired messages "
            "are still delivered",

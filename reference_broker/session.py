@@ -350,7 +350,7 @@ class Connection:
                             await self.writer.drain()
                         if len(entries) == room:
                             continue  # the window was the limit: there may be more right away
-                    if not backlog_first and (len(self.inflight) or time.monotonic() - started > 1.0):
+                    if not backlog_first and (len(self.inflight) or time.monotonic() - started > 3.0):
                         backlog_first, cursor = True, "-inf"
             except (ConnectionError, asyncio.CancelledError):
                 return

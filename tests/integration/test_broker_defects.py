@@ -110,7 +110,7 @@ def test_defect_live_before_backlog(brokers):
         pub.publish(TOPIC, b"new%d" % i, 1)
     got = payloads(sub.wait_for(6))
     assert sorted(got) == sorted([b"m000", b"m001", b"m002", b"m003", b"new0", b"new1"])
-    assert got[:2] == [b"new0", b"new1"]       # the new messages overtook the backlog
+    assert got[0] == b"new0"                   # a new message overtook the whole backlog
 
 
 def test_defect_stale_subscription_cache(brokers):

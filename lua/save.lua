@@ -1,13 +1,14 @@
 -- save: store one client's batch of messages (one call per client per poll).
 -- KEYS[1] = <prefix>{client}_messages          ZSET: member = payload key, score = never-wrapping counter
 -- KEYS[2] = <prefix>{client}_last_packet_id    STRING: last packet id handed out (no TTL)
+-- KEYS[3] (optional) = <prefix>{client}_sent    HASH: sent markers; a trimmed message's marker goes too
 -- ARGV[1] = limit (1..65535)   ARGV[2] = JSON array of messages   ARGV[3] = default TTL seconds
 -- ARGV[4] = comma-separated defect names (empty for the correct broker)
 -- A message's "expiry" (seconds, MQTT 5 message expiry interval left) replaces the default TTL;
 -- expiry <= 0 means it has already expired: it is not stored and takes no packet id.
 -- Payload keys are KEYS[1] .. "_" .. packet id, so they share the client's hash tag and slot.
 -- Returns {previous last packet id, new last packet id, number stored, number trimmed}.
-local zset, last_key = KEYS[1], KEYS[2]
+local zset, last_key, sent = KEYS[1], KEYS[2], KEYS[3]
 local limit = tonumber(ARGV[1])
 local messages = cjson.decode(ARGV[2])
 local default_ttl = tonumber(ARGV[3])
@@ -71,6 +72,7 @@ if count > keep then
   for _, member in ipairs(victims) do
     redis.call('DEL', member)
     redis.call('ZREM', zset, member)
+    if sent then redis.call('HDEL', sent, member) end
   end
   trimmed = #victims
 end

@@ -90,7 +90,7 @@ class SessionStore:
 
     # ------------------------------------------------------------ the message scripts
     async def save(self, client: str, messages: list[dict[str, Any]]) -> SaveResult:
-        keys = [self.messages_key(client), self.last_packet_id_key(client)]
+        keys = [self.messages_key(client), self.last_packet_id_key(client), self.sent_key(client)]
         args = [self.config.persisted_messages_limit, json.dumps(messages),
                 self.config.persisted_message_ttl_s, self.save_defects]
         if self.config.redis_wait_replicas:

@@ -136,6 +136,14 @@ def test_trim_keeps_newest_and_deletes_payloads(queue):
     assert queue.payload_keys() == set(queue.members())
 
 
+def test_trim_drops_sent_markers_of_trimmed_messages(queue):
+    queue.save(3, limit=3)
+    queue.read(mark=1)
+    messages = [{"topic": "t", "qos": 1, "payload": "new", "expiry": None}]
+    queue.scripts["save"](keys=[queue.zset, queue.last, queue.sent], args=[3, json.dumps(messages), 600, ""])
+    assert {k.decode() for k in queue.redis.hkeys(queue.sent)} == {f"{queue.zset}_2", f"{queue.zset}_3"}
+
+
 def test_batch_larger_than_limit_trims_its_own_oldest(queue):
     previous, last, stored, trimmed = queue.save(12, limit=4)
     assert (stored, trimmed, last) == (12, 8, 12)

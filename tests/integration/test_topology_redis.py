@@ -25,6 +25,8 @@ redis.call('SET', KEYS[1] .. '_' .. seq, ARGV[1], 'EX', 60)
 return seq
 """
 KEYS = ["{c1}_messages", "{c1}_last_packet_id"]
+TRANSIENT_ERRORS = {"ConnectionError", "TimeoutError", "ClusterDownError", "TryAgainError", "MaxConnectionsError",
+                    "SlotNotCoveredError"}
 
 
 def _wait(condition, timeout: float, what: str) -> float:
@@ -145,9 +147,10 @@ def test_sigkill_of_master_promotes_replica_and_client_keeps_running_script(redi
 
     stats = asyncio.run(_run_script_through(kill_and_wait_for_promotion, redis_only.redis_startup_nodes()))
     assert stats["ok_after_fault"] >= 20, stats
-    assert len(stats["errors"]) <= 10, stats["errors"]
+    # the client may surface connection trouble while the slot has no master, nothing else (no NOSCRIPT)
+    assert set(stats["errors"]) <= TRANSIENT_ERRORS, stats["errors"]
+    assert len(stats["errors"]) <= 40, stats["errors"]
     assert cluster.master_for_key(KEYS[0]) is replica
-    assert "NoScriptError" not in stats["errors"]
 
     restart_began = time.monotonic()
     master.start()

@@ -110,3 +110,17 @@ def test_distinct_addresses_count_up_through_127_0_x() -> None:
     allocator._next_host = 253
     hosts = [allocator._next_address() for _ in range(3)]
     assert hosts == ["127.0.0.253", "127.0.0.254", "127.0.1.1"]
+
+
+def test_network_faults_are_refused_outside_the_private_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness import netns
+
+    monkeypatch.delenv(netns.MARKER, raising=False)
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    assert not netns.can_isolate()
+    with pytest.raises(netns.IsolationUnavailable, match="a partition needs the run's private network namespace"):
+        netns.require_isolation("a partition")
+    with pytest.raises(netns.IsolationUnavailable, match="uid 1000.*without --isolated"):
+        netns.enter_private_netns()
+    monkeypatch.setenv(netns.MARKER, "private")
+    netns.require_isolation("a partition")  # inside: allowed

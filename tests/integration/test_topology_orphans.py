@@ -187,3 +187,17 @@ def test_isolated_is_refused_clearly_for_a_non_root_user(tmp_path: Path) -> None
     assert "network isolation needs root" in result.stderr and "uid 65534" in result.stderr
     assert "without --isolated" in result.stderr
     assert not (tmp_path / "run").exists()  # refused before anything was created or started
+
+
+def test_graceful_stop_of_a_paused_node_does_not_wait_for_the_timeout(tmp_path: Path) -> None:
+    node = ProcessNode("paused", "test", "127.0.0.1", 1, ["sleep", "30"], log_path=tmp_path / "p.log",
+                       data_dir=tmp_path / "p", ready_check=lambda n: True)
+    node.start()
+    pid = node.pid
+    node.pause()
+    began = time.monotonic()
+    node.stop(timeout=10)  # SIGTERM alone would sit in a stopped process; stop() also sends SIGCONT
+    assert time.monotonic() - began < 5
+    assert not node.is_alive()
+    assert not psutil.pid_exists(pid)  # reaped by stop(), not left as a zombie
+    assert pid not in reaper.tracked()

@@ -28,6 +28,8 @@ from harness import reaper
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl  # looked up before any fork: nothing but a plain call happens in the child
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
 
 
 class NodeError(RuntimeError):
@@ -35,8 +37,10 @@ class NodeError(RuntimeError):
 
 
 def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    def preexec() -> None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    def preexec() -> None:  # runs in the child between fork and exec; stderr is already the node's log
+        if _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            os.write(2, b"ordeal: prctl(PR_SET_PDEATHSIG) failed; refusing to start an orphanable process\n")
+            os._exit(127)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
 

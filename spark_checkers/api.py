@@ -87,9 +87,15 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
     from spark_checkers import jobs
 
     specs = [jobs.RunSpec(i.run_id, i.parts, i.guarantees) for i in inputs]
+    total_bytes = sum(Path(p).stat().st_size for i in inputs for p in i.parts if "://" not in p)
+    spark.conf.set("spark.sql.shuffle.partitions", str(jobs.shuffle_partitions(total_bytes)))
     events = jobs.load_events(spark, specs)
     small = jobs.collect_small(events)
-    topics = jobs.collect_topics(events)
+    topics, rows_read = jobs.collect_topics(events)
+    for run in inputs:
+        if rows_read.get(run.run_id, 0) != run.rows:
+            raise RuntimeError(f"{run.run_dir}: read {rows_read.get(run.run_id, 0)} rows from the history parts, "
+                               f"their footers say {run.rows}")
     timelines = {i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees) for i in inputs}
     violations, metrics, cached, parts = jobs.build(spark, specs, events, timelines, topics)
     try:

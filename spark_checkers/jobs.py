@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import reduce
+from pathlib import Path
 
 from harness.history_schema import EVENT_SCHEMA, Kind
 from spark_checkers.guarantees import Guarantees
@@ -40,12 +41,24 @@ def spark_schema():
 
 
 def load_events(spark, runs: list[RunSpec]):
-    from pyspark.sql import DataFrame
+    """All runs' parts in one scan (Spark packs small files into few tasks); run_id from each row's file."""
     from pyspark.sql import functions as F
 
-    schema = spark_schema()
-    frames = [spark.read.schema(schema).parquet(*run.parts).withColumn("run_id", F.lit(run.run_id)) for run in runs]
-    return reduce(DataFrame.unionByName, frames)
+    path_to_run: dict[str, str] = {}
+    for run in runs:
+        for part in run.parts:
+            path_to_run[part] = run.run_id
+            if "://" not in part:
+                path_to_run["file:" + str(Path(part).resolve())] = run.run_id
+    lookup = F.create_map(*[F.lit(x) for pair in path_to_run.items() for x in pair])
+    paths = [part for run in runs for part in run.parts]
+    events = spark.read.schema(spark_schema()).parquet(*paths)
+    return events.withColumn("run_id", lookup[F.col("_metadata.file_path")])
+
+
+def shuffle_partitions(total_bytes: int) -> int:
+    """Few partitions for small histories (task overhead dominates), more for big ones."""
+    return int(max(2, min(64, total_bytes // (24 << 20))))
 
 
 def collect_small(events) -> dict[str, list[dict]]:
@@ -57,15 +70,20 @@ def collect_small(events) -> dict[str, list[dict]]:
     return out
 
 
-def collect_topics(events) -> dict[str, list[str]]:
+def collect_topics(events) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """(distinct published topics per run, rows read per run) in one scan."""
     from pyspark.sql import functions as F
 
-    out: dict[str, list[str]] = {}
-    rows = events.filter(F.col("kind") == Kind.PUBLISH_INVOKE).select("run_id", "topic").distinct().collect()
-    for row in rows:
+    topics: dict[str, list[str]] = {}
+    rows_read: dict[str, int] = {}
+    invoke = F.col("kind") == Kind.PUBLISH_INVOKE
+    grouped = events.groupBy("run_id", F.when(invoke, F.col("topic")).alias("topic")).agg(
+        F.count(F.lit(1)).alias("n")).collect()
+    for row in grouped:
+        rows_read[row["run_id"]] = rows_read.get(row["run_id"], 0) + row["n"]
         if row["topic"] is not None:
-            out.setdefault(row["run_id"], []).append(row["topic"])
-    return out
+            topics.setdefault(row["run_id"], []).append(row["topic"])
+    return topics, rows_read
 
 
 # --- Broadcast tables built from the timelines -------------------------------------------------------------
@@ -230,7 +248,13 @@ class Rules:
 def _freeze(df, cached: list):
     """Materialise and cut the lineage: later plans start from here (Catalyst re-analyses whole plans on every
     step, which costs seconds on these deep ones)."""
+    import os
+    import time
+
+    started = time.monotonic()
     frozen = df.localCheckpoint(eager=True)
+    if os.environ.get("ORDEAL_CHECKER_TIMING"):
+        print(f"checkpoint {len(cached)}: {time.monotonic() - started:.2f} s")
     cached.append(frozen)
     return frozen
 

@@ -27,6 +27,7 @@ class RunInput:
     fatal: tuple[str, ...]  # nothing can be decided: every invariant is unknown
     incomplete: tuple[str, ...]  # decidable, but absences prove nothing (manifest incomplete, ...)
     history_hash: str
+    rows: int = 0  # rows in the readable parts, per their footers
 
     @property
     def readable(self) -> bool:
@@ -48,8 +49,9 @@ def open_run(run_dir: str | Path, run_id: str | None = None) -> RunInput:
         fatal.append(str(error))
     history_dir = run_dir / "history"
     parts, manifest, history_fatal, incomplete, digest = validate_history(history_dir)
+    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in parts) if not history_fatal else 0
     return RunInput(run_id or run_dir.name, run_dir, guarantees, parts, manifest, tuple(fatal + history_fatal),
-                    tuple(incomplete), digest)
+                    tuple(incomplete), digest, rows)
 
 
 def validate_history(history_dir: Path) -> tuple[tuple[str, ...], dict, list[str], list[str], str]:

@@ -201,3 +201,15 @@ def test_graceful_stop_of_a_paused_node_does_not_wait_for_the_timeout(tmp_path: 
     assert not node.is_alive()
     assert not psutil.pid_exists(pid)  # reaped by stop(), not left as a zombie
     assert pid not in reaper.tracked()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_tears_ordeal_up_down_gracefully(tmp_path: Path, sig: signal.Signals) -> None:
+    process, endpoints = _start_up(tmp_path)
+    identities = _identities(node["pid"] for node in endpoints["nodes"])
+    process.send_signal(sig)
+    assert process.wait(30) == 0
+    assert "stopping" in process.stderr.read()
+    assert _alive(identities) == []  # stopped by teardown, not by the kernel
+    redis_log = Path(endpoints["nodes"][0]["log"]).read_text()
+    assert "ready to exit" in redis_log.lower() or "bye" in redis_log.lower()  # Redis shut down on SIGTERM

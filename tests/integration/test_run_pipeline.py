@@ -273,3 +273,18 @@ def test_a_target_that_cannot_start_ends_the_run_unknown_with_the_reason(out_dir
     assert "'no-such-broker-binary' is not installed" in result.summary["error"]
     assert read_manifest(result.run_dir / "history")["complete"] is False
     assert (result.run_dir / "logs" / "harness-error.log").read_text().startswith("Traceback")
+
+
+def test_subscribers_move_between_two_reference_broker_nodes(out_dir: Path, tmp_path: Path):
+    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available yet")
+    text = find_scenario("p2p-smoke").read_text()
+    scenario = tmp_path / "p2p-two-nodes.toml"
+    scenario.write_text(text.replace('name = "p2p-smoke"', 'name = "p2p-two-nodes"')
+                        .replace("broker_nodes = 1", "broker_nodes = 2"))
+    result = run_scenario(scenario, 2, out_dir, check=False)
+    rows = assert_history_consistent(result.run_dir)
+    nodes = {r["node"] for r in rows if r["kind"] == Kind.CONNECT and r["client"].startswith("test_sub")}
+    assert nodes == {"broker-1", "broker-2"}
+    resumed = [r for r in rows if r["kind"] == Kind.CONNECT and r["client"].startswith("test_sub")
+               and r["session_present"]]
+    assert resumed, "sessions resume on whichever node the subscriber reconnects to"

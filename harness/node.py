@@ -183,10 +183,19 @@ class ProcessNode(Node):
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None and self._process.poll() is None else None
+        return self._process.pid if self.is_alive() else None
 
     def is_alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        if self._process is None:
+            return False
+        if self._process.poll() is None:
+            return True
+        # It died on its own (crash, fault).  Once: end whatever it left in its process group, then forget
+        # the pid, so nothing ever signals that number again after the kernel reuses it.
+        if self._process.pid in reaper.tracked():
+            reaper.kill_group(self._process.pid, signal.SIGKILL)
+            reaper.untrack(self._process.pid)
+        return False
 
     def start(self) -> None:
         if self.is_alive():
@@ -281,7 +290,8 @@ class ProcessNode(Node):
 
     def _finish(self) -> None:
         process = self._process
-        reaper.kill_group(process.pid, signal.SIGKILL)  # also any leftovers of the group
+        if process.pid in reaper.tracked():  # not yet found dead by is_alive()
+            reaper.kill_group(process.pid, signal.SIGKILL)  # also any leftovers of the group
         process.wait()
         reaper.untrack(process.pid)
         self.paused = False

@@ -27,9 +27,10 @@ def track(pid: int, pgid: int) -> None:
     install()
 
 
-def untrack(pid: int) -> None:
+def untrack(pid: int) -> bool:
+    """Forget a pid; True when it was tracked until now."""
     with _lock:
-        _tracked.pop(pid, None)
+        return _tracked.pop(pid, None) is not None
 
 
 def tracked() -> dict[int, int]:

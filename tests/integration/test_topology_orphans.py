@@ -151,9 +151,14 @@ def test_node_that_dies_at_start_reports_its_log(tmp_path: Path) -> None:
     node = ProcessNode("doomed", "test", "127.0.0.1", 1, [sys.executable, "-c", "print('bad flag'); exit(3)"],
                        log_path=tmp_path / "doomed.log", data_dir=tmp_path / "doomed")
     node.start()
+    pid = node._process.pid
     with pytest.raises(RuntimeError, match=r"(?s)doomed is not running \(exit code 3\).*bad flag"):
         node.wait_ready(5)
+    assert pid not in reaper.tracked()  # found dead: its number is never signalled again
     node.stop()
+    node.start()  # and it can be started again
+    assert node.pid != pid
+    node.kill()
 
 
 def test_restart_from_a_short_lived_thread_survives_that_thread(tmp_path: Path) -> None:

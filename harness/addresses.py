@@ -4,7 +4,8 @@
   usual port, so a network fault can target one node by address.  Addresses are handed out once per
   process (127.0.0.2 upwards, then 127.0.1.1 ...), so several topologies in one test session never clash.
 - "loopback" (host network): every node on 127.0.0.1 with a free port (the host may run other
-  services); a Redis node also needs its cluster bus port (port + 10000) free."""
+  services); a Redis node also needs its cluster bus port (port + 10000) free.  Ports come from
+  12000-22000 (buses 22000-32000), under the ephemeral range that outgoing connections draw from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import socket
 import threading
 
 BUS_OFFSET = 10000
+PORT_RANGE = (12000, 22000)  # with the bus: up to 32000, below the ephemeral range (ip_local_port_range)
 
 
 def bindable(host: str, port: int) -> bool:
@@ -49,8 +51,10 @@ class AddressAllocator:
 
     def loopback(self, with_bus: bool = False) -> tuple[str, int]:
         with self._lock:
-            for _ in range(2000):  # random probing in 20000-29999: bus ports land in 30000-39999
-                port = self._random.randrange(20000, 30000)
+            # random probing below the kernel's ephemeral range (32768+), bus ports (+10000) included, so
+            # an outgoing connection can never take a port between this probe and the server's bind
+            for _ in range(2000):
+                port = self._random.randrange(PORT_RANGE[0], PORT_RANGE[1] + 1)
                 if port in self._given_ports or (with_bus and port + BUS_OFFSET in self._given_ports):
                     continue
                 if bindable("127.0.0.1", port) and (not with_bus or bindable("127.0.0.1", port + BUS_OFFSET)):
@@ -58,7 +62,7 @@ class AddressAllocator:
                     if with_bus:
                         self._given_ports.add(port + BUS_OFFSET)
                     return "127.0.0.1", port
-        raise RuntimeError("no free port pair found on 127.0.0.1 in 20000-29999")
+        raise RuntimeError(f"no free port (and bus port) found on 127.0.0.1 in {PORT_RANGE[0]}-{PORT_RANGE[1]}")
 
 
 ALLOCATOR = AddressAllocator()

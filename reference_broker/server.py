@@ -91,6 +91,9 @@ class Broker:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.store.forget_node(self.node_id)
+            # hand the partitions over now instead of after the lease runs out (consumers are stopped)
+            for topic, held in self.leases.held.items():
+                await self.store.renew_leases(self.node_id, topic, [], sorted(held), 1)
         await self.peers.stop()
         if self.producer is not None:
             with contextlib.suppress(Exception):

@@ -137,3 +137,46 @@ def test_broker_node_killed_clients_move_and_nothing_acknowledged_is_lost(broker
           f"lost {len(lost)}, kill-to-drained {took:.1f} s")
     assert len(acked) > 100
     assert lost == set(), f"acknowledged but never delivered: {sorted(lost)[:20]}"
+
+
+def test_kafka_broker_killed_service_resumes_and_loss_is_measured(brokers, topology):
+    """Tansu SIGKILLed and restarted mid-stream.  Measured on this machine: Tansu over S3 loses records it
+    had acknowledged before the kill and reuses their offsets (a fresh consumer reading the topic from the
+    start does not find them), so messages acknowledged just before the kill can be lost whatever the
+    broker does; that loss is printed, not asserted.  Asserted: the broker recovers by itself, and every
+    message acknowledged after the restart is delivered."""
+    cluster = brokers(**DURABLE)
+    sub = cluster.probe(version=5)
+    sub.connect(clean=False, session_expiry=3600)
+    sub.subscribe(FILTER, 1)
+    node = cluster.nodes[0]
+    publisher = Publisher([(node.host, node.port)], count=160, rate=40)
+    publisher.start()
+    try:
+        time.sleep(1.0)
+        killed_at = time.monotonic()
+        before_kill = set(publisher.acked)
+        topology.kafka.kill()
+        time.sleep(1.0)
+        topology.kafka.start()
+        topology.kafka.wait_ready(30)
+        time.sleep(1.0)
+        after_restart_from = len(publisher.acked)
+        publisher.join(90)
+    finally:
+        if not topology.kafka.is_alive():
+            topology.kafka.start()
+            topology.kafka.wait_ready(30)
+    assert not publisher.is_alive()
+    after_restart = set(publisher.acked[after_restart_from:])
+    deadline = time.monotonic() + 30
+    while not after_restart <= {int(d.payload[1:]) for d in sub.deliveries} and time.monotonic() < deadline:
+        time.sleep(0.2)
+    seen = {int(d.payload[1:]) for d in sub.deliveries}
+    print(f"\nkafka killed 1 s: published {publisher.count}, acked {len(publisher.acked)}, failed "
+          f"{len(publisher.failed)}, acked before the kill {len(before_kill)} of which lost "
+          f"{len(before_kill - seen)}, acked around the outage lost {len(set(publisher.acked) - seen - before_kill)}, "
+          f"acked after the restart {len(after_restart)} of which lost {len(after_restart - seen)}, "
+          f"kill-to-drained {time.monotonic() - killed_at:.1f} s")
+    assert len(after_restart) > 40
+    assert after_restart <= seen, f"acknowledged after the restart, never delivered: {sorted(after_restart - seen)[:20]}"

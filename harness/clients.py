@@ -413,13 +413,16 @@ class ClientSession:
         except UnicodeDecodeError:
             topic = None
             detail = {**(detail or {}), "topic_not_utf8": message._topic.hex()}
+        will_ack = message.qos > 0 and client is self.paho and client.socket() is not None
+        if message.qos > 0 and not will_ack:  # arrived on a connection the harness is already ending
+            detail = {**(detail or {}), "not_acked": "the harness was closing this connection"}
         self.recorder.record(
             Kind.DELIVERY, client=self.client_id, node=self.node_name, protocol=self.protocol, topic=topic,
             qos=message.qos, packet_id=message.mid, dup=bool(message.dup), retain=bool(message.retain),
             payload_size=len(body), remaining_expiry_s=remaining, publisher=publisher,
             pub_seq=identity.seq if identity else None, send_wall_us=identity.send_wall_us if identity else None,
             body_hash=identity_codec.body_hash(body), detail=detail)
-        if message.qos > 0 and client is self.paho and client.socket() is not None:
+        if will_ack:
             client.ack(message.mid, message.qos)  # PUBACK (QoS 1) / PUBCOMP (QoS 2), queued on the socket
             self.recorder.record(Kind.DELIVERY_ACK_SENT, client=self.client_id, node=self.node_name,
                                  protocol=self.protocol, topic=topic, qos=message.qos, packet_id=message.mid,

@@ -47,6 +47,19 @@ async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
         await admin.close()
 
 
+def live_nodes(nodes: dict[str, dict[str, Any]], now_ms: float, lease_s: float) -> list[str]:
+    """Node ids whose heartbeat is younger than the lease, sorted (every node computes the same list)."""
+    return sorted(n for n, info in nodes.items() if now_ms - info["ts"] < lease_s * 1000)
+
+
+def desired_partitions(node_id: str, live: list[str], count: int) -> set[int]:
+    """Node i of N live nodes wants the partitions p with p % N == i (all of them when alone or unknown)."""
+    if node_id not in live:
+        return set(range(count)) if not live else set()
+    index = live.index(node_id)
+    return {p for p in range(count) if p % len(live) == index}
+
+
 class LeaseManager:
     """Which partitions of which topic this node consumes (see the module doc)."""
 
@@ -64,12 +77,10 @@ class LeaseManager:
     async def tick(self) -> None:
         config = self.broker.config
         nodes = await self.broker.store.heartbeat(self.broker.node_id, self.broker.peer_address)
-        now = time.time() * 1000
-        live = sorted(n for n, info in nodes.items() if now - info["ts"] < config.partition_lease_s * 1000)
+        live = live_nodes(nodes, time.time() * 1000, config.partition_lease_s)
         self.broker.peers.addresses = {n: info["peer"] for n, info in nodes.items()}
-        index = live.index(self.broker.node_id) if self.broker.node_id in live else 0
         for topic, count in self.topics.items():
-            desired = {p for p in range(count) if p % max(1, len(live)) == index}
+            desired = desired_partitions(self.broker.node_id, live, count)
             # keep what the consumer still reads until it lets go at its next batch boundary
             want = sorted(desired | self.assigned[topic])
             release = sorted(self.held[topic] - set(want))

@@ -450,3 +450,46 @@ def test_qos2_publisher_resend_after_reconnect_is_delivered_once(brokers):
     assert raw.receive() == codec.Ack(codec.PUBCOMP, 7)
     raw.close()
     assert payloads(sub.settle(1.0)) == [b"exactly-once"]
+
+
+@pytest.mark.parametrize("version", [codec.MQTT311, codec.MQTT5])
+def test_keep_alive_timeout_closes_a_silent_client(brokers, version):
+    cluster = brokers()
+    node = cluster.nodes[0]
+    raw = RawClient(node.host, node.port, version)
+    props = None
+    if version == codec.MQTT5:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+        props = Properties(PacketTypes.CONNECT)
+    raw.send(codec.Connect(version, f"ka-{uuid.uuid4().hex[:6]}", True, 1, props))  # keep-alive 1 s
+    assert isinstance(raw.receive(), codec.ConnAck)
+    began = time.monotonic()
+    if version == codec.MQTT5:
+        closing = raw.receive(timeout=5)
+        assert isinstance(closing, codec.Disconnect) and closing.reason_code == codec.RC_KEEP_ALIVE_TIMEOUT
+    with pytest.raises(ConnectionError):
+        raw.receive(timeout=5)
+    assert 1.2 < time.monotonic() - began < 4.0   # 1.5 x keep-alive
+
+
+def test_unsubscribe_stops_delivery(brokers):
+    cluster = brokers()
+    sub = cluster.probe(version=5)
+    sub.connect(clean=False, session_expiry=600)
+    sub.subscribe(FILTER, 1)
+    sub.subscribe("other/#", 1)
+    pub = cluster.probe(version=4)
+    pub.connect(clean=True)
+    pub.publish(TOPIC, b"before", 1)
+    assert payloads(sub.wait_for(1)) == [b"before"]
+    done = []
+    sub.client.on_unsubscribe = lambda *args: done.append(True)
+    sub.client.unsubscribe(FILTER)
+    deadline = time.monotonic() + 5
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done
+    pub.publish(TOPIC, b"after", 1)
+    pub.publish("other/x", b"still-subscribed", 1)
+    assert payloads(sub.settle(0.8)) == [b"before", b"still-subscribed"]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from reference_broker.codec import topic_matches
+from reference_broker.topic_index import TopicIndex
 
 if TYPE_CHECKING:
     from reference_broker.server import Broker
@@ -205,7 +205,7 @@ class FanOut:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.version = -1
-        self.subscriptions: dict[str, dict[str, Any]] = {}
+        self.index = TopicIndex({})
         self.loaded_at = 0.0
 
     async def refresh(self) -> None:
@@ -214,12 +214,12 @@ class FanOut:
             # defect: refresh on a timer instead of on every change
             if time.monotonic() - self.loaded_at < 5.0 and self.version >= 0:
                 return
-            self.subscriptions, self.version = await store.all_subscriptions(), 0
+            self.index, self.version = TopicIndex(await store.all_subscriptions()), 0
             self.loaded_at = time.monotonic()
             return
         version = await store.subscriptions_version()
         if version != self.version:
-            self.subscriptions = await store.all_subscriptions()
+            self.index = TopicIndex(await store.all_subscriptions())
             self.version = version
 
     async def process(self, records: list[Any]) -> None:
@@ -228,11 +228,8 @@ class FanOut:
         pending = []
         for record in records:
             message = json.loads(record.value)
-            for client, sub in self.subscriptions.items():
-                granted = max((qos for flt, qos in sub["filters"].items() if topic_matches(flt, message["topic"])),
-                              default=None)
-                if granted is None:
-                    continue
+            for client, granted in self.index.match(message["topic"]).items():
+                sub = self.index.records[client]
                 qos = min(granted, message["qos"])
                 if sub.get("persistent") and qos > 0:
                     out = dict(message, qos=qos)

@@ -5,4 +5,4 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$here/scripts/bootstrap.sh"
 cd "$here"
-exec .venv/bin/ordeal up --check "$@"
+exec .venv/bin/ordeal run scenarios/p2p-smoke.toml --seed 1 "$@"

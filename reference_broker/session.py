@@ -265,9 +265,9 @@ class Connection:
         stored = entry is not None and entry[0] != "live"
         if packet.packet_type == codec.PUBREC:
             if packet.reason_code >= 0x80:  # the subscriber refused it: the flow ends here
-                self.inflight.pop(pid, None)
                 if stored:
                     await self._with_retry(store.remove_one, pid)
+                self.inflight.pop(pid, None)
                 self.wake.set()
                 return
             if stored:
@@ -275,10 +275,12 @@ class Connection:
                 self.inflight[pid] = ("rel", entry[1])
             self.send(Ack(codec.PUBREL, pid))
             return
-        # PUBACK or PUBCOMP: the message is done
-        self.inflight.pop(pid, None)
+        # PUBACK or PUBCOMP: the message is done.  Remove it from Redis before it leaves the in-flight
+        # window: an empty window sends the delivery loop back to the start of the ZSET, where a message
+        # not yet removed would be sent again.
         if stored and not self.config.has("puback_not_removing"):
             await self._with_retry(store.remove_one, pid)
+        self.inflight.pop(pid, None)
         self.wake.set()
 
     async def _with_retry(self, operation, packet_id: int) -> None:

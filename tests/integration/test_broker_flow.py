@@ -493,3 +493,21 @@ def test_unsubscribe_stops_delivery(brokers):
     pub.publish(TOPIC, b"after", 1)
     pub.publish("other/x", b"still-subscribed", 1)
     assert payloads(sub.settle(0.8)) == [b"before", b"still-subscribed"]
+
+
+def test_live_stream_to_persistent_subscriber_has_no_duplicates(brokers):
+    """Acks race the delivery loop: a message must leave Redis before it leaves the in-flight window, or
+    the loop sends it again (found by benchmarks/broker_p2p.py)."""
+    cluster = brokers()
+    sub = cluster.probe(version=4)
+    sub.connect(clean=False)
+    sub.subscribe(FILTER, 1)
+    pub = cluster.probe(version=4)
+    pub.connect(clean=True)
+    infos = [pub.publish(TOPIC, b"L%04d" % i, 1, timeout=0) for i in range(300)]
+    for info in infos:
+        info.wait_for_publish(15)
+    got = sub.wait_for(300)
+    got = sub.settle(0.7)
+    assert payloads(got) == [b"L%04d" % i for i in range(300)]
+    assert not any(d.dup for d in got)

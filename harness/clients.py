@@ -160,6 +160,8 @@ class ClientSession:
     reconnect_at: float | None = None
     why: str = ""  # why the current connection was opened (plan, auto-reconnect, drain)
     consecutive_failures: int = 0  # connect attempts failed since the last CONNACK (auto-reconnect rotates nodes)
+    fault_id: str | None = None  # the client fault that opened the current connection (history column)
+    session_present: bool | None = None  # the last CONNACK's session present flag
     pending: dict[int, PendingPublish] = field(default_factory=dict)
     sub_mids: dict[int, list[str]] = field(default_factory=dict)
 
@@ -172,10 +174,13 @@ class ClientSession:
         return self.plan.protocol
 
     # -- connecting --------------------------------------------------------------------------------
-    def connect(self, *, clean_start: bool, node: int, session_expiry_s: int | None, why: str) -> None:
+    def connect(self, *, clean_start: bool, node: int, session_expiry_s: int | None, why: str,
+                fault_id: str | None = None) -> None:
         """Open a new connection (a fresh paho client).  Outcome: a connect or connect_fail row."""
         if self.paho is not None:
             self.drop("replaced by a new connection")
+        self.fault_id = fault_id
+        self.session_present = None
         self.node = node
         host, port, self.node_name = self.address_of(node)
         self.clean_start = clean_start
@@ -242,8 +247,9 @@ class ClientSession:
         self.connected = True
         self.consecutive_failures = 0
         self.counters.connects += 1
+        self.session_present = bool(flags.session_present)
         self.recorder.record(Kind.CONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
-                             session_present=bool(flags.session_present), reason_code=code,
+                             fault_id=self.fault_id, session_present=self.session_present, reason_code=code,
                              clean_start=self.clean_start, session_expiry_s=self.session_expiry_s,
                              detail={"why": self.why, "role": self.plan.role})
         if self.plan.subscriptions:
@@ -265,7 +271,7 @@ class ClientSession:
             self.subscribed = True
 
     # -- disconnecting -----------------------------------------------------------------------------
-    def disconnect(self, *, abrupt: bool, why: str) -> None:
+    def disconnect(self, *, abrupt: bool, why: str, fault_id: str | None = None) -> None:
         """A planned disconnect: clean (DISCONNECT packet) or abrupt (socket cut, no DISCONNECT)."""
         self.want_connected = False
         self.reconnect_at = None
@@ -273,7 +279,7 @@ class ClientSession:
             return
         self.counters.disconnects += 1
         self.recorder.record(Kind.DISCONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
-                             initiator="harness" if abrupt else "client", abrupt=abrupt,
+                             fault_id=fault_id, initiator="harness" if abrupt else "client", abrupt=abrupt,
                              detail={"why": why, "was_connected": self.connected})
         self._settle_pending("the client disconnected")
         self.closing = True

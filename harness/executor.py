@@ -11,20 +11,32 @@ Phases (each recorded as a ``phase`` row by harness/run.py around these calls):
 - ``settle()``: waits for the outstanding publish acknowledgements; what is left becomes indeterminate.
 - ``drain()``: every persistent subscriber reconnects (clean_start = 0) and the loop runs until nothing
   new is delivered for quiet_s (reason "quiet") or timeout_s passes (reason "timeout").
+
+Client faults (``client_flap``, ``client_reconnect_storm``, faults/client.py) are scheduled by the nemesis
+but played here: ``client_fault_player()`` is the nemesis' ``client_player`` hook.  The nemesis thread
+hands each (fault, stage) to this loop through a queue and waits for the evidence; the loop thread does
+the socket work (paho is not thread-safe) and answers once the sockets really closed (apply) or the
+reconnect's CONNACK arrived (heal).  A fault that cannot be applied raises FaultNotApplicable back to the
+nemesis, which records a fault_error row: the run is then unknown, never silently short of a fault.
 """
 
 from __future__ import annotations
 
+import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from harness.clients import ClientSession, Counters, SelectorLoop
 from harness.history import HistoryRecorder
 from properties.plan import CONNECT, Plan, PublishPlan, SubscriberAction
 
 Endpoint = tuple[str, int, str]  # host, port, node name
+T = TypeVar("T")
 
 
 class ExecutorError(RuntimeError):
@@ -44,6 +56,7 @@ class ExecutorSettings:
     # Source address of every client connection; network faults match client packets on it
     # (faults/targets.py client_hosts: with distinct node addresses 127.0.0.1 is the clients').
     client_bind_address: str = ""
+    client_fault_timeout_s: float = 10.0  # sockets closed / reconnect CONNACK within this, else no evidence
 
 
 class Executor:
@@ -69,6 +82,9 @@ class Executor:
                 node=c.node)
             for c in plan.clients}
         self._last_housekeeping = 0.0
+        self._fault_requests: queue.Queue[tuple[Any, str, Future]] = queue.Queue()
+        self._fault_waiters: list[_Waiter] = []
+        self._held_by_fault: dict[str, str] = {}  # client id -> the client fault holding it offline
 
     def _address(self, node: int) -> Endpoint:
         return self.endpoints[node % len(self.endpoints)]
@@ -89,6 +105,7 @@ class Executor:
             if now >= until:
                 return
             self.loop.poll(min(until - now, self.settings.max_wait_s))
+            self._serve_client_faults()
             self._housekeeping()
 
     def _housekeeping(self, force: bool = False) -> None:
@@ -175,6 +192,7 @@ class Executor:
 
     def _subscriber_action(self, action: SubscriberAction, *, why: str) -> None:
         session = self.sessions[action.client_id]
+        self._held_by_fault.pop(action.client_id, None)  # the plan takes the client back from a fault
         if action.action == CONNECT:
             session.connect(clean_start=action.clean_start, node=action.node,
                             session_expiry_s=action.session_expiry_s, why=why)
@@ -228,8 +246,169 @@ class Executor:
     def _writing(self) -> bool:
         return False
 
+    def run_alongside(self, work: Callable[[], T]) -> T:
+        """Run ``work`` in a helper thread while this loop keeps serving sockets and client faults (the
+        nemesis' heal_all may heal a client fault, which this loop must play).  Returns its result."""
+        result: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                result["value"] = work()
+            except BaseException as error:  # noqa: BLE001 - re-raised on the loop thread
+                result["error"] = error
+
+        helper = threading.Thread(target=target, name="executor-alongside", daemon=True)
+        helper.start()
+        while helper.is_alive():
+            self._pump(time.monotonic() + self.settings.max_wait_s)
+            if self.stop.is_set():
+                helper.join(0.1)
+        helper.join()
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+
+    # -- client faults -----------------------------------------------------------------------------
+    def client_fault_player(self) -> Callable[[Any, str], Any]:
+        """The nemesis' ``client_player(spec, stage) -> Evidence``; blocks its (nemesis) thread until this
+        loop has played the stage.  Raises what the loop raised (FaultNotApplicable, TimeoutError)."""
+        def play(spec: Any, stage: str) -> Any:
+            future: Future = Future()
+            self._fault_requests.put((spec, stage, future))
+            return future.result(timeout=self.settings.client_fault_timeout_s + 10.0)
+        return play
+
+    def _serve_client_faults(self) -> None:
+        while True:
+            try:
+                spec, stage, future = self._fault_requests.get_nowait()
+            except queue.Empty:
+                break
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                self._start_client_fault(spec, stage, future)
+            except BaseException as error:  # noqa: BLE001 - handed to the nemesis, which records it
+                future.set_exception(error)
+        now = time.monotonic()
+        for waiter in list(self._fault_waiters):
+            # Why poll: a socket closes / a CONNACK arrives on a later loop turn; answer when it did, or
+            # with the evidence as it stands at the deadline (bit false: the fault did not take).
+            if waiter.done() or now >= waiter.deadline:
+                self._fault_waiters.remove(waiter)
+                try:
+                    waiter.future.set_result(waiter.evidence())
+                except BaseException as error:  # noqa: BLE001 - handed to the nemesis
+                    waiter.future.set_exception(error)
+
+    def _start_client_fault(self, spec: Any, stage: str, future: Future) -> None:
+        from faults.base import FaultNotApplicable
+
+        rng = random.Random(f"{self.plan.seed}:{spec.id}")  # = FaultContext.rng_for: same seed, same choice
+        params = dict(spec.params)
+        if spec.kind == "client_flap":
+            session = self.sessions.get(spec.target)
+            if session is None:
+                raise FaultNotApplicable(f"client_flap target {spec.target!r} is not a client of this plan")
+            sessions = [session]
+        elif spec.kind == "client_reconnect_storm":
+            from faults.client import storm_sessions
+
+            if stage == "apply":
+                connected = [s.client_id for s in self.subscribers if s.connected]
+                sessions = [self.sessions[c] for c in storm_sessions(params, connected, rng)]
+            else:
+                sessions = [s for s in self.sessions.values() if self._held_by_fault.get(s.client_id) == spec.id]
+        else:
+            raise FaultNotApplicable(f"fault kind {spec.kind!r} is not a client fault the executor plays")
+        if stage == "apply":
+            self._drop_sessions(spec, params, sessions, future)
+        else:
+            self._reconnect_sessions(spec, params, sessions, rng, future)
+
+    def _drop_sessions(self, spec: Any, params: dict[str, Any], sessions: list[ClientSession],
+                       future: Future) -> None:
+        from faults.base import Evidence, FaultNotApplicable
+        from faults.client import socket_lost_check
+
+        if not sessions:
+            raise FaultNotApplicable(f"{spec.kind} {spec.id}: no subscriber is connected at its start")
+        offline = [s.client_id for s in sessions if s.paho is None or not s.connected]
+        if offline:
+            raise FaultNotApplicable(f"{spec.kind} {spec.id}: client(s) {', '.join(offline)} not connected at "
+                                     "the fault's start; there is no socket to drop")
+        abrupt = params.get("mode", "abrupt") == "abrupt"
+        watched = []
+        for session in sessions:
+            sock = session.paho.socket()
+            local, remote = _socket_addresses(sock)
+            watched.append((session, sock, local, remote, session.node_name))
+            session.disconnect(abrupt=abrupt, why=f"fault {spec.id}: {spec.kind} ({params.get('mode')})",
+                               fault_id=spec.id)
+            self._held_by_fault[session.client_id] = spec.id
+
+        def closed(sock: Any, local: str) -> bool:
+            return sock is None or (sock.fileno() == -1 and not _tcp_established(local))
+
+        def evidence() -> Evidence:
+            return Evidence(tuple(
+                socket_lost_check(session.client_id, closed(sock, local), mode=params.get("mode"), node=node,
+                                  local=local, remote=remote, fd_closed=sock is None or sock.fileno() == -1,
+                                  tcp_established=_tcp_established(local))
+                for session, sock, local, remote, node in watched))
+
+        self._fault_waiters.append(_Waiter(
+            future, lambda: all(closed(sock, local) for _, sock, local, _, _ in watched), evidence,
+            time.monotonic() + self.settings.client_fault_timeout_s))
+
+    def _reconnect_sessions(self, spec: Any, params: dict[str, Any], sessions: list[ClientSession],
+                            rng: random.Random, future: Future) -> None:
+        from faults.base import Check, Evidence
+        from faults.client import reconnect_node, reconnected_check
+
+        held = [s for s in sessions if self._held_by_fault.get(s.client_id) == spec.id]
+        if not params.get("reconnect", True) or not held:
+            why = "the fault does not reconnect (reconnect = false)" if held else                 "the plan took the client(s) back before the fault's end"
+            for session in held:
+                self._held_by_fault.pop(session.client_id, None)
+            future.set_result(Evidence.of(Check("client left to the plan", {
+                "clients": [s.client_id for s in sessions], "why": why}, True)))
+            return
+        clean_start = bool(params.get("clean_start", False))
+        for session in held:  # every connect in one loop turn: a storm is many sessions at once
+            self._held_by_fault.pop(session.client_id, None)
+            node = reconnect_node(params.get("node", "same"), session.node, len(self.endpoints), rng)
+            session.connect(clean_start=clean_start or not session.plan.persistent, node=node,
+                            session_expiry_s=session.plan.session_expiry_s,
+                            why=f"fault {spec.id}: {spec.kind} reconnect", fault_id=spec.id)
+
+        def evidence() -> Evidence:
+            return Evidence(tuple(
+                reconnected_check(s.client_id, s.connected and s.fault_id == spec.id, node=s.node_name,
+                                  clean_start=s.clean_start, session_present=s.session_present)
+                for s in held))
+
+        self._fault_waiters.append(_Waiter(
+            future, lambda: all(s.connected and s.fault_id == spec.id for s in held), evidence,
+            time.monotonic() + self.settings.client_fault_timeout_s))
+
+    def _fail_client_faults(self, reason: str) -> None:
+        """The loop is going away: every waiting nemesis thread gets an error instead of a long timeout."""
+        for waiter in self._fault_waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(RuntimeError(reason))
+        self._fault_waiters.clear()
+        while True:
+            try:
+                _, _, future = self._fault_requests.get_nowait()
+            except queue.Empty:
+                break
+            if future.set_running_or_notify_cancel():
+                future.set_exception(RuntimeError(reason))
+
     def close(self) -> None:
         """Disconnect everyone cleanly (recorded) and release the sockets."""
+        self._fail_client_faults("the executor closed before the client fault was played")
         for session in self.sessions.values():
             if session.paho is not None:
                 session.disconnect(abrupt=False, why="run finished")
@@ -243,3 +422,37 @@ class Executor:
             except OSError:
                 pass
         self.loop.close()
+
+
+@dataclass
+class _Waiter:
+    """A client fault stage waiting on the loop for its effect (sockets closed, CONNACK received)."""
+
+    future: Future
+    done: Callable[[], bool]
+    evidence: Callable[[], Any]
+    deadline: float
+
+
+def _socket_addresses(sock: Any) -> tuple[str, str]:
+    try:
+        local, remote = sock.getsockname(), sock.getpeername()
+        return f"{local[0]}:{local[1]}", f"{remote[0]}:{remote[1]}"
+    except (OSError, AttributeError):
+        return "", ""
+
+
+def _tcp_established(local: str) -> bool:
+    """Is a TCP connection from this local address:port still ESTABLISHED in this network namespace?
+    (Read from /proc/net/tcp: the kernel's view, not the socket object's.)"""
+    if not local:
+        return False
+    host, _, port = local.rpartition(":")
+    try:
+        octets = [int(part) for part in host.split(".")]
+        wanted = f"{octets[3]:02X}{octets[2]:02X}{octets[1]:02X}{octets[0]:02X}:{int(port):04X}"
+        with open("/proc/net/tcp") as table:
+            next(table)
+            return any(line.split()[1] == wanted and line.split()[3] == "01" for line in table)
+    except (OSError, ValueError, IndexError):
+        return False

@@ -125,7 +125,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
 
         executor = Executor(plan, target.endpoints(), recorder, stop=stop,
                             settings=ExecutorSettings(client_bind_address=target.client_bind_address()))
-        nemesis = make_nemesis(plan, target, recorder)  # before any client: a bad schedule starts nothing
+        # Before any client connects: a bad schedule starts nothing.  Client faults are played by the executor.
+        nemesis = make_nemesis(plan, target, recorder, client_player=executor.client_fault_player())
         reporter.phase("connecting clients")
         ready = executor.connect_all()
         recorder.phase(Phase.WORKLOAD_START, **ready)
@@ -140,7 +141,9 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         recorder.phase(Phase.WORKLOAD_END, max_lag_s=round(executor.max_lag_s, 6), **settle)
         if nemesis is not None:
             reporter.phase("healing every fault")
-            healed = nemesis.heal_all()
+            mark = time.monotonic()
+            healed = executor.run_alongside(nemesis.heal_all)  # the loop keeps serving client-fault heals
+            timings["heal_all_s"] = round(time.monotonic() - mark, 3)
             recorder.phase(Phase.HEAL_ALL, faults=len(plan.faults), **healed)
         else:
             recorder.phase(Phase.HEAL_ALL, faults=0)
@@ -157,7 +160,9 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         executor = None
 
         reporter.phase("snapshot")
+        mark = time.monotonic()
         snapshots = target.snapshot(plan) if target.white_box else 0
+        timings["snapshot_s"] = round(time.monotonic() - mark, 3)
         recorder.phase(Phase.SNAPSHOT_DONE, sessions=snapshots, white_box=target.white_box)
     except KeyboardInterrupt:
         close_reason = "the run was interrupted (SIGINT/SIGTERM) before it finished"
@@ -194,8 +199,10 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
             summary["check"] = "not run: spark_checkers.check_run is not available yet"
         else:
             reporter.phase("checking")
+            mark = time.monotonic()
             try:
                 exit_code = int(check_run(run_dir, spark_master=spark_master))
+                summary["timings_s"]["check_s"] = round(time.monotonic() - mark, 3)
                 summary["check"] = {"exit_code": exit_code}
                 summary["checked"] = True
             except Exception as error:  # noqa: BLE001 - a broken checker makes the verdict unknown
@@ -208,8 +215,10 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     return RunResult(run_dir=run_dir, exit_code=exit_code, summary=summary)
 
 
-def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder):
-    """The faults/ nemesis for the plan's fault slots, or None when the plan has none."""
+def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder, client_player: Any = None):
+    """The faults/ nemesis for the plan's fault slots, or None when the plan has none.  ``client_player``:
+    the executor's hook that plays client faults (Executor.client_fault_player()); without it a client
+    fault becomes a fault_error row (the run unknown)."""
     if not plan.faults:
         return None
     try:
@@ -223,7 +232,7 @@ def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder):
         raise RuntimeError("fault slots need the reference target's local topology; this target is a black box")
     context = FaultContext(topology=topology, seed=plan.seed, record=recorder.record,
                            broker_key_prefix=str(getattr(target, "key_prefix", "")))
-    return Nemesis(schedule_from_slots(plan.faults), context)
+    return Nemesis(schedule_from_slots(plan.faults), context, client_player=client_player)
 
 
 def _faults_active(nemesis: Any) -> int:

@@ -132,9 +132,29 @@ class SubscriberSpec:
 
 @dataclass(frozen=True)
 class FaultSpec:
+    """The scenario's fault mix and how the plan generator turns it into a schedule (properties/generate.py).
+
+    ``targets``: per kind, the selectors a fault of that kind draws from (``{subscriber}`` = a subscriber
+    the plan keeps connected during the fault); ``params``: per kind, fixed parameters; ``choices``: per
+    kind, parameter -> values drawn per fault.  Kinds needing a node target default to DEFAULT_TARGETS."""
+
     mix: tuple[tuple[str, float], ...] = ()
     quiet_s: tuple[float, float] = (2.0, 5.0)
     duration_s: tuple[float, float] = (1.0, 5.0)
+    tail_s: float = 2.0  # the workload's last seconds are fault-free: every fault ends before them
+    max_faults: int = 0  # 0 = as many as fit
+    targets: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    params: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    choices: tuple[tuple[str, tuple[tuple[str, tuple[Any, ...]], ...]], ...] = ()
+
+    def targets_of(self, kind: str) -> tuple[str, ...]:
+        return dict(self.targets).get(kind, ())
+
+    def params_of(self, kind: str) -> dict[str, Any]:
+        return dict(dict(self.params).get(kind, {}))
+
+    def choices_of(self, kind: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+        return dict(self.choices).get(kind, ())
 
 
 @dataclass(frozen=True)
@@ -169,6 +189,10 @@ class Scenario:
         faults["mix"] = dict(self.faults.mix)
         faults["quiet_s"] = list(self.faults.quiet_s)
         faults["duration_s"] = list(self.faults.duration_s)
+        faults["targets"] = {kind: list(selectors) for kind, selectors in self.faults.targets}
+        faults["params"] = {kind: _plain(params) for kind, params in self.faults.params}
+        faults["choices"] = {kind: {name: _plain(list(values)) for name, values in choice}
+                             for kind, choice in self.faults.choices}
         subscribers = asdict(self.subscribers)
         subscribers["offline_s"] = list(self.subscribers.offline_s)
         if self.target.kind == "reference":
@@ -537,6 +561,46 @@ def _read_subscribers(s: _Section) -> SubscriberSpec:
     return spec
 
 
+# Node targets a kind draws from when the scenario names none: the slot owner of a steady subscriber's
+# messages (the fault that matters most for a session store), any replica, the Kafka broker, a broker node.
+DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    "process_kill": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
+    "process_stop": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
+    "process_pause": ("redis-master-of:{subscriber}", "redis-random-replica"),
+    "process_restart": ("redis-master-of:{subscriber}", "kafka", "broker-random"),
+    "redis_failover": ("redis-master-of:{subscriber}",),
+    "net_isolate": ("redis-master-of:{subscriber}",),
+    "client_flap": ("{subscriber}",),
+}
+PLACEHOLDERS = ("{subscriber}",)
+PLACEHOLDER_EXAMPLE = "test_sub_client_0_0"  # stands in for {subscriber} when validating at load time
+
+
+def fill_placeholders(value: Any, subscriber: str) -> Any:
+    """``{subscriber}`` in a selector or (nested) string parameter -> the drawn subscriber's client id."""
+    if isinstance(value, str):
+        return value.replace("{subscriber}", subscriber)
+    if isinstance(value, list | tuple):
+        return [fill_placeholders(v, subscriber) for v in value]
+    if isinstance(value, Mapping):
+        return {k: fill_placeholders(v, subscriber) for k, v in value.items()}
+    return value
+
+
+def full_fault_params(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter of the kind with defaults filled (plan.json holds the full parameters)."""
+    try:
+        import faults.catalog  # noqa: F401  (registers every kind)
+        from faults.base import normalise_params
+    except ImportError:
+        return dict(params)
+    return normalise_params(kind, params)
+
+
+def uses_placeholder(value: Any) -> bool:
+    return fill_placeholders(value, "\0") != value
+
+
 def _read_faults(s: _Section) -> FaultSpec:
     d = FaultSpec()
     mix = s.weights("mix", {}, known_fault_kinds(), "fault kind")
@@ -544,9 +608,75 @@ def _read_faults(s: _Section) -> FaultSpec:
         mix=tuple(sorted(mix.items())),
         quiet_s=s.number_range("quiet_s", d.quiet_s),
         duration_s=s.number_range("duration_s", d.duration_s),
+        tail_s=s.number("tail_s", d.tail_s, minimum=0.0),
+        max_faults=s.integer("max_faults", d.max_faults, minimum=0, maximum=100000),
     )
+    if mix and spec.quiet_s[1] <= 0:
+        raise s.fail("quiet_s", list(spec.quiet_s), "needs a high end > 0 (a schedule needs quiet time)")
+    targets_raw = s.raw_table("targets")
+    params_raw = s.raw_table("params")
+    choices_raw = s.raw_table("choices")
     s.finish()
-    return spec
+    for key, table in (("targets", targets_raw), ("params", params_raw), ("choices", choices_raw)):
+        for kind in table:
+            if kind not in mix:
+                raise s.fail(f"{key}.{kind}", table[kind], f"{kind!r} is not in the mix; kinds in the mix: "
+                             f"{', '.join(sorted(mix)) or '(none)'}")
+    targets: list[tuple[str, tuple[str, ...]]] = []
+    params: list[tuple[str, Mapping[str, Any]]] = []
+    choices: list[tuple[str, tuple[tuple[str, tuple[Any, ...]], ...]]] = []
+    for kind in sorted(mix):
+        selectors = targets_raw.get(kind, DEFAULT_TARGETS.get(kind, ()))
+        if isinstance(selectors, str):
+            selectors = [selectors]
+        if not isinstance(selectors, list | tuple) or not all(isinstance(t, str) and t for t in selectors):
+            raise s.fail(f"targets.{kind}", selectors, "must be a list of target selectors (strings)")
+        fixed = params_raw.get(kind, {})
+        if not isinstance(fixed, dict):
+            raise s.fail(f"params.{kind}", fixed, "must be a table of parameter = value")
+        drawn = choices_raw.get(kind, {})
+        if not isinstance(drawn, dict) or not all(isinstance(v, list) and v for v in drawn.values()):
+            raise s.fail(f"choices.{kind}", drawn, "must be a table of parameter = [values to draw from]")
+        overlap = sorted(set(fixed) & set(drawn))
+        if overlap:
+            raise s.fail(f"choices.{kind}.{overlap[0]}", drawn[overlap[0]],
+                         f"is also fixed in params.{kind}; give it in one of them")
+        _validate_fault_kind(s, kind, tuple(selectors), fixed, drawn)
+        if selectors:
+            targets.append((kind, tuple(selectors)))
+        if fixed:
+            params.append((kind, dict(fixed)))
+        if drawn:
+            choices.append((kind, tuple((name, tuple(values)) for name, values in sorted(drawn.items()))))
+    return FaultSpec(mix=spec.mix, quiet_s=spec.quiet_s, duration_s=spec.duration_s, tail_s=spec.tail_s,
+                     max_faults=spec.max_faults, targets=tuple(targets), params=tuple(params),
+                     choices=tuple(choices))
+
+
+def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fixed: dict[str, Any],
+                         drawn: dict[str, list[Any]]) -> None:
+    """Every target and every drawn parameter value must make a valid fault (faults/catalog.py decides)."""
+    try:
+        from faults.base import FaultSpecError, kind_info
+        from faults.catalog import validate_spec
+    except ImportError:  # no nemesis: known_fault_kinds() is then empty and the mix was refused already
+        return
+    info = kind_info(kind)
+    if info.target in ("node", "client") and not selectors:
+        raise s.fail(f"targets.{kind}", [], f"fault kind {kind!r} needs a target; give a list of selectors")
+    if info.target == "none" and selectors:
+        raise s.fail(f"targets.{kind}", list(selectors), f"fault kind {kind!r} takes no target")
+    variants = [dict(fixed)] + [{**fixed, name: value} for name, values in drawn.items() for value in values]
+    for target in selectors or (None,):
+        for params in variants:
+            spec = {"id": "check", "kind": kind,
+                    "target": fill_placeholders(target, PLACEHOLDER_EXAMPLE) if target else None,
+                    "params": fill_placeholders(params, PLACEHOLDER_EXAMPLE)}
+            try:
+                validate_spec(spec)
+            except FaultSpecError as error:
+                where = f"targets.{kind}" if target is not None else f"params.{kind}"
+                raise s.fail(where, target if target is not None else params, str(error)) from None
 
 
 def _read_checks(s: _Section) -> CheckSpec:

@@ -8,7 +8,7 @@ and driven two ways:
   internals (whose first example for any seed is the all-minimal one, and whose engine may change).
 - ``plans(scenario)``: a Hypothesis strategy whose draws feed the very same generator, so Hypothesis can
   generate and *shrink* plans as pure data (fewer disconnects, earlier/shorter offline periods, simpler
-  QoS/expiry choices).  The faults issue adds fault-schedule draws in ``_faults`` the same way.
+  QoS/expiry choices, fewer and shorter faults).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from ordeal.scenario import Scenario
+from ordeal.scenario import Scenario, fill_placeholders, full_fault_params, uses_placeholder
 from properties.plan import (
     CONNECT,
     DISCONNECT,
@@ -27,7 +27,6 @@ from properties.plan import (
     ClientPlan,
     FaultSlot,
     Plan,
-    PlanError,
     PublishPlan,
     SubscriberAction,
     Subscription,
@@ -184,7 +183,7 @@ def generate_plan(scenario: Scenario, seed: int, draw: Draw) -> Plan:
     publishes.sort(key=lambda p: (p.offset_s, p.publisher, p.seq))
 
     actions = _subscriber_actions(scenario, subscriber_plans, nodes, draw)
-    faults = _faults(scenario, draw)
+    faults = _faults(scenario, subscriber_plans, actions, draw)
     return Plan(scenario=scenario.name, seed=seed, duration_s=duration, clients=tuple(clients),
                 publishes=tuple(publishes), subscriber_actions=tuple(actions), faults=tuple(faults))
 
@@ -231,11 +230,77 @@ def _reconnect_node(policy: str, current: int, nodes: int, draw: Draw) -> int:
     return draw.integer(0, nodes - 1)
 
 
-def _faults(scenario: Scenario, draw: Draw) -> list[FaultSlot]:
-    """Fault slots.  Generating schedules from the mix is the faults issue's part (it adds draws here);
-    until then a scenario with a fault mix is refused rather than run without its faults."""
-    if scenario.faults.mix:
-        raise PlanError(f"{scenario.source}: [faults] mix = {dict(scenario.faults.mix)!r}: fault schedules "
-                        "are not generated yet; remove the mix (plans with fault slots can still be played "
-                        "from a stored plan.json)")
-    return []
+# A subscriber named by a fault ({subscriber}) must be connected, by the plan, from this long before the
+# fault starts until this long after it ends: a client fault on an already-offline client cannot bite,
+# and "the broker node holding this subscriber" needs it connected.
+STEADY_MARGIN_S = 1.0
+
+
+def _faults(scenario: Scenario, subscribers: list[ClientPlan], actions: list[SubscriberAction],
+            draw: Draw) -> list[FaultSlot]:
+    """The fault schedule: quiet, fault, quiet, fault, ... on one lane, so no two faults ever overlap (in
+    particular never two on the same node), each fault's kind weighted by the mix, and every fault over
+    before the workload's last ``tail_s`` seconds so the final phase starts from a healed system."""
+    spec = scenario.faults
+    if not spec.mix:
+        return []
+    last_end = scenario.scenario.duration_s - spec.tail_s
+    online = _online_intervals(actions, scenario.scenario.duration_s)
+    subscriber_ids = [c.client_id for c in subscribers]
+    slots: list[FaultSlot] = []
+    now = 0.0
+    while spec.max_faults == 0 or len(slots) < spec.max_faults:
+        # Why high-minus: Hypothesis shrinks a draw towards its low end, and a longer quiet period and a
+        # shorter fault make a simpler schedule (fewer, shorter faults).
+        now += spec.quiet_s[1] - draw.uniform(0.0, spec.quiet_s[1] - spec.quiet_s[0])
+        length = draw.uniform(*spec.duration_s)
+        start, end = _round(now), _round(now + length)
+        if end > last_end:
+            break
+        kind = draw.weighted(spec.mix)
+        slot = _fault_slot(scenario, kind, f"f{len(slots) + 1:02d}-{kind}", start, end, subscriber_ids,
+                           online, draw)
+        if slot is not None:  # None: no subscriber fits this window; it stays quiet
+            slots.append(slot)
+        now = end
+    return slots
+
+
+def _fault_slot(scenario: Scenario, kind: str, fault_id: str, start: float, end: float,
+                subscriber_ids: list[str], online: dict[str, list[tuple[float, float]]],
+                draw: Draw) -> FaultSlot | None:
+    spec = scenario.faults
+    selectors = spec.targets_of(kind)
+    target = draw.weighted([(t, 1.0) for t in selectors]) if selectors else None
+    params = spec.params_of(kind)
+    for name, values in spec.choices_of(kind):
+        params[name] = draw.weighted([(v, 1.0) for v in values])
+    subscriber = ""
+    if uses_placeholder(target) or uses_placeholder(params):
+        steady = [c for c in subscriber_ids if _connected_throughout(online.get(c, []), start - STEADY_MARGIN_S,
+                                                                     end + STEADY_MARGIN_S)]
+        if not steady:
+            return None
+        subscriber = steady[draw.integer(0, len(steady) - 1)]
+    return FaultSlot(fault_id=fault_id, kind=kind,
+                     target=fill_placeholders(target, subscriber) if target is not None else "",
+                     start_s=start, end_s=end,
+                     params=full_fault_params(kind, fill_placeholders(params, subscriber)))
+
+
+def _online_intervals(actions: list[SubscriberAction], duration: float) -> dict[str, list[tuple[float, float]]]:
+    """client -> the [connect, disconnect) intervals the plan keeps it connected."""
+    intervals: dict[str, list[tuple[float, float]]] = {}
+    since: dict[str, float] = {}
+    for action in sorted(actions, key=lambda a: (a.offset_s, a.client_id)):
+        if action.action == CONNECT:
+            since.setdefault(action.client_id, action.offset_s)
+        elif action.client_id in since:
+            intervals.setdefault(action.client_id, []).append((since.pop(action.client_id), action.offset_s))
+    for client_id, begun in since.items():
+        intervals.setdefault(client_id, []).append((begun, duration + 3600.0))  # connected to the end
+    return intervals
+
+
+def _connected_throughout(intervals: list[tuple[float, float]], low: float, high: float) -> bool:
+    return any(begun <= max(low, 0.0) and high <= ended for begun, ended in intervals)

@@ -98,11 +98,13 @@ def test_the_hypothesis_strategy_builds_valid_plans(plan: Plan):
         assert mine[0].action == CONNECT
 
 
-def test_a_fault_mix_is_refused_until_schedules_are_generated():
+def test_a_fault_mix_gives_fault_slots():
+    """The refusal is gone now that schedules are generated (tests/unit/test_fault_schedule.py has the rest)."""
     pytest.importorskip("faults.catalog")
-    scenario = parse_scenario("[scenario]\nname='f'\nduration_s=5\n[faults]\nmix={process_kill=1}\n", source="f.toml")
-    with pytest.raises(PlanError, match=r"f.toml: \[faults\] mix = .*fault schedules are not generated yet"):
-        make_plan(scenario, 1)
+    scenario = parse_scenario("[scenario]\nname='f'\nduration_s=20\n[faults]\nmix={process_kill=1}\n",
+                              source="f.toml")
+    plan = make_plan(scenario, 1)
+    assert plan.faults and all(f.kind == "process_kill" for f in plan.faults)
 
 
 def test_hypothesis_shrinks_plans_towards_fewer_events():

@@ -1,0 +1,238 @@
+"""Explore: run new seeds of a scenario until a time budget is spent; keep every failure in a corpus.
+
+Budget rule: a run is started only when ``duration_s + overhead`` fits in what is left, where overhead is
+the largest measured (wall time - workload duration) of this exploration's runs (before the first:
+the scenario's drain_quiet_s + FIRST_RUN_OVERHEAD_S, which covers topology start/stop and a cold Spark
+check).  A run that still overruns (a drain that waits for its timeout) is cut at the deadline: it ends
+as interrupted, its verdict unknown ("cut by the budget"), never a pass.
+
+Corpus layout (``--corpus DIR``):
+  <scenario>-<seed>/   plan.json scenario.toml report.json entry.json  (one per failing run; replayable
+                       with ``ordeal replay <entry>``; entry.json holds the replay commands, the failing
+                       invariants and the first witness)
+  explored.jsonl       every run: scenario, seed, exit code, run dir (the next exploration starts after
+                       the highest seed explored)
+  unknowns.jsonl       every unknown (exit 2) run with its reasons
+
+Promotion (``ordeal explore --promote ENTRY``) copies an entry to tests/data/regressions/<entry>/ with an
+expect.json; tests/integration/test_explore_regressions.py replays each one in the smoke tier.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ordeal.replay import Played, first_witness, play, replay_command
+from ordeal.scenario import load_scenario
+from properties.generate import make_plan
+
+FIRST_RUN_OVERHEAD_S = 60.0  # measured: start 3 s + stop 1.5 s + a cold Spark check 12-50 s on 2 busy cores
+REGRESSIONS_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "regressions"
+
+
+class ExploreError(ValueError):
+    """Bad explore input; the message names the file or option and what is expected."""
+
+
+@dataclass(frozen=True)
+class ExploreSettings:
+    budget_s: float
+    corpus: Path
+    out: Path
+    seed_start: int | None = None  # None: one after the highest seed of this scenario in the corpus
+    spark_master: str | None = None
+
+
+@dataclass(frozen=True)
+class ExploredRun:
+    seed: int
+    exit_code: int
+    run_dir: str
+    seconds: float
+    faults_planned: int
+    faults_applied: int
+    failing: tuple[str, ...]
+    unknown: tuple[str, ...]  # reasons
+    entry: str | None  # the corpus entry (failing runs)
+
+
+@dataclass
+class ExploreResult:
+    scenario: str
+    runs: list[ExploredRun] = field(default_factory=list)
+    stop_reason: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        if any(r.exit_code == 1 for r in self.runs):
+            return 1
+        return 2 if any(r.exit_code not in (0, 1) for r in self.runs) else 0
+
+
+def next_seed(corpus: Path, scenario: str) -> int:
+    seeds = [r["seed"] for r in _read_jsonl(corpus / "explored.jsonl") if r.get("scenario") == scenario]
+    return max(seeds, default=0) + 1
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ExploreError(f"{path}:{number}: not a JSON line ({error}); fix or remove that line") from error
+    return rows
+
+
+def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def estimate_run_s(duration_s: float, drain_quiet_s: float, overheads: list[float]) -> float:
+    """Wall time a run is expected to need (see the module's budget rule)."""
+    return duration_s + (max(overheads) if overheads else drain_quiet_s + FIRST_RUN_OVERHEAD_S)
+
+
+def explore(scenario_path: Path, settings: ExploreSettings, log: Callable[[str], None] = print) -> ExploreResult:
+    scenario = load_scenario(scenario_path)  # ScenarioError names the file and key
+    settings.corpus.mkdir(parents=True, exist_ok=True)
+    seed = settings.seed_start if settings.seed_start is not None else next_seed(settings.corpus, scenario.name)
+    duration = scenario.scenario.duration_s
+    result = ExploreResult(scenario.name)
+    overheads: list[float] = []
+    began = time.monotonic()
+    deadline = began + settings.budget_s
+    log(f"exploring {scenario.name} from seed {seed}, budget {settings.budget_s:g} s, corpus {settings.corpus}")
+    while True:
+        remaining = deadline - time.monotonic()
+        needed = estimate_run_s(duration, scenario.scenario.drain_quiet_s, overheads)
+        # Why: never start a run that cannot finish inside the budget (the estimate errs high).
+        if remaining < needed:
+            result.stop_reason = f"budget: {remaining:.0f} s left, a run needs about {needed:.0f} s"
+            break
+        plan = make_plan(scenario, seed)
+        stop = threading.Event()
+        cutter = threading.Timer(max(0.0, remaining), stop.set)
+        cutter.daemon = True
+        cutter.start()
+        try:
+            played = play(scenario_path, plan, settings.out, stop=stop, spark_master=settings.spark_master)
+        finally:
+            cutter.cancel()
+        overheads.append(max(0.0, played.seconds - duration))
+        explored = _record(played, plan, scenario_path, settings.corpus, cut=stop.is_set())
+        result.runs.append(explored)
+        log(f"seed {seed:>6}  exit {explored.exit_code}  {explored.seconds:>5.0f} s  faults "
+            f"{explored.faults_applied}/{explored.faults_planned}  "
+            + (f"FAILS {', '.join(explored.failing)}  -> {explored.entry}" if explored.failing else
+               f"unknown: {'; '.join(explored.unknown)[:150]}" if explored.exit_code != 0 else "pass"))
+        seed += 1
+    log(f"stopped: {result.stop_reason}")
+    return result
+
+
+def _record(played: Played, plan, scenario_path: Path, corpus: Path, *, cut: bool) -> ExploredRun:
+    report = played.report
+    failing = tuple(sorted(played.failing))
+    unknown = _unknown_reasons(played, cut)
+    faults = (report or {}).get("faults") or []
+    entry = _write_entry(played, plan, scenario_path, corpus) if played.exit_code == 1 else None
+    explored = ExploredRun(
+        seed=plan.seed, exit_code=played.exit_code, run_dir=str(played.run_dir), seconds=played.seconds,
+        faults_planned=len(plan.faults), faults_applied=sum(1 for f in faults if not f.get("error")),
+        failing=failing, unknown=unknown if played.exit_code == 2 else (), entry=str(entry) if entry else None)
+    row = {"scenario": plan.scenario, **asdict(explored)}
+    _append_jsonl(corpus / "explored.jsonl", row)
+    if played.exit_code == 2:
+        _append_jsonl(corpus / "unknowns.jsonl", row)
+    return explored
+
+
+def _unknown_reasons(played: Played, cut: bool) -> tuple[str, ...]:
+    reasons = []
+    if cut:
+        reasons.append("cut by the budget: the run overran its estimate and was interrupted")
+    if played.summary.get("error"):
+        reasons.append(str(played.summary["error"]))
+    if isinstance(played.summary.get("check"), str) and not played.summary.get("checked"):
+        reasons.append(f"check: {played.summary['check']}")
+    for item in (played.report or {}).get("invariants", []):
+        if item.get("verdict") == "unknown":
+            reasons.append(f"{item['id']}: {item.get('reason') or 'unknown'}")
+    return tuple(reasons) or (("no report.json",) if played.report is None else ())
+
+
+def _write_entry(played: Played, plan, scenario_path: Path, corpus: Path) -> Path:
+    entry = corpus / f"{plan.scenario}-{plan.seed}"
+    if entry.exists():  # the same seed explored again (e.g. --seed-start): keep both
+        entry = corpus / f"{plan.scenario}-{plan.seed}-{played.run_dir.name.rsplit('-', 1)[-1]}"
+    entry.mkdir(parents=True)
+    shutil.copyfile(played.run_dir / "scenario.toml", entry / "scenario.toml")
+    shutil.copyfile(played.run_dir / "plan.json", entry / "plan.json")
+    shutil.copyfile(played.run_dir / "report.json", entry / "report.json")
+    (entry / "entry.json").write_text(json.dumps({
+        "scenario": plan.scenario,
+        "seed": plan.seed,
+        "run_dir": str(played.run_dir),
+        "failing": sorted(played.failing),
+        "first_witness": first_witness(played.report),
+        "replay": replay_command(entry),
+        "rerun": shlex.join(["ordeal", "run", str(scenario_path), "--seed", str(plan.seed)]),
+        "shrink": shlex.join(["ordeal", "shrink", str(played.run_dir)]),
+    }, indent=2, default=str) + "\n")
+    return entry
+
+
+def summary_lines(result: ExploreResult) -> list[str]:
+    """The closing table: one row per run, then the totals."""
+    lines = [f"{'seed':>6}  {'exit':>4}  {'secs':>5}  {'faults':>9}  result"]
+    for r in result.runs:
+        outcome = ("FAIL " + ", ".join(r.failing)) if r.failing else (
+            "unknown: " + "; ".join(r.unknown)[:100] if r.exit_code != 0 else "pass")
+        lines.append(f"{r.seed:>6}  {r.exit_code:>4}  {r.seconds:>5.0f}  "
+                     f"{f'{r.faults_applied}/{r.faults_planned}':>9}  {outcome}")
+    failed_invariants = sorted({i for r in result.runs for i in r.failing})
+    lines.append(
+        f"runs {len(result.runs)}  faults applied {sum(r.faults_applied for r in result.runs)}  "
+        f"failing runs {sum(1 for r in result.runs if r.exit_code == 1)}  invariants failed "
+        f"{len(failed_invariants)}{' (' + ', '.join(failed_invariants) + ')' if failed_invariants else ''}  "
+        f"unknowns {sum(1 for r in result.runs if r.exit_code not in (0, 1))}  exit {result.exit_code}")
+    return lines
+
+
+def promote(entry: Path, regressions: Path = REGRESSIONS_DIR, expect: str = "fail") -> Path:
+    """Copy a corpus entry into the smoke tier's regression list (see the module docstring)."""
+    entry = Path(entry)
+    meta_path = entry / "entry.json"
+    if not meta_path.is_file():
+        raise ExploreError(f"{entry}: not a corpus entry (no entry.json); pass a directory under the corpus, "
+                           "e.g. runs/corpus/<scenario>-<seed>")
+    if expect not in ("fail", "pass"):
+        raise ExploreError(f"--expect {expect!r}: expected 'fail' (the suite must keep catching it) or 'pass' "
+                           "(a fixed bug must stay fixed)")
+    meta = json.loads(meta_path.read_text())
+    target = regressions / entry.name
+    if target.exists():
+        raise ExploreError(f"{target}: already promoted; remove it first to promote again")
+    target.mkdir(parents=True)
+    for name in ("scenario.toml", "plan.json"):
+        shutil.copyfile(entry / name, target / name)
+    (target / "expect.json").write_text(json.dumps({
+        "expect": expect,
+        "invariants": meta.get("failing", []) if expect == "fail" else [],
+        "promoted_from": str(entry),
+        "first_witness": meta.get("first_witness"),
+    }, indent=2, default=str) + "\n")
+    return target

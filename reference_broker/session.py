@@ -77,17 +77,31 @@ class Connection:
         self.ack_queue: asyncio.Queue = asyncio.Queue()
         self.tasks: list[asyncio.Task] = []
         self.connected = asyncio.Event()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
 
     # ------------------------------------------------------------ wire
     def send(self, packet: codec.Packet) -> None:
-        if not self.closed and not self.writer.is_closing():
-            self.writer.write(codec.encode(packet, self.version))
+        # packets produced in one turn of the event loop leave in one write (one syscall, not one each)
+        if self.closed:
+            return
+        self._out.append(codec.encode(packet, self.version))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and not self.writer.is_closing():
+            self.writer.write(b"".join(self._out))
+        self._out.clear()
 
     async def close(self, reason_code: int | None = None) -> None:
         if self.closed:
             return
         if reason_code is not None and self.version == MQTT5 and self.connected.is_set():
             self.send(Disconnect(reason_code))
+        self.flush()
         self.closed = True
         with contextlib.suppress(Exception):
             self.writer.close()
@@ -349,6 +363,7 @@ class Connection:
                                 continue  # already in flight on this connection
                             await self._send_stored(entry)
                         if entries:
+                            self.flush()
                             await self.writer.drain()
                         if len(entries) == room:
                             continue  # the window was the limit: there may be more right away
@@ -395,6 +410,7 @@ class Connection:
                 pid = self._free_local_id()
                 self.inflight[pid] = ("live", "")
             self.send(self._publish(message, message["qos"], pid, False, remaining))
+        self.flush()
         await self.writer.drain()
 
     def _free_local_id(self) -> int:

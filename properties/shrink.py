@@ -143,12 +143,13 @@ def candidates(plan: Plan, start_chunks: dict[str, int] | None = None) -> Iterat
     start = start_chunks or {}
     yield from _drop_items("faults", len(plan.faults), start.get("faults", 2),
                            lambda drop: without_faults(plan, drop), "fault slot")
-    removable = [c for c in plan.clients]
-    if len(removable) > 1:  # a plan keeps at least one client
+    groups = client_groups(plan)
+    if len(groups) > 1:  # whole groups first (a publisher with its subscribers), keeping at least one
         yield from _drop_items(
-            "clients", len(removable), start.get("clients", 2),
-            lambda drop: without_clients(plan, {removable[i].client_id for i in drop}), "client",
-            names=lambda drop: ", ".join(removable[i].client_id for i in sorted(drop)), keep_one=True)
+            "clients", len(groups), start.get("clients", 2),
+            lambda drop: without_clients(plan, {c for i in drop for c in groups[i]}), "client group",
+            names=lambda drop: " + ".join(", ".join(groups[i]) for i in sorted(drop)), keep_one=True)
+    yield from _single_clients(plan)
     yield from _tail_candidates(plan)
     periods = offline_periods(plan)
     yield from _drop_items("offline", len(periods), start.get("offline", 2),
@@ -156,6 +157,50 @@ def candidates(plan: Plan, start_chunks: dict[str, int] | None = None) -> Iterat
                            "offline period")
     yield from _drop_items("publishes", len(plan.publishes), start.get("publishes", 2),
                            lambda drop: without_publishes(plan, drop), "publish", keep_one=True)
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """MQTT topic filter matching ('+' one level, '#' the rest)."""
+    levels, names = topic_filter.split("/"), topic.split("/")
+    for index, level in enumerate(levels):
+        if level == "#":
+            return True
+        if index >= len(names) or (level != "+" and level != names[index]):
+            return False
+    return len(levels) == len(names)
+
+
+def client_groups(plan: Plan) -> list[tuple[str, ...]]:
+    """Clients that only matter together: each publisher with the subscribers whose filters match its
+    topics (a subscriber matching several publishers joins the first); subscribers matching no publisher
+    form groups of their own."""
+    topics: dict[str, set[str]] = {}
+    for p in plan.publishes:
+        topics.setdefault(p.publisher, set()).add(p.topic)
+    placed: set[str] = set()
+    groups: list[tuple[str, ...]] = []
+    subscribers = [c for c in plan.clients if c.role == SUBSCRIBER]
+    for publisher in (c for c in plan.clients if c.role == PUBLISHER):
+        members = [publisher.client_id]
+        for sub in subscribers:
+            if sub.client_id not in placed and any(
+                    topic_matches(s.topic_filter, t) for s in sub.subscriptions for t in topics.get(
+                        publisher.client_id, ())):
+                members.append(sub.client_id)
+                placed.add(sub.client_id)
+        groups.append(tuple(members))
+    groups += [(s.client_id,) for s in subscribers if s.client_id not in placed]
+    return groups
+
+
+def _single_clients(plan: Plan) -> Iterator[Candidate]:
+    """One client at a time, keeping at least one publisher and one subscriber (without both a plan has
+    no deliveries, and every invariant but the meta ones is about deliveries)."""
+    roles = [c.role for c in plan.clients]
+    for client in plan.clients:
+        if roles.count(client.role) > 1:
+            yield Candidate(without_clients(plan, {client.client_id}), "clients", len(plan.clients),
+                            f"drop client {client.client_id}")
 
 
 def _drop_items(dimension: str, count: int, start: int, make, noun: str, names=None,

@@ -14,9 +14,11 @@ from properties.shrink import (
     DIMENSIONS,
     candidates,
     chunked,
+    client_groups,
     cut_tail,
     offline_periods,
     plan_size,
+    topic_matches,
     validate_plan,
     without_clients,
     without_faults,
@@ -148,3 +150,22 @@ def test_a_single_client_plan_offers_no_client_candidates():
     plan = make_plan(SMOKE, 1)
     one = without_clients(plan, {c.client_id for c in plan.clients[1:]})
     assert not [c for c in candidates(one) if c.dimension == "clients"]
+
+
+def test_clients_are_dropped_by_pairs_first_and_keep_a_publisher_and_a_subscriber():
+    plan = make_plan(SMOKE, 1)
+    assert client_groups(plan) == [(f"test_pub_client_{i}_0", f"test_sub_client_{i}_0") for i in range(3)]
+    client_candidates = [c for c in candidates(plan) if c.dimension == "clients"]
+    first = client_candidates[0].plan
+    # 3 groups in 2 chunks, [0, 1] and [2]: the first candidate keeps pair 2 only
+    assert {c.client_id for c in first.clients} == {"test_pub_client_2_0", "test_sub_client_2_0"}
+    pair = without_clients(plan, {c.client_id for c in plan.clients if not c.client_id.endswith("_1_0")})
+    assert not [c for c in candidates(pair) if c.dimension == "clients"]
+
+
+def test_topic_matches():
+    assert topic_matches("europe/ua/kyiv/1/+", "europe/ua/kyiv/1/0")
+    assert not topic_matches("europe/ua/kyiv/1/+", "europe/ua/kyiv/2/0")
+    assert topic_matches("europe/#", "europe/ua/kyiv/2/0")
+    assert topic_matches("europe/+", "europe/ua")
+    assert not topic_matches("a/b", "a/b/c")

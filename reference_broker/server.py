@@ -127,7 +127,7 @@ class Broker:
         self.connections[client] = conn
         session = await store.get_session(client)
         if session.get("conn") and session.get("node") not in (None, self.node_id):
-            await self.peers.send(session["node"], {"t": "kick", "c": client, "conn": session["conn"]})
+            self.peers.post(session["node"], {"t": "kick", "c": client, "conn": session["conn"]})
         await store.cancel_expiry(client)
         expired = False
         if session.get("disconnected_at") and session.get("expiry"):
@@ -203,7 +203,7 @@ class Broker:
             if conn is not None and conn.connected.is_set():
                 conn.deliver_live(message)
             return
-        await self.peers.send(node, {"t": "live", "c": client, "m": message})
+        self.peers.post(node, {"t": "live", "c": client, "m": message})
 
     async def hint(self, client: str) -> None:
         conn = self.connections.get(client)
@@ -212,7 +212,7 @@ class Broker:
             return
         subscription_node = await self._owner_node(client)
         if subscription_node and subscription_node != self.node_id:
-            await self.peers.send(subscription_node, {"t": "hint", "c": client})
+            self.peers.post(subscription_node, {"t": "hint", "c": client})
 
     async def _owner_node(self, client: str) -> str | None:
         session = await self.store.get_session(client)

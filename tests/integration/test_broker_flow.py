@@ -512,3 +512,23 @@ def test_live_stream_to_persistent_subscriber_has_no_duplicates(brokers):
     got = sub.settle(0.7)
     assert payloads(got) == [b"L%04d" % i for i in range(300)]
     assert not any(d.dup for d in got)
+
+
+def test_session_takeover_across_nodes(brokers):
+    cluster = brokers(count=2)
+    client_id = f"roam-{uuid.uuid4().hex[:6]}"
+    first = cluster.probe(client_id, node=0, version=5)
+    first.connect(clean=False, session_expiry=600)
+    first.subscribe(FILTER, 1)
+    second = cluster.probe(client_id, node=1, version=5)
+    assert second.connect(clean=False, session_expiry=600) is True
+    deadline = time.monotonic() + 5
+    while first.disconnect_reason is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.disconnect_reason == codec.RC_SESSION_TAKEN_OVER   # kicked by the other node
+    first.client.loop_stop()
+    first.client = None
+    pub = cluster.probe(node=0, version=4)
+    pub.connect(clean=True)
+    pub.publish(TOPIC, b"follows-the-client", 1)
+    assert payloads(second.wait_for(1)) == [b"follows-the-client"]

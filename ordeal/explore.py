@@ -72,6 +72,9 @@ class ExploreResult:
 
     @property
     def exit_code(self) -> int:
+        """1 any failing run, else 2 any unknown run — or no run at all (nothing explored is no pass)."""
+        if not self.runs:
+            return 2
         if any(r.exit_code == 1 for r in self.runs):
             return 1
         return 2 if any(r.exit_code not in (0, 1) for r in self.runs) else 0

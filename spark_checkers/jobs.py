@@ -368,15 +368,17 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    seen = dsm.select("run_id", "publisher", "pub_seq").distinct().withColumn("seen", F.lit(True))
-    eligible = (pub.filter((F.col("n_invoke") > 0) & (F.coalesce("pub_qos", F.lit(0)) > 0))
-                .join(seen, ["run_id", "publisher", "pub_seq"], "left")
-                .filter(F.col("t_ack").isNotNull() | (F.col("t_indet").isNotNull() & F.col("seen").isNotNull())))
+    key = ["run_id", "publisher", "pub_seq"]
+    published = pub.filter((F.col("n_invoke") > 0) & (F.coalesce("pub_qos", F.lit(0)) > 0))
+    # Indeterminate publishes are few: find which were seen without shuffling every delivery.
+    indeterminate = published.filter(F.col("t_ack").isNull() & F.col("t_indet").isNotNull())
+    seen = dsm.select(*key).join(indeterminate.select(*key), key, "left_semi").distinct()
+    eligible = published.filter(F.col("t_ack").isNotNull()).unionByName(indeterminate.join(seen, key, "left_semi"))
     held = lambda x: (x["persistent"] & (x["granted"] > 0) & (x["t_from"] < F.col("t_invoke"))  # noqa: E731
                       & (x["t_to"].isNull() | (F.col("t_invoke") < x["t_to"])))
     cand = (eligible.join(match_b, ["run_id", "topic"])
             .select("*", F.explode(F.array_distinct(F.transform(F.filter("subs", held), lambda x: x["client"])))
-                    .alias("client")).drop("subs", "seen"))
+                    .alias("client")).drop("subs"))
     cand = cand.join(runs_b, "run_id").join(clients_b.select("run_id", "client", "offline"), ["run_id", "client"], "left")
     got = dsm.select("run_id", "client", "publisher", "pub_seq", F.col("first.t").alias("t_first_delivery"),
                      "first_ack_t")
@@ -410,11 +412,13 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
         (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
     before = Window.partitionBy("run_id", "client", "publisher").orderBy("pub_seq").rowsBetween(
         Window.unboundedPreceding, -1)
-    after = Window.partitionBy("run_id", "client", "publisher").orderBy("pub_seq").rowsBetween(
-        1, Window.unboundedFollowing)
+    # Why descending with a growing frame: an "unbounded following" frame is re-aggregated for every row
+    # (quadratic per stream); reversed, the nearest later delivery is a running last().
+    after = Window.partitionBy("run_id", "client", "publisher").orderBy(F.col("pub_seq").desc()).rowsBetween(
+        Window.unboundedPreceding, -1)
     delivered_seq = F.when(F.col("delivered"), F.col("pub_seq"))
     cand = cand.select("*", F.last(delivered_seq, ignorenulls=True).over(before).alias("prev_delivered"),
-                       F.first(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"))
+                       F.last(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"))
     in_b = F.col("in_backlog")
     cause = (F.when(in_b & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
                     F.lit("limits.trim_not_oldest"))

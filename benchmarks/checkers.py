@@ -52,7 +52,7 @@ def _names(prefix: str, indices: np.ndarray, count: int) -> pa.Array:
 def generate(run_dir: Path, events: int, *, lost: int = 10, swaps: int = 5, seed: int = 7) -> dict:
     """Write a P2P history of about ``events`` rows; return what was planted."""
     rng = np.random.default_rng(seed)
-    pairs = max(1, int(round((events / ROWS_PER_MESSAGE / 2500))))
+    pairs = max(1, int(round(events / ROWS_PER_MESSAGE / 2500)))
     per_pub = max(2, events // ROWS_PER_MESSAGE // pairs)
     n = pairs * per_pub
     pub_index = np.repeat(np.arange(pairs), per_pub)

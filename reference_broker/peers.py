@@ -55,8 +55,8 @@ class Peers:
                     self.on_message(json.loads(line))
                 except Exception:  # a bad message from a peer must not end the link
                     log.exception("bad peer message %r", line[:200])
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the peer went away, or this node stops (a re-raised cancel would be logged as an error)
         finally:
             self._readers.discard(task)
             writer.close()

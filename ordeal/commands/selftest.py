@@ -1,0 +1,55 @@
+"""`ordeal selftest` (loaded lazily by ordeal/cli.py); the logic lives in ordeal/selftest.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+class InputError(click.ClickException):
+    """Bad input: exit 2 (like unknown), never mistaken for a failing self-test (exit 1)."""
+
+    exit_code = 2
+
+
+@click.command(name="selftest")
+@click.option("--tier", type=click.Choice(["smoke", "full"]), default="smoke", show_default=True,
+              help="smoke: the matrix's smoke entries (CI); full: every catalog defect, the false-alarm "
+                   "repeats and the black-box runs.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/selftest"),
+              show_default=True, help="Directory for selftest.json, selftest.html and the run directories.")
+@click.option("--matrix", "matrix_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The matrix file (default selftest/matrix.toml).")
+@click.option("--repeat", type=click.IntRange(min=1), default=None,
+              help="Correct-broker repeats per false-alarm scenario (full tier; default from the matrix).")
+@click.option("--blackbox/--no-blackbox", default=None,
+              help="Run the black-box scenarios (default: only in the full tier).")
+@click.option("--defect", "defects", multiple=True,
+              help="Only this defect's entry (repeatable); skips the false-alarm repeats.")
+@click.option("--spark-master", default=None, help="Spark master for the check (default local[2]).")
+def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None, blackbox: bool | None,
+             defects: tuple[str, ...], spark_master: str | None) -> None:
+    """Run the defect detection matrix: each catalog defect switched on in its scenario must be caught by
+    its expected invariant, and the correct broker must pass the same scenarios.  Writes OUT/selftest.json
+    and OUT/selftest.html.  Exit 0: all caught, no false alarm; 1: a defect missed or a correct run
+    violated; 2: something unknown."""
+    from ordeal.selftest import (
+        DEFAULT_MATRIX,
+        MatrixError,
+        load_matrix,
+        result_document,
+        run_selftest,
+        text_table,
+    )
+
+    try:
+        matrix = load_matrix(matrix_path or DEFAULT_MATRIX)
+        result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
+                              spark_master=spark_master, log=lambda text: click.echo(text, err=True))
+    except MatrixError as error:
+        raise InputError(str(error)) from error
+    click.echo(text_table(result_document(result, matrix)))
+    click.echo(f"wrote {out / 'selftest.json'} and {out / 'selftest.html'}")
+    sys.exit(result.exit_code)

@@ -1,0 +1,555 @@
+"""Self-verification: the defect detection matrix, the false-alarm budget and black-box findings.
+
+The matrix (selftest/matrix.toml) names, for every defect of the reference broker's catalog, a fixed
+scenario + seed and the invariant(s) that must fail when the defect is switched on.  ``run_selftest``
+runs every job sequentially (the defect runs, the same scenarios with the correct broker, the repeated
+correct runs of the false-alarm budget, the black-box runs), then checks all of them in ONE Spark job
+(``spark_checkers.api.check_runs``: start-up costs 7-11 s, so it is paid once), judges each run against
+its expectation and writes ``selftest.json`` and ``selftest.html``.
+
+Exit code: 1 when a covered defect was missed or a correct run had a violation; else 2 when anything is
+unknown (a run or invariant undecided, a catalog defect without an entry in the full tier); else 0.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+TIERS = ("smoke", "full")
+ROLES = ("defect", "correct", "false_alarm", "blackbox")
+# outcome of one judged run
+CAUGHT, MISSED, PASSED, VIOLATION, UNKNOWN, FINDING = "caught", "missed", "pass", "violation", "unknown", "finding"
+EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MATRIX = REPO_ROOT / "selftest" / "matrix.toml"
+
+
+class MatrixError(ValueError):
+    """The matrix file is wrong; the message names the file, the key and what is expected."""
+
+
+@dataclass(frozen=True)
+class MatrixEntry:
+    defect: str
+    scenario: Path
+    seed: int
+    expect: tuple[str, ...]
+    tier: str
+
+
+@dataclass(frozen=True)
+class FalseAlarmSpec:
+    scenarios: tuple[Path, ...] = ()
+    repeat: int = 3
+    seed_start: int = 100
+
+
+@dataclass(frozen=True)
+class BlackboxSpec:
+    scenarios: tuple[Path, ...] = ()
+    seed: int = 1
+
+
+@dataclass(frozen=True)
+class Matrix:
+    source: str
+    entries: tuple[MatrixEntry, ...]
+    false_alarm: FalseAlarmSpec = FalseAlarmSpec()
+    blackbox: BlackboxSpec = BlackboxSpec()
+
+    def uncovered(self, catalog: Mapping[str, Any]) -> tuple[str, ...]:
+        covered = {e.defect for e in self.entries}
+        return tuple(name for name in catalog if name not in covered)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run to do: a defect run, a correct run of a matrix scenario, a false-alarm repeat or a black-box
+    run.  ``label`` is unique and names the run's directory."""
+
+    role: str
+    label: str
+    scenario: Path
+    seed: int
+    defect: str | None = None
+    expect: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Row:
+    """One judged run."""
+
+    role: str
+    label: str
+    scenario: str
+    seed: int
+    defect: str | None
+    expect: tuple[str, ...]
+    outcome: str
+    verdict: str                   # the run's verdict: pass / fail / unknown
+    failed: tuple[str, ...]        # invariants that failed
+    unknown: tuple[str, ...]       # invariants that were unknown
+    detection_s: float | None      # run start -> first witness of an expected (or, if none, any) failure
+    run_s: float | None            # wall time of the run (without the check)
+    run_dir: str | None
+    witness: str = ""              # the first witness of the deciding invariant, as text
+    reason: str = ""               # why unknown / what went wrong
+    replay: str = ""
+
+
+@dataclass
+class SelftestResult:
+    tier: str
+    rows: list[Row] = field(default_factory=list)
+    uncovered: tuple[str, ...] = ()
+    check_s: float | None = None
+    total_s: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return selftest_exit_code(self.rows, self.uncovered if self.tier == "full" else (), self.errors)
+
+
+# ----------------------------------------------------------------------------------------------- the matrix
+
+def load_matrix(path: str | Path = DEFAULT_MATRIX, root: Path = REPO_ROOT) -> Matrix:
+    path = Path(path)
+    try:
+        document = tomllib.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise MatrixError(f"{path}: no such matrix file") from error
+    except tomllib.TOMLDecodeError as error:
+        raise MatrixError(f"{path}: not valid TOML: {error}") from error
+    return parse_matrix(document, source=str(path), root=root)
+
+
+def parse_matrix(document: Mapping[str, Any], *, source: str, root: Path = REPO_ROOT,
+                 catalog: Mapping[str, Any] | None = None, invariant_ids: tuple[str, ...] | None = None,
+                 check_files: bool = True) -> Matrix:
+    if catalog is None:
+        from reference_broker.defects import CATALOG as catalog
+    if invariant_ids is None:
+        from spark_checkers.invariants import IDS as invariant_ids
+    unknown_tables = sorted(set(document) - {"entry", "false_alarm", "blackbox"})
+    if unknown_tables:
+        raise MatrixError(f"{source}: unknown table(s) {', '.join(unknown_tables)}; allowed: entry, false_alarm, "
+                          "blackbox")
+    raw_entries = document.get("entry", [])
+    if not isinstance(raw_entries, list) or not raw_entries:
+        raise MatrixError(f"{source}: needs at least one [[entry]] table (defect, scenario, seed, expect, tier)")
+    entries: list[MatrixEntry] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_entries):
+        where = f"{source}: [[entry]] #{index + 1}"
+        _only_keys(raw, {"defect", "scenario", "seed", "expect", "tier"}, where)
+        defect = _required(raw, "defect", str, where)
+        where = f"{where} (defect {defect!r})"
+        if defect not in catalog:
+            raise MatrixError(f"{where}: defect = {defect!r} is not in the catalog; known: {', '.join(catalog)}")
+        if defect in seen:
+            raise MatrixError(f"{where}: defect {defect!r} has a second entry; one entry per defect")
+        seen.add(defect)
+        scenario = _scenario_path(_required(raw, "scenario", str, where), root, where, check_files)
+        seed = _required(raw, "seed", int, where)
+        expect = raw.get("expect")
+        if not isinstance(expect, list) or not expect or not all(isinstance(x, str) for x in expect):
+            raise MatrixError(f"{where}: expect = {expect!r}: must be a non-empty list of invariant ids")
+        bad = [x for x in expect if x not in invariant_ids]
+        if bad:
+            raise MatrixError(f"{where}: expect has unknown invariant id(s) {', '.join(bad)}; known: "
+                              f"{', '.join(invariant_ids)}")
+        tier = raw.get("tier", "full")
+        if tier not in TIERS:
+            raise MatrixError(f"{where}: tier = {tier!r}: must be one of {', '.join(TIERS)}")
+        entries.append(MatrixEntry(defect, scenario, seed, tuple(expect), tier))
+
+    false_alarm = FalseAlarmSpec()
+    if "false_alarm" in document:
+        raw = document["false_alarm"]
+        where = f"{source}: [false_alarm]"
+        _only_keys(raw, {"scenarios", "repeat", "seed_start"}, where)
+        repeat = raw.get("repeat", 3)
+        if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+            raise MatrixError(f"{where}: repeat = {repeat!r}: must be a whole number >= 1")
+        seed_start = raw.get("seed_start", 100)
+        if not isinstance(seed_start, int) or isinstance(seed_start, bool) or seed_start < 0:
+            raise MatrixError(f"{where}: seed_start = {seed_start!r}: must be a whole number >= 0")
+        false_alarm = FalseAlarmSpec(_scenario_list(raw, where, root, check_files), repeat, seed_start)
+    blackbox = BlackboxSpec()
+    if "blackbox" in document:
+        raw = document["blackbox"]
+        where = f"{source}: [blackbox]"
+        _only_keys(raw, {"scenarios", "seed"}, where)
+        seed = raw.get("seed", 1)
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise MatrixError(f"{where}: seed = {seed!r}: must be a whole number >= 0")
+        blackbox = BlackboxSpec(_scenario_list(raw, where, root, check_files), seed)
+    return Matrix(source, tuple(entries), false_alarm, blackbox)
+
+
+def _only_keys(raw: Any, allowed: set[str], where: str) -> None:
+    if not isinstance(raw, Mapping):
+        raise MatrixError(f"{where}: must be a table, got {raw!r}")
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise MatrixError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _required(raw: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    if key not in raw:
+        raise MatrixError(f"{where}: missing key {key!r}")
+    value = raw[key]
+    if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0) \
+            or (kind is str and not value):
+        what = "a whole number >= 0" if kind is int else "a non-empty string"
+        raise MatrixError(f"{where}: {key} = {value!r}: must be {what}")
+    return value
+
+
+def _scenario_path(text: str, root: Path, where: str, check_files: bool) -> Path:
+    path = Path(text)
+    path = path if path.is_absolute() else root / path
+    if check_files and not path.is_file():
+        raise MatrixError(f"{where}: scenario = {text!r}: no such file ({path})")
+    return path
+
+
+def _scenario_list(raw: Mapping[str, Any], where: str, root: Path, check_files: bool) -> tuple[Path, ...]:
+    scenarios = raw.get("scenarios", [])
+    if not isinstance(scenarios, list) or not all(isinstance(s, str) and s for s in scenarios):
+        raise MatrixError(f"{where}: scenarios = {scenarios!r}: must be a list of scenario file paths")
+    return tuple(_scenario_path(s, root, f"{where} scenarios", check_files) for s in scenarios)
+
+
+# ----------------------------------------------------------------------------------------------- the jobs
+
+def plan_jobs(matrix: Matrix, tier: str, *, repeat: int | None = None, blackbox: bool | None = None,
+              defects: tuple[str, ...] = ()) -> list[Job]:
+    """The runs of a tier, in the order they are run.  smoke: the smoke entries + their scenarios with the
+    correct broker.  full: every entry + correct runs + the false-alarm repeats + the black-box runs.
+    ``defects``: only these entries (and their scenarios' correct runs); ``repeat`` overrides the matrix's."""
+    if tier not in TIERS:
+        raise MatrixError(f"tier {tier!r}: must be one of {', '.join(TIERS)}")
+    unknown = [d for d in defects if d not in {e.defect for e in matrix.entries}]
+    if unknown:
+        raise MatrixError(f"{matrix.source}: no entry for defect(s) {', '.join(unknown)}")
+    entries = [e for e in matrix.entries if (tier == "full" or e.tier == "smoke")
+               and (not defects or e.defect in defects)]
+    jobs = [Job("defect", f"defect-{e.defect}", e.scenario, e.seed, e.defect, e.expect) for e in entries]
+    correct_done: set[tuple[Path, int]] = set()
+    for entry in entries:
+        key = (entry.scenario, entry.seed)
+        if key not in correct_done:
+            correct_done.add(key)
+            jobs.append(Job("correct", f"correct-{entry.scenario.stem}-{entry.seed}", entry.scenario, entry.seed))
+    if tier == "full" and not defects:
+        times = matrix.false_alarm.repeat if repeat is None else repeat
+        for scenario in matrix.false_alarm.scenarios:
+            for i in range(times):
+                seed = matrix.false_alarm.seed_start + i
+                jobs.append(Job("false_alarm", f"repeat-{scenario.stem}-{seed}", scenario, seed))
+    if blackbox if blackbox is not None else (tier == "full" and not defects):
+        for scenario in matrix.blackbox.scenarios:
+            jobs.append(Job("blackbox", f"blackbox-{scenario.stem}-{matrix.blackbox.seed}", scenario,
+                            matrix.blackbox.seed))
+    return jobs
+
+
+def scenario_with_defect(text: str, defect: str) -> str:
+    """The scenario TOML with ``defect`` added to ``[broker] defects`` (other keys kept)."""
+    import tomli_w
+
+    document = tomllib.loads(text)
+    broker = document.setdefault("broker", {})
+    defects = list(broker.get("defects", []))
+    if defect not in defects:
+        defects.append(defect)
+    broker["defects"] = defects
+    return f"# generated by ordeal selftest: the scenario with defect {defect!r} switched on\n" + \
+        tomli_w.dumps(document)
+
+
+# ----------------------------------------------------------------------------------------------- judging
+
+def judge(job: Job, report: Mapping[str, Any] | None, *, run_s: float | None, run_dir: str | None,
+          replay: str = "", run_error: str = "") -> Row:
+    """Decide one run.  defect: caught when every expected invariant failed; missed when one passed (or
+    was not applicable); unknown otherwise.  correct / false_alarm: pass only when the run passed; any
+    failure is a violation.  blackbox: always a finding (what failed is listed)."""
+    base = dict(role=job.role, label=job.label, scenario=_relative(job.scenario), seed=job.seed,
+                defect=job.defect, expect=job.expect, run_s=run_s, run_dir=run_dir, replay=replay)
+    if report is None:
+        return Row(**base, outcome=UNKNOWN if job.role != "blackbox" else FINDING, verdict="unknown", failed=(),
+                   unknown=(), detection_s=None, reason=run_error or "the run was not checked")
+    by_id = {r["id"]: r for r in report.get("invariants", [])}
+    failed = tuple(i for i, r in by_id.items() if r.get("verdict") == "fail")
+    unknown = tuple(i for i, r in by_id.items() if r.get("verdict") == "unknown")
+    verdict = str(report.get("verdict", "unknown"))
+    reason = "; ".join(f"{i}: {by_id[i].get('why', '')}" for i in unknown)[:600]
+    if job.role == "defect":
+        states = [by_id.get(i, {}).get("verdict", "missing") for i in job.expect]
+        if all(s == "fail" for s in states):
+            outcome = CAUGHT
+        elif any(s in ("pass", "not_applicable") for s in states):
+            outcome = MISSED
+        else:
+            outcome = UNKNOWN
+            reason = reason or f"expected invariant verdicts: {dict(zip(job.expect, states, strict=True))}"
+        deciding = [i for i in job.expect if i in failed] or list(failed)
+    elif job.role in ("correct", "false_alarm"):
+        outcome = PASSED if verdict == "pass" else VIOLATION if failed else UNKNOWN
+        deciding = list(failed)
+    else:
+        outcome = FINDING
+        deciding = list(failed)
+    return Row(**base, outcome=outcome, verdict=verdict, failed=failed, unknown=unknown,
+               detection_s=detection_time_s(report, deciding), witness=_first_witness(report, deciding),
+               reason=reason)
+
+
+def detection_time_s(report: Mapping[str, Any], invariants: list[str]) -> float | None:
+    """Run start -> the earliest witness of these invariants, in seconds (history times are µs since the
+    run started).  None when no witness carries a time."""
+    best: float | None = None
+    for item in report.get("invariants", []):
+        if item.get("id") not in invariants:
+            continue
+        for witness in item.get("witnesses", []):
+            t = witness_time_us(witness.get("data", {}))
+            if t is not None and (best is None or t < best):
+                best = t
+    return None if best is None else round(best / 1e6, 3)
+
+
+# the keys a witness may carry its time in, most telling first (the moment the violation became visible)
+_TIME_KEYS = ("t", "t_delivery", "t_deliver", "t_connect", "t_invoke", "t_ack", "t_publish")
+
+
+def witness_time_us(data: Any) -> float | None:
+    if not isinstance(data, Mapping):
+        return None
+    for key in _TIME_KEYS:
+        value = data.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _first_witness(report: Mapping[str, Any], invariants: list[str]) -> str:
+    for invariant in invariants:
+        for item in report.get("invariants", []):
+            if item.get("id") == invariant and item.get("witnesses"):
+                return f"{invariant}: {item['witnesses'][0].get('text', '')}"[:600]
+    return ""
+
+
+def selftest_exit_code(rows: list[Row], uncovered: tuple[str, ...] = (), errors: list[str] | None = None) -> int:
+    """1 if a covered defect was missed or a correct run had a violation; else 2 if anything is unknown
+    (an undecided run, a catalog defect without an entry, an error); else 0.  Black-box findings never
+    decide it."""
+    judged = [r for r in rows if r.role != "blackbox"]
+    if any(r.outcome in (MISSED, VIOLATION) for r in judged):
+        return EXIT_FAIL
+    if uncovered or errors or any(r.outcome == UNKNOWN for r in judged) or not judged:
+        return EXIT_UNKNOWN
+    return EXIT_OK
+
+
+def false_alarm_figures(rows: list[Row]) -> dict[str, dict[str, int]]:
+    """Per scenario: correct-broker runs (matrix correct runs + repeats), runs with a violation, unknown."""
+    figures: dict[str, dict[str, int]] = {}
+    for row in rows:
+        if row.role not in ("correct", "false_alarm"):
+            continue
+        f = figures.setdefault(row.scenario, {"runs": 0, "violations": 0, "unknown": 0})
+        f["runs"] += 1
+        f["violations"] += row.outcome == VIOLATION
+        f["unknown"] += row.outcome == UNKNOWN
+    return figures
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+# ----------------------------------------------------------------------------------------------- running
+
+def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = None, blackbox: bool | None = None,
+                 defects: tuple[str, ...] = (), spark_master: str | None = None,
+                 log: Callable[[str], None] = print) -> SelftestResult:
+    """Run every job of the tier one after the other, then check all runs in one Spark job, judge, write
+    selftest.json + selftest.html under ``out``."""
+    from harness.run import run_scenario
+
+    started = time.monotonic()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = plan_jobs(matrix, tier, repeat=repeat, blackbox=blackbox, defects=defects)
+    result = SelftestResult(tier=tier, uncovered=matrix.uncovered(_catalog()) if not defects else ())
+    played: list[tuple[Job, Path | None, float | None, str, str]] = []  # job, run dir, run_s, replay, error
+    for number, job in enumerate(jobs, 1):
+        scenario_path = job.scenario
+        if job.defect:
+            scenario_path = out / "scenarios" / f"{job.scenario.stem}+{job.defect}.toml"
+            scenario_path.parent.mkdir(parents=True, exist_ok=True)
+            scenario_path.write_text(scenario_with_defect(job.scenario.read_text(), job.defect))
+        log(f"[{number}/{len(jobs)}] {job.label}: {_relative(job.scenario)} seed {job.seed}")
+        mark = time.monotonic()
+        try:
+            run = run_scenario(scenario_path, job.seed, out / "runs" / job.label, check=False,
+                               spark_master=spark_master)
+        except KeyboardInterrupt:
+            raise
+        except Exception as error:  # noqa: BLE001 - one broken run is an unknown row, not a crashed selftest
+            played.append((job, None, None, "", f"{type(error).__name__}: {error}"))
+            log(f"    could not run: {type(error).__name__}: {error}")
+            continue
+        run_s = round(time.monotonic() - mark, 2)
+        error = "" if run.exit_code == 0 else str(run.summary.get("error") or "the history is incomplete")
+        played.append((job, run.run_dir, run_s, run.summary.get("replay", ""), error))
+        log(f"    ran in {run_s:.1f} s{'  (' + error + ')' if error else ''}")
+
+    run_dirs = [d for _, d, _, _, _ in played if d is not None]
+    reports: dict[Path, dict[str, Any]] = {}
+    if run_dirs:
+        log(f"checking {len(run_dirs)} run(s) in one Spark job ...")
+        mark = time.monotonic()
+        try:
+            reports = _check_all(run_dirs, spark_master)
+        except Exception as error:  # noqa: BLE001 - the checker broke: every row becomes unknown
+            result.errors.append(f"the check failed: {type(error).__name__}: {error}")
+            log(result.errors[-1])
+        result.check_s = round(time.monotonic() - mark, 2)
+        log(f"checked in {result.check_s:.1f} s")
+    for job, run_dir, run_s, replay, error in played:
+        report = reports.get(run_dir) if run_dir is not None else None
+        result.rows.append(judge(job, report, run_s=run_s, run_dir=str(run_dir) if run_dir else None,
+                                 replay=replay, run_error=error))
+    result.total_s = round(time.monotonic() - started, 2)
+    write_outputs(result, out, matrix)
+    return result
+
+
+def _check_all(run_dirs: list[Path], spark_master: str | None) -> dict[Path, dict[str, Any]]:
+    from spark_checkers.api import check_runs
+    from spark_checkers.reports import write_reports
+
+    reports = check_runs(run_dirs, spark_master=spark_master)
+    for run_dir, report in zip(run_dirs, reports, strict=True):
+        write_reports(run_dir, report)
+    return dict(zip(run_dirs, reports, strict=True))
+
+
+def _catalog() -> Mapping[str, Any]:
+    from reference_broker.defects import CATALOG
+
+    return CATALOG
+
+
+# ----------------------------------------------------------------------------------------------- output
+
+def result_document(result: SelftestResult, matrix: Matrix) -> dict[str, Any]:
+    catalog = _catalog()
+    return {
+        "tier": result.tier,
+        "matrix": matrix.source,
+        "exit_code": result.exit_code,
+        "verdict": {EXIT_OK: "pass", EXIT_FAIL: "fail", EXIT_UNKNOWN: "unknown"}[result.exit_code],
+        "catalog_size": len(catalog),
+        "uncovered": list(result.uncovered),
+        "check_s": result.check_s,
+        "total_s": result.total_s,
+        "errors": result.errors,
+        "false_alarms": false_alarm_figures(result.rows),
+        "rows": [asdict(r) | {"expect": list(r.expect), "failed": list(r.failed), "unknown": list(r.unknown),
+                              "catalog_invariant": catalog[r.defect].invariant if r.defect in catalog else None}
+                 for r in result.rows],
+    }
+
+
+def write_outputs(result: SelftestResult, out: Path, matrix: Matrix) -> None:
+    document = result_document(result, matrix)
+    (out / "selftest.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    (out / "selftest.html").write_text(render_html(document))
+
+
+_COLUMNS = ("role", "defect", "scenario", "seed", "expected", "outcome", "failed", "detect s", "run s")
+
+
+def table_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    rows = []
+    for r in document["rows"]:
+        rows.append((r["role"], r["defect"] or "-", Path(r["scenario"]).stem, str(r["seed"]),
+                     ", ".join(r["expect"]) or "-", r["outcome"], ", ".join(r["failed"]) or "-",
+                     "-" if r["detection_s"] is None else f"{r['detection_s']:.2f}",
+                     "-" if r["run_s"] is None else f"{r['run_s']:.1f}"))
+    return rows
+
+
+def text_table(document: Mapping[str, Any]) -> str:
+    rows = [_COLUMNS, *table_rows(document)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    figures = document["false_alarms"]
+    runs = sum(f["runs"] for f in figures.values())
+    bad = sum(f["violations"] for f in figures.values())
+    lines.append("")
+    lines.append(f"correct-broker runs: {runs}, with a violation: {bad}; check {document['check_s']} s, "
+                 f"total {document['total_s']} s")
+    if document["uncovered"]:
+        lines.append(f"catalog defects without a matrix entry: {', '.join(document['uncovered'])}")
+    for error in document["errors"]:
+        lines.append(f"error: {error}")
+    lines.append(f"selftest verdict: {document['verdict']} (exit {document['exit_code']})")
+    return "\n".join(lines)
+
+
+_OUTCOME_COLOURS = {CAUGHT: "#d4f7d4", PASSED: "#d4f7d4", MISSED: "#f7d4d4", VIOLATION: "#f7d4d4",
+                    UNKNOWN: "#f7ecc4", FINDING: "#dde6f7"}
+
+
+def render_html(document: Mapping[str, Any]) -> str:
+    """One self-contained page: the table, each row's first witness, the false-alarm figures."""
+    esc = html.escape
+    body = []
+    for r, cells in zip(document["rows"], table_rows(document), strict=True):
+        colour = _OUTCOME_COLOURS.get(r["outcome"], "#fff")
+        tds = "".join(f"<td>{esc(c)}</td>" for c in cells)
+        detail = esc(r["witness"] or r["reason"] or "")
+        link = f'<a href="{esc(_href(r["run_dir"]))}">report</a>' if r["run_dir"] else ""
+        body.append(f'<tr style="background:{colour}">{tds}<td>{link}</td><td class="w">{detail}</td></tr>')
+    head = "".join(f"<th>{esc(c)}</th>" for c in (*_COLUMNS, "run", "first witness / reason"))
+    figures = "".join(f"<tr><td>{esc(s)}</td><td>{f['runs']}</td><td>{f['violations']}</td><td>{f['unknown']}</td></tr>"
+                      for s, f in document["false_alarms"].items())
+    uncovered = ", ".join(document["uncovered"]) or "none"
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>ordeal selftest ({esc(document['tier'])})</title>
+<style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin-bottom:1.5em}}
+td,th{{border:1px solid #bbb;padding:3px 6px;font-size:13px;vertical-align:top}}td.w{{max-width:40em}}</style>
+</head><body>
+<h1>ordeal selftest: {esc(document['verdict'])} (tier {esc(document['tier'])}, exit {document['exit_code']})</h1>
+<p>Matrix {esc(document['matrix'])}; catalog defects {document['catalog_size']}; without an entry: {esc(uncovered)};
+check {document['check_s']} s; total {document['total_s']} s.
+<i>detect s</i>: run start to the first witness of the expected invariant.</p>
+<table><tr>{head}</tr>{''.join(body)}</table>
+<h2>Correct-broker runs (false alarms)</h2>
+<table><tr><th>scenario</th><th>runs</th><th>with a violation</th><th>unknown</th></tr>{figures}</table>
+{''.join(f'<p>error: {esc(e)}</p>' for e in document['errors'])}
+</body></html>
+"""
+
+
+def _href(run_dir: str) -> str:
+    return str(Path(run_dir).resolve() / "report.html")

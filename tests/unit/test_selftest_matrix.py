@@ -1,0 +1,222 @@
+"""ordeal/selftest.py: matrix validation, the jobs of a tier, the derived scenario, judging, exit codes."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ordeal.scenario import parse_scenario
+from ordeal.selftest import (
+    CAUGHT,
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_UNKNOWN,
+    FINDING,
+    MISSED,
+    PASSED,
+    UNKNOWN,
+    VIOLATION,
+    Job,
+    MatrixError,
+    detection_time_s,
+    false_alarm_figures,
+    judge,
+    load_matrix,
+    parse_matrix,
+    plan_jobs,
+    render_html,
+    scenario_with_defect,
+    selftest_exit_code,
+    text_table,
+)
+from reference_broker.defects import CATALOG
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG_STUB = {"d1": object(), "d2": object()}
+IDS = ("order.dup_flag", "durability.lost", "meta.history_complete")
+
+
+def _doc(**overrides):
+    entry = {"defect": "d1", "scenario": "a.toml", "seed": 1, "expect": ["order.dup_flag"], "tier": "smoke"}
+    entry.update(overrides)
+    return {"entry": [entry]}
+
+
+def _parse(document):
+    return parse_matrix(document, source="m.toml", root=Path("/x"), catalog=CATALOG_STUB, invariant_ids=IDS,
+                        check_files=False)
+
+
+def test_shipped_matrix_covers_the_whole_catalog_with_known_invariants():
+    matrix = load_matrix()
+    assert matrix.uncovered(CATALOG) == ()
+    assert {e.defect for e in matrix.entries} == set(CATALOG)
+    smoke = [e for e in matrix.entries if e.tier == "smoke"]
+    assert 1 <= len(smoke) < len(matrix.entries)
+    for entry in matrix.entries:
+        # the matrix names the catalog's own invariant (it may add more, never replace it)
+        assert CATALOG[entry.defect].invariant in entry.expect, entry.defect
+
+
+def test_shipped_selftest_scenarios_load_and_take_a_defect():
+    for path in sorted((ROOT / "scenarios" / "selftest").glob("*.toml")):
+        scenario = parse_scenario(path.read_text(), source=str(path))
+        if scenario.to_dict()["target"]["kind"] == "reference":
+            derived = parse_scenario(scenario_with_defect(path.read_text(), "trim_newest"), source=str(path))
+            assert derived.to_dict()["broker"]["defects"] == ["trim_newest"]
+
+
+@pytest.mark.parametrize("document, message", [
+    ({}, "at least one [[entry]]"),
+    ({"entry": [], "extra": {}}, "unknown table(s) extra"),
+    (_doc(defect="nope"), "defect = 'nope' is not in the catalog"),
+    (_doc(seed=-1), "seed = -1: must be a whole number >= 0"),
+    (_doc(seed=True), "seed = True"),
+    (_doc(expect=[]), "expect = []: must be a non-empty list"),
+    (_doc(expect=["order.dup"]), "unknown invariant id(s) order.dup"),
+    (_doc(tier="nightly"), "tier = 'nightly': must be one of smoke, full"),
+    (_doc(colour="red"), "unknown key(s) colour"),
+    ({"entry": [{"scenario": "a.toml", "seed": 1, "expect": ["order.dup_flag"]}]}, "missing key 'defect'"),
+    ({**_doc(), "false_alarm": {"repeat": 0}}, "[false_alarm]: repeat = 0"),
+    ({**_doc(), "blackbox": {"scenarios": "x.toml"}}, "[blackbox]: scenarios = 'x.toml'"),
+])
+def test_bad_matrix_is_rejected_naming_the_key(document, message):
+    with pytest.raises(MatrixError) as error:
+        _parse(document)
+    assert message in str(error.value)
+    assert "m.toml" in str(error.value)
+
+
+def test_second_entry_for_a_defect_is_rejected():
+    document = {"entry": _doc()["entry"] * 2}
+    with pytest.raises(MatrixError, match="second entry"):
+        _parse(document)
+
+
+def test_missing_scenario_file_is_named(tmp_path):
+    with pytest.raises(MatrixError, match="scenario = 'a.toml': no such file"):
+        parse_matrix(_doc(), source="m.toml", root=tmp_path, catalog=CATALOG_STUB, invariant_ids=IDS)
+
+
+def test_jobs_per_tier():
+    document = {"entry": [_doc()["entry"][0],
+                          {"defect": "d2", "scenario": "a.toml", "seed": 1, "expect": ["durability.lost"],
+                           "tier": "full"}],
+                "false_alarm": {"scenarios": ["a.toml", "b.toml"], "repeat": 2, "seed_start": 7},
+                "blackbox": {"scenarios": ["m.toml"]}}
+    matrix = _parse(document)
+    assert matrix.uncovered({"d1": 1, "d2": 2, "d3": 3}) == ("d3",)
+    smoke = plan_jobs(matrix, "smoke")
+    assert [(j.role, j.defect, j.seed) for j in smoke] == [("defect", "d1", 1), ("correct", None, 1)]
+    full = plan_jobs(matrix, "full")
+    assert [j.role for j in full] == ["defect", "defect", "correct"] + ["false_alarm"] * 4 + ["blackbox"]
+    assert [j.seed for j in full if j.role == "false_alarm"] == [7, 8, 7, 8]
+    assert len({j.label for j in full}) == len(full)  # labels name run directories: unique
+    assert [j.role for j in plan_jobs(matrix, "full", repeat=1, blackbox=False)].count("false_alarm") == 2
+    assert [j.defect for j in plan_jobs(matrix, "full", defects=("d2",)) if j.role == "defect"] == ["d2"]
+    with pytest.raises(MatrixError, match="no entry for defect"):
+        plan_jobs(matrix, "full", defects=("d9",))
+    with pytest.raises(MatrixError, match="tier 'soak'"):
+        plan_jobs(matrix, "soak")
+
+
+def test_scenario_with_defect_keeps_the_broker_table():
+    text = '[scenario]\nname = "x"\n\n[broker]\npersisted_messages_limit = 10\ndefects = ["a"]\n'
+    document = tomllib.loads(scenario_with_defect(text, "b"))
+    assert document["broker"] == {"persisted_messages_limit": 10, "defects": ["a", "b"]}
+    assert tomllib.loads(scenario_with_defect('[scenario]\nname = "x"\n', "b"))["broker"] == {"defects": ["b"]}
+
+
+def _report(verdicts: dict[str, str], witnesses: dict[str, list] | None = None, verdict: str = "fail"):
+    witnesses = witnesses or {}
+    return {"verdict": verdict,
+            "invariants": [{"id": i, "verdict": v, "why": f"why {i}", "witnesses": witnesses.get(i, [])}
+                           for i, v in verdicts.items()]}
+
+
+DEFECT_JOB = Job("defect", "defect-d1", Path("/x/a.toml"), 1, "d1", ("order.dup_flag",))
+CORRECT_JOB = Job("correct", "correct-a-1", Path("/x/a.toml"), 1)
+
+
+def test_judge_defect_caught_with_detection_time_from_the_earliest_witness():
+    report = _report({"order.dup_flag": "fail", "durability.lost": "pass"},
+                     {"order.dup_flag": [{"text": "late", "data": {"t": 5_000_000}},
+                                         {"text": "early", "data": {"t": 1_250_000}}]})
+    row = judge(DEFECT_JOB, report, run_s=9.0, run_dir="/r")
+    assert row.outcome == CAUGHT
+    assert row.failed == ("order.dup_flag",)
+    assert row.detection_s == 1.25
+    assert row.witness.startswith("order.dup_flag: late")
+
+
+def test_judge_defect_missed_or_unknown():
+    assert judge(DEFECT_JOB, _report({"order.dup_flag": "pass"}, verdict="pass"), run_s=1, run_dir="/r").outcome \
+        == MISSED
+    # failing for another reason is not catching it
+    other = judge(DEFECT_JOB, _report({"order.dup_flag": "pass", "durability.lost": "fail"}), run_s=1, run_dir="/r")
+    assert other.outcome == MISSED and other.failed == ("durability.lost",)
+    undecided = judge(DEFECT_JOB, _report({"order.dup_flag": "unknown"}, verdict="unknown"), run_s=1, run_dir="/r")
+    assert undecided.outcome == UNKNOWN and "why order.dup_flag" in undecided.reason
+    assert judge(DEFECT_JOB, None, run_s=None, run_dir=None, run_error="boom").outcome == UNKNOWN
+
+
+def test_judge_correct_runs():
+    assert judge(CORRECT_JOB, _report({"order.dup_flag": "pass"}, verdict="pass"), run_s=1, run_dir="/r").outcome \
+        == PASSED
+    violated = judge(CORRECT_JOB, _report({"durability.lost": "fail"}, {"durability.lost": [{"text": "gap"}]}),
+                     run_s=1, run_dir="/r")
+    assert violated.outcome == VIOLATION and violated.witness == "durability.lost: gap"
+    assert judge(CORRECT_JOB, _report({"meta.history_complete": "unknown"}, verdict="unknown"), run_s=1,
+                 run_dir="/r").outcome == UNKNOWN
+    blackbox = Job("blackbox", "b", Path("/x/m.toml"), 1)
+    assert judge(blackbox, _report({"durability.lost": "fail"}), run_s=1, run_dir="/r").outcome == FINDING
+
+
+def test_detection_time_uses_known_time_keys_only():
+    report = _report({"order.dup_flag": "fail"},
+                     {"order.dup_flag": [{"data": {"t_invoke": 3_000_000}}, {"data": {"client": "c"}}]})
+    assert detection_time_s(report, ["order.dup_flag"]) == 3.0
+    assert detection_time_s(report, ["durability.lost"]) is None
+
+
+def _row(role, outcome):
+    return judge(Job(role, "l", Path("/x/a.toml"), 1, "d1" if role == "defect" else None,
+                     ("order.dup_flag",) if role == "defect" else ()),
+                 {"defect": _report({"order.dup_flag": "fail"}),
+                  "miss": _report({"order.dup_flag": "pass"}),
+                  "pass": _report({"order.dup_flag": "pass"}, verdict="pass"),
+                  "viol": _report({"durability.lost": "fail"}),
+                  "unk": _report({"order.dup_flag": "unknown"}, verdict="unknown")}[outcome],
+                 run_s=1, run_dir="/r")
+
+
+def test_exit_code():
+    caught, correct = _row("defect", "defect"), _row("correct", "pass")
+    assert selftest_exit_code([caught, correct]) == EXIT_OK
+    assert selftest_exit_code([caught, correct, _row("blackbox", "viol")]) == EXIT_OK  # findings never decide
+    assert selftest_exit_code([_row("defect", "miss"), correct]) == EXIT_FAIL
+    assert selftest_exit_code([caught, _row("false_alarm", "viol")]) == EXIT_FAIL
+    assert selftest_exit_code([caught, _row("correct", "unk")]) == EXIT_UNKNOWN
+    assert selftest_exit_code([caught, correct], uncovered=("d2",)) == EXIT_UNKNOWN
+    assert selftest_exit_code([caught, correct], errors=["spark broke"]) == EXIT_UNKNOWN
+    assert selftest_exit_code([]) == EXIT_UNKNOWN
+    # a definite miss outweighs an unknown
+    assert selftest_exit_code([_row("defect", "miss"), _row("correct", "unk")]) == EXIT_FAIL
+
+
+def test_false_alarm_figures_and_rendering():
+    rows = [_row("defect", "defect"), _row("correct", "pass"), _row("false_alarm", "viol"),
+            _row("false_alarm", "pass")]
+    assert false_alarm_figures(rows) == {"/x/a.toml": {"runs": 3, "violations": 1, "unknown": 0}}
+    document = {"tier": "smoke", "matrix": "m.toml", "exit_code": 1, "verdict": "fail", "catalog_size": 2,
+                "uncovered": [], "check_s": 1.0, "total_s": 2.0, "errors": [],
+                "false_alarms": false_alarm_figures(rows),
+                "rows": [r.__dict__ | {"witness": "<b>x</b>"} for r in rows]}
+    table = text_table(document)
+    assert "correct-broker runs: 3, with a violation: 1" in table
+    assert "selftest verdict: fail (exit 1)" in table
+    page = render_html(document)
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+    assert page.count("<tr style=") == 4

@@ -482,6 +482,36 @@ def write_outputs(result: SelftestResult, out: Path, matrix: Matrix) -> None:
     document = result_document(result, matrix)
     (out / "selftest.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
     (out / "selftest.html").write_text(render_html(document))
+    (out / "selftest-junit.xml").write_text(junit_xml(document))
+
+
+def junit_xml(document: Mapping[str, Any]) -> str:
+    """One test case per judged run (CI): missed / violation -> <failure>, unknown -> <error>, black-box
+    findings -> a passing case whose system-out lists what failed."""
+    from xml.etree import ElementTree as ET
+
+    rows = document["rows"]
+    suite = ET.Element("testsuite", name=f"ordeal.selftest.{document['tier']}", tests=str(len(rows)),
+                       failures=str(sum(r["outcome"] in (MISSED, VIOLATION) for r in rows)),
+                       errors=str(sum(r["outcome"] == UNKNOWN for r in rows)),
+                       time=str(document.get("total_s") or 0))
+    for r in rows:
+        case = ET.SubElement(suite, "testcase", classname=f"selftest.{r['role']}", name=r["label"],
+                             time=str(r["run_s"] or 0))
+        text = r["witness"] or r["reason"] or ""
+        if r["outcome"] == MISSED:
+            ET.SubElement(case, "failure", message=f"defect {r['defect']} not caught by "
+                          f"{', '.join(r['expect'])}; failed: {', '.join(r['failed']) or 'nothing'}").text = text
+        elif r["outcome"] == VIOLATION:
+            ET.SubElement(case, "failure", message=f"correct broker violated {', '.join(r['failed'])}").text = text
+        elif r["outcome"] == UNKNOWN:
+            ET.SubElement(case, "error", message="unknown").text = text
+        elif r["outcome"] == FINDING:
+            ET.SubElement(case, "system-out").text = f"failed: {', '.join(r['failed']) or 'nothing'}\n{text}"
+    for uncovered in document.get("uncovered", []):
+        case = ET.SubElement(suite, "testcase", classname="selftest.defect", name=f"defect-{uncovered}")
+        ET.SubElement(case, "error", message="no matrix entry for this catalog defect")
+    return ET.tostring(suite, encoding="unicode")
 
 
 _COLUMNS = ("role", "defect", "scenario", "seed", "expected", "outcome", "failed", "detect s", "run s")

@@ -23,6 +23,7 @@ from ordeal.selftest import (
     detection_time_s,
     false_alarm_figures,
     judge,
+    junit_xml,
     load_matrix,
     parse_matrix,
     plan_jobs,
@@ -220,3 +221,27 @@ def test_false_alarm_figures_and_rendering():
     page = render_html(document)
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
     assert page.count("<tr style=") == 4
+
+
+def test_junit_has_one_case_per_row_with_failures_and_errors():
+    rows = [_row("defect", "defect"), _row("defect", "miss"), _row("correct", "unk"), _row("false_alarm", "viol")]
+    document = {"tier": "smoke", "total_s": 3.0, "uncovered": ["d9"],
+                "rows": [r.__dict__ | {"expect": list(r.expect)} for r in rows]}
+    xml = junit_xml(document)
+    assert xml.count("<testcase") == 5
+    assert 'failures="2"' in xml and 'errors="1"' in xml
+    assert "defect d1 not caught by order.dup_flag" in xml
+    assert "no matrix entry" in xml
+
+
+def test_cli_bad_matrix_exits_2_naming_the_file(tmp_path):
+    from click.testing import CliRunner
+
+    from ordeal.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[entry]]\ndefect = "no_such_defect"\nscenario = "x.toml"\nseed = 1\nexpect = ["durability.lost"]\n')
+    result = CliRunner().invoke(main, ["selftest", "--matrix", str(bad), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert f"{bad}: [[entry]] #1" in result.output and "not in the catalog" in result.output
+    assert not (tmp_path / "out").exists()

@@ -1,6 +1,12 @@
-"""`ordeal explore` with a short budget finds a planted defect (dup_on_first_delivery, caught by
-order.dup_flag), writes a corpus entry, and `ordeal replay` of that entry fails again and agrees.
-Real topology, real broker, real checks (tests/data/shrink-dup-defect.toml: 3 s of traffic)."""
+"""explore → replay → shrink on a planted defect, against the real topology, broker and checks.
+
+`tests/data/shrink-dup-defect.toml` switches on `dup_on_first_delivery` (every delivery carries DUP = 1,
+caught by order.dup_flag; it shows without faults), 2 pairs, 3 s of traffic.  One short exploration feeds
+the other two tests (a chain, to keep the real runs few — checks cost 15-80 s each on 2 busy cores):
+- `ordeal explore` with a 60 s budget finds the defect and writes a corpus entry;
+- `ordeal replay` of that entry fails again and agrees with the original verdicts;
+- `ordeal shrink` of the explored run reduces it to a smaller valid plan that still fails order.dup_flag.
+"""
 
 from __future__ import annotations
 
@@ -12,52 +18,93 @@ import pytest
 from click.testing import CliRunner
 
 from ordeal.cli import main
+from ordeal.replay import read_report
+from properties.plan import Plan
+from properties.shrink import plan_size, validate_plan
 
 pytestmark = pytest.mark.integration
 
 SCENARIO = Path(__file__).resolve().parents[1] / "data" / "shrink-dup-defect.toml"
+TARGET = "order.dup_flag"
 BUDGET_S = 60
+FIRST_SEED = 21
 
 
 @pytest.fixture(scope="module")
-def warm_spark():
-    """Start Spark before the budget clock: the cold start (10-60 s on 2 busy cores) is not what the budget
-    rule is about.  Left running, like every run's check leaves it: the next module's checks reuse it, and it
-    ends with the test process."""
+def explored(tmp_path_factory):
+    """One exploration.  Spark is started before the budget clock (its cold start is not what the budget
+    rule is about) and left running for the next checks, like every run's check leaves it."""
     from spark_checkers.session import spark_session
 
-    return spark_session()
-
-
-def test_short_explore_finds_the_planted_defect_and_its_entry_replays(tmp_path, warm_spark):
-    corpus, runs = tmp_path / "corpus", tmp_path / "runs"
-    runner = CliRunner()
+    spark_session()
+    base = tmp_path_factory.mktemp("explore")
     began = time.monotonic()
-    result = runner.invoke(main, ["explore", str(SCENARIO), "--budget", f"{BUDGET_S}s", "--corpus", str(corpus),
-                                  "--out", str(runs), "--seed-start", "21"])
-    elapsed = time.monotonic() - began
+    result = CliRunner().invoke(main, ["explore", str(SCENARIO), "--budget", f"{BUDGET_S}s", "--corpus",
+                                       str(base / "corpus"), "--out", str(base / "runs"), "--seed-start",
+                                       str(FIRST_SEED)])
+    return {"result": result, "elapsed": time.monotonic() - began, "base": base, "corpus": base / "corpus"}
+
+
+def explored_rows(explored) -> list[dict]:
+    path = explored["corpus"] / "explored.jsonl"
+    assert path.is_file(), explored["result"].output
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_short_explore_finds_the_planted_defect(explored):
+    result = explored["result"]
     assert result.exit_code == 1, result.output
-    # never a run started that could not finish: the last one ended inside the budget (plus the last check)
-    assert elapsed < BUDGET_S + 20, elapsed
-    explored = [json.loads(line) for line in (corpus / "explored.jsonl").read_text().splitlines()]
-    assert explored and [r["seed"] for r in explored] == list(range(21, 21 + len(explored)))
-    assert all(r["exit_code"] == 1 and "order.dup_flag" in r["failing"] for r in explored)
+    # never a run started that could not finish: the last one ended inside the budget (+ its check's jitter)
+    assert explored["elapsed"] < BUDGET_S + 20, explored["elapsed"]
+    rows = explored_rows(explored)
+    assert [r["seed"] for r in rows] == list(range(FIRST_SEED, FIRST_SEED + len(rows)))
+    assert all(r["exit_code"] == 1 and TARGET in r["failing"] for r in rows)
     summary = result.output.strip().splitlines()[-1]
-    assert summary.startswith(f"runs {len(explored)} ") and "order.dup_flag" in summary and summary.endswith("exit 1")
+    assert summary.startswith(f"runs {len(rows)} ") and TARGET in summary and summary.endswith("exit 1")
 
-    entry = corpus / "shrink-dup-defect-21"
+    entry = explored["corpus"] / f"shrink-dup-defect-{FIRST_SEED}"
     meta = json.loads((entry / "entry.json").read_text())
-    assert meta["failing"] == sorted(explored[0]["failing"])
-    assert meta["first_witness"]["invariant"] in meta["failing"]
-    assert meta["first_witness"]["witness"]["text"]
+    assert meta["failing"] == sorted(rows[0]["failing"])
+    assert meta["first_witness"]["invariant"] in meta["failing"] and meta["first_witness"]["witness"]["text"]
     assert meta["replay"] == f"ordeal replay {entry}"
-    assert (entry / "plan.json").read_text() == (Path(explored[0]["run_dir"]) / "plan.json").read_text()
-    assert not (corpus / "unknowns.jsonl").exists()
+    assert (entry / "plan.json").read_text() == (Path(rows[0]["run_dir"]) / "plan.json").read_text()
+    assert not (explored["corpus"] / "unknowns.jsonl").exists()
 
-    replayed = runner.invoke(main, ["replay", str(entry), "--out", str(tmp_path / "replays")])
+
+def test_replay_of_the_corpus_entry_fails_again_and_agrees(explored, tmp_path):
+    entry = explored["corpus"] / f"shrink-dup-defect-{FIRST_SEED}"
+    assert (entry / "entry.json").is_file(), explored["result"].output
+    replayed = CliRunner().invoke(main, ["replay", str(entry), "--out", str(tmp_path)])
     assert replayed.exit_code == 1, replayed.output
-    assert "agreement: AGREE" in replayed.output
-    new_run = next((tmp_path / "replays").iterdir())
+    assert "agreement: AGREE (same failing invariants: " in replayed.output and TARGET in replayed.output
+    new_run = next(tmp_path.iterdir())
     assert (new_run / "plan.json").read_text() == (entry / "plan.json").read_text()  # the same plan, a new run
     note = json.loads((new_run / "replayed-from.json").read_text())
-    assert note["replay_of"] == str(entry) and note["replay_failing"] == meta["failing"]
+    assert note["replay_of"] == str(entry)
+    assert note["replay_failing"] == json.loads((entry / "entry.json").read_text())["failing"]
+
+
+def test_shrink_reduces_the_failing_run_to_a_smaller_plan_that_still_fails(explored, tmp_path):
+    original_dir = Path(explored_rows(explored)[0]["run_dir"])
+    original = Plan.from_json((original_dir / "plan.json").read_text())
+    result = CliRunner().invoke(main, ["shrink", str(original_dir), "--invariant", TARGET, "--max-attempts", "2",
+                                       "--budget", "4m", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "attempt   1" in result.output and "replay: ordeal replay" in result.output
+    out_dir = next(tmp_path.iterdir())
+    shrunk = Plan.from_json((out_dir / "shrunk-plan.json").read_text())
+    assert (out_dir / "plan.json").read_text() == (out_dir / "shrunk-plan.json").read_text()
+    assert validate_plan(shrunk) == []
+    before, after = plan_size(original), plan_size(shrunk)
+    assert after.clients <= before.clients and after.publishes <= before.publishes
+    assert after.publishes + after.clients < before.publishes + before.clients, (before, after)
+
+    log = json.loads((out_dir / "shrink.json").read_text())
+    assert 1 <= len(log["attempts"]) <= 2 and log["target"] == [TARGET]
+    for attempt in log["attempts"]:  # accepted exactly when its run failed the target
+        assert attempt["accepted"] == (attempt["exit_codes"][0] == 1 and TARGET in attempt["failing"][0])
+    accepted = [a for a in log["attempts"] if a["accepted"]]
+    assert accepted, log["attempts"]
+    assert Plan.from_json((Path(accepted[-1]["run_dirs"][0]) / "plan.json").read_text()) == shrunk
+    assert TARGET in {i["id"] for i in read_report(out_dir)["invariants"] if i["verdict"] == "fail"}
+    assert log["replay"] == f"ordeal replay {out_dir}"

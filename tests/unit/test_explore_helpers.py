@@ -12,6 +12,7 @@ import pytest
 from ordeal.commands.explore import parse_duration
 from ordeal.explore import (
     FIRST_RUN_OVERHEAD_S,
+    WARM_FIRST_RUN_OVERHEAD_S,
     ExploredRun,
     ExploreError,
     ExploreResult,
@@ -76,6 +77,7 @@ def test_first_witness_is_from_the_first_failing_invariant():
 
 def test_budget_estimate_uses_the_worst_measured_overhead():
     assert estimate_run_s(3, 1, []) == 3 + 1 + FIRST_RUN_OVERHEAD_S
+    assert estimate_run_s(3, 1, [], spark_warm=True) == 3 + 1 + WARM_FIRST_RUN_OVERHEAD_S
     assert estimate_run_s(3, 1, [12.0, 20.0, 15.0]) == 23.0
 
 
@@ -105,7 +107,7 @@ def test_exit_code_and_summary_table():
 
 
 def test_a_budget_too_small_for_one_run_starts_none(tmp_path):
-    result = explore(SHRINK_SCENARIO, ExploreSettings(budget_s=20, corpus=tmp_path / "corpus", out=tmp_path / "runs"),
+    result = explore(SHRINK_SCENARIO, ExploreSettings(budget_s=15, corpus=tmp_path / "corpus", out=tmp_path / "runs"),
                      log=lambda line: None)
     assert result.runs == [] and result.stop_reason.startswith("budget:") and result.exit_code == 2
     assert not (tmp_path / "runs").exists()

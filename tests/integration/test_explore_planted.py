@@ -3,7 +3,7 @@
 `tests/data/shrink-dup-defect.toml` switches on `dup_on_first_delivery` (every delivery carries DUP = 1,
 caught by order.dup_flag; it shows without faults), 2 pairs, 3 s of traffic.  One short exploration feeds
 the other two tests (a chain, to keep the real runs few — checks cost 15-80 s each on 2 busy cores):
-- `ordeal explore` with a 60 s budget finds the defect and writes a corpus entry;
+- `ordeal explore` with a 90 s budget finds the defect and writes a corpus entry;
 - `ordeal replay` of that entry fails again and agrees with the original verdicts;
 - `ordeal shrink` of the explored run reduces it to a smaller valid plan that still fails order.dup_flag.
 """
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 SCENARIO = Path(__file__).resolve().parents[1] / "data" / "shrink-dup-defect.toml"
 TARGET = "order.dup_flag"
-BUDGET_S = 60
+BUDGET_S = 90
 FIRST_SEED = 21
 
 

@@ -12,7 +12,6 @@ import pytest
 from ordeal.commands.explore import parse_duration
 from ordeal.explore import (
     FIRST_RUN_OVERHEAD_S,
-    WARM_FIRST_RUN_OVERHEAD_S,
     ExploredRun,
     ExploreError,
     ExploreResult,
@@ -77,7 +76,6 @@ def test_first_witness_is_from_the_first_failing_invariant():
 
 def test_budget_estimate_uses_the_worst_measured_overhead():
     assert estimate_run_s(3, 1, []) == 3 + 1 + FIRST_RUN_OVERHEAD_S
-    assert estimate_run_s(3, 1, [], spark_warm=True) == 3 + 1 + WARM_FIRST_RUN_OVERHEAD_S
     assert estimate_run_s(3, 1, [12.0, 20.0, 15.0]) == 23.0
 
 

@@ -329,8 +329,9 @@ def detection_time_s(report: Mapping[str, Any], invariants: list[str]) -> float 
     return None if best is None else round(best / 1e6, 3)
 
 
-# the keys a witness may carry its time in, most telling first (the moment the violation became visible)
-_TIME_KEYS = ("t", "t_delivery", "t_deliver", "t_connect", "t_invoke", "t_ack", "t_publish")
+# the keys a witness may carry its time in, most telling first: the moment the violation became visible
+# (a delivery, a snapshot, a CONNACK: "t"; a lost message: the reconnect that should have brought it)
+_TIME_KEYS = ("t", "t_reconnect", "t_delivery", "t_connect", "t_invoke", "t_ack")
 
 
 def witness_time_us(data: Any) -> float | None:
@@ -483,6 +484,23 @@ def write_outputs(result: SelftestResult, out: Path, matrix: Matrix) -> None:
     (out / "selftest.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
     (out / "selftest.html").write_text(render_html(document))
     (out / "selftest-junit.xml").write_text(junit_xml(document))
+    (out / "selftest.md").write_text(markdown(document))
+
+
+def markdown(document: Mapping[str, Any]) -> str:
+    """The matrix as a Markdown table (docs/selftest.md is generated from it)."""
+    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    for cells in table_rows(document):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines.append("")
+    lines.append("| scenario (correct broker) | runs | with a violation | unknown |")
+    lines.append("|---|---|---|---|")
+    for scenario, f in document["false_alarms"].items():
+        lines.append(f"| {scenario} | {f['runs']} | {f['violations']} | {f['unknown']} |")
+    lines.append("")
+    lines.append(f"Tier {document['tier']}, verdict **{document['verdict']}** (exit {document['exit_code']}); "
+                 f"check {document['check_s']} s for all runs in one Spark job; total {document['total_s']} s.")
+    return "\n".join(lines) + "\n"
 
 
 def junit_xml(document: Mapping[str, Any]) -> str:

@@ -25,6 +25,7 @@ from ordeal.selftest import (
     judge,
     junit_xml,
     load_matrix,
+    markdown,
     parse_matrix,
     plan_jobs,
     render_html,
@@ -221,6 +222,8 @@ def test_false_alarm_figures_and_rendering():
     page = render_html(document)
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
     assert page.count("<tr style=") == 4
+    md = markdown(document)
+    assert md.count("\n| ") == 4 + 1 + 1 and "| /x/a.toml | 3 | 1 | 0 |" in md
 
 
 def test_junit_has_one_case_per_row_with_failures_and_errors():

@@ -111,6 +111,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     previous_handlers = _install_signal_handlers(stop)
     target = None
     executor = None
+    nemesis = None
+    healed_all = False
     close_reason = ""
     complete = False
     try:
@@ -143,6 +145,7 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
             reporter.phase("healing every fault")
             mark = time.monotonic()
             healed = executor.run_alongside(nemesis.heal_all)  # the loop keeps serving client-fault heals
+            healed_all = True
             timings["heal_all_s"] = round(time.monotonic() - mark, 3)
             recorder.phase(Phase.HEAL_ALL, faults=len(plan.faults), **healed)
         else:
@@ -174,6 +177,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         _write_traceback(run_dir)
         reporter.message(f"{close_reason}\n(traceback in {run_dir / 'logs' / 'harness-error.log'})")
     finally:
+        if nemesis is not None and not healed_all:
+            _abandon_nemesis(nemesis)  # a broken or interrupted run: no fault may outlive it
         if executor is not None:
             _quietly(executor.close)
         if target is not None:
@@ -233,6 +238,19 @@ def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder, client_play
     context = FaultContext(topology=topology, seed=plan.seed, record=recorder.record,
                            broker_key_prefix=str(getattr(target, "key_prefix", "")))
     return Nemesis(schedule_from_slots(plan.faults), context, client_player=client_player)
+
+
+def _abandon_nemesis(nemesis: Any) -> None:
+    """Stop every waiting fault worker and remove every network rule, without restarting nodes (the target
+    is about to stop).  Nemesis has no public cancel yet: its heal_all also restarts and waits for nodes."""
+    cancel = getattr(nemesis, "_cancel", None)
+    if cancel is not None:
+        cancel.set()
+    try:
+        from faults.network import heal_all_network
+    except ImportError:
+        return
+    _quietly(heal_all_network)
 
 
 def _faults_active(nemesis: Any) -> int:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reference_broker.pipeline")
 
+DEAD_AFTER_LEASES = 3  # a node silent this many leases is dead: its connected sessions are released
+
 
 async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
@@ -70,15 +72,24 @@ class LeaseManager:
         self.desired: dict[str, set[int]] = {t: set() for t in topics}
         self.assigned: dict[str, set[int]] = {t: set() for t in topics}
         self.changed = asyncio.Event()
+        self.ticks = 0
 
     def target(self, topic: str) -> set[int]:
         return self.held[topic] & self.desired[topic]
 
     async def tick(self) -> None:
         config = self.broker.config
-        nodes = await self.broker.store.heartbeat(self.broker.node_id, self.broker.peer_address)
-        live = live_nodes(nodes, time.time() * 1000, config.partition_lease_s)
+        nodes, was_missing = await self.broker.store.heartbeat(self.broker.node_id, self.broker.peer_address)
+        now_ms = time.time() * 1000
+        live = live_nodes(nodes, now_ms, config.partition_lease_s)
         self.broker.peers.addresses = {n: info["peer"] for n, info in nodes.items()}
+        if was_missing and self.ticks:
+            await self.broker.reassert_sessions()  # declared dead while paused: take our sessions back
+        self.ticks += 1
+        for node, info in nodes.items():
+            if node != self.broker.node_id and now_ms - info["ts"] > DEAD_AFTER_LEASES * config.partition_lease_s * 1000:
+                if await self.broker.store.claim_dead_node(node):
+                    await self.broker.release_dead_node_sessions(node)
         for topic, count in self.topics.items():
             desired = desired_partitions(self.broker.node_id, live, count)
             # keep what the consumer still reads until it lets go at its next batch boundary
@@ -166,6 +177,22 @@ class LeasedConsumer:
                 await self.consumer.stop()
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        # Fencing: commit only partitions whose lease this node still holds.  A node that was paused past
+        # its lease wakes up with a batch another node has processed since; committing its older offsets
+        # would move the group back and make the next owner process everything again.
+        try:
+            owners = await self.broker.store.lease_owners(self.topic, [tp.partition for tp in offsets])
+        except Exception as error:
+            log.warning("%s: lease check before commit failed: %r", self.topic, error)
+            owners = {}
+        lost = {tp.partition for tp in offsets if owners.get(tp.partition) != self.broker.node_id}
+        if lost:
+            log.info("%s: lease of partitions %s lost meanwhile; not committing them", self.topic, sorted(lost))
+            self.broker.leases.held[self.topic] -= lost
+            self.broker.leases.changed.set()
+            offsets = {tp: offset for tp, offset in offsets.items() if tp.partition not in lost}
+            if not offsets:
+                return
         # a failed commit only means the batch may be processed again (duplicates), so keep going
         for attempt in range(5):
             try:

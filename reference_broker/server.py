@@ -86,6 +86,8 @@ class Broker:
             self.server.close()
         for connection in list(self.connections.values()):
             await connection.close(codec.RC_SERVER_UNAVAILABLE)
+            with contextlib.suppress(Exception):  # record the disconnect now: the loop ends soon
+                await self.connection_lost(connection)
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -145,6 +147,7 @@ class Broker:
         await store.put_session(client, {
             "node": self.node_id, "conn": conn.conn_id, "persistent": int(conn.persistent),
             "expiry": conn.session_expiry or "", "protocol": conn.version, "connected_at": int(time.time() * 1000)})
+        await store.add_node_client(self.node_id, client)
         if subscription is not None:
             await self.save_subscriptions(conn)  # the node holding the connection changed
         return resumed
@@ -159,6 +162,10 @@ class Broker:
         client = conn.client_id
         if self.connections.get(client) is conn:
             del self.connections[client]
+        try:
+            await self.store.remove_node_client(self.node_id, client)
+        except Exception as error:
+            log.warning("%s: could not update the node's client set: %r", client, error)
         if conn.taken_over:
             return
         try:
@@ -174,6 +181,40 @@ class Broker:
                     await self.store.delete_session(client)
         except Exception as error:
             log.warning("%s: could not record the disconnect: %r", client, error)
+
+    async def release_dead_node_sessions(self, node: str) -> None:
+        """Another node died with clients connected: mark their sessions disconnected now, so that MQTT 5
+        session expiry starts (those clients can reconnect anywhere meanwhile)."""
+        released = 0
+        for client in await self.store.take_node_clients(node):
+            session = await self.store.get_session(client)
+            if session.get("node") != node or not session.get("conn"):
+                continue
+            expires_at = None
+            if session.get("persistent") == "1" and session.get("expiry"):
+                expires_at = int(time.time() * 1000) + int(session["expiry"]) * 1000
+            if session.get("persistent") == "1":
+                await self.store.mark_disconnected(client, session["conn"], expires_at)
+            else:
+                await self.store.put_subscription(client, None)
+                await self.store.delete_session(client)
+            released += 1
+        log.info("node %s is dead: released %d of its sessions", node, released)
+
+    async def reassert_sessions(self) -> None:
+        """This node was declared dead (paused too long) but still holds connections: own them again."""
+        for client, conn in list(self.connections.items()):
+            if conn.closed or not conn.connected.is_set():
+                continue
+            session = await self.store.get_session(client)
+            if session.get("node") == self.node_id and session.get("conn") in ("", conn.conn_id):
+                await self.store.redis.hset(self.store.session_key(client), mapping={
+                    "conn": conn.conn_id, "disconnected_at": ""})
+                await self.store.cancel_expiry(client)
+                await self.store.add_node_client(self.node_id, client)
+                if conn.filters:
+                    await self.save_subscriptions(conn)
+        log.info("node %s re-registered after being declared dead; sessions reasserted", self.node_id)
 
     async def expiry_sweeper(self) -> None:
         while True:

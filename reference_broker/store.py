@@ -12,6 +12,7 @@ Shared by every node (hash tag {ordeal}):
   <prefix>{ordeal}:subs_version      STRING bumped after every subscription change
   <prefix>{ordeal}:session_expiry    ZSET  client -> epoch ms when its disconnected session expires
   <prefix>{ordeal}:nodes             HASH  node id -> JSON {peer, ts}
+  <prefix>{ordeal}:clients:<node>    SET   clients with a connection on that node
   <prefix>{ordeal}:lease:<topic>:<p> STRING node id owning that partition (PX lease)
 
 The scripts in lua/ are loaded by SHA (``register_script``), which reloads on NOSCRIPT after a restart
@@ -225,17 +226,45 @@ class SessionStore:
         await self.redis.incr(self.shared_key("subs_version"))
 
     # ------------------------------------------------------------ nodes and partition leases
-    async def heartbeat(self, node_id: str, peer: str) -> dict[str, dict[str, Any]]:
+    async def heartbeat(self, node_id: str, peer: str) -> tuple[dict[str, dict[str, Any]], bool]:
+        """Record this node as alive; returns every registered node and whether this one was missing
+        (first start, or another node declared it dead while it was paused)."""
         key = self.shared_key("nodes")
-        await self.redis.hset(key, node_id, json.dumps({"peer": peer, "ts": int(time.time() * 1000)}))
+        added = await self.redis.hset(key, node_id, json.dumps({"peer": peer, "ts": int(time.time() * 1000)}))
         raw = await self.redis.hgetall(key)
-        return {k.decode(): json.loads(v) for k, v in raw.items()}
+        return {k.decode(): json.loads(v) for k, v in raw.items()}, bool(added)
 
     async def forget_node(self, node_id: str) -> None:
         await self.redis.hdel(self.shared_key("nodes"), node_id)
 
+    async def claim_dead_node(self, node_id: str) -> bool:
+        """Several nodes may notice a dead one; the one whose HDEL removed it cleans up after it."""
+        return bool(await self.redis.hdel(self.shared_key("nodes"), node_id))
+
+    # which clients a node holds connections for (so a dead node's sessions can be released)
+    def node_clients_key(self, node_id: str) -> str:
+        return self.shared_key(f"clients:{node_id}")
+
+    async def add_node_client(self, node_id: str, client: str) -> None:
+        await self.redis.sadd(self.node_clients_key(node_id), client)
+
+    async def remove_node_client(self, node_id: str, client: str) -> None:
+        await self.redis.srem(self.node_clients_key(node_id), client)
+
+    async def take_node_clients(self, node_id: str) -> list[str]:
+        key = self.node_clients_key(node_id)
+        clients = [c.decode() for c in await self.redis.smembers(key)]
+        await self.redis.delete(key)
+        return clients
+
     def lease_key(self, topic: str, partition: int) -> str:
         return self.shared_key(f"lease:{topic}:{partition}")
+
+    async def lease_owners(self, topic: str, partitions: list[int]) -> dict[int, str]:
+        if not partitions:
+            return {}
+        values = await self.redis.mget([self.lease_key(topic, p) for p in partitions])
+        return {p: v.decode() for p, v in zip(partitions, values, strict=True) if v is not None}
 
     async def renew_leases(self, node_id: str, topic: str, wanted: list[int], release: list[int],
                            lease_ms: int) -> set[int]:

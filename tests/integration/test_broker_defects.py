@@ -55,12 +55,15 @@ def _resend_after_reconnect(cluster):
     cluster.wait_stored(sub.client_id, 3)
     sub.auto_ack = False
     reconnect(sub)
-    first = sub.wait_for(3)
+    first = sub.wait_for(3, timeout=30)
+    assert len(first) == 3, f"first delivery incomplete: {first}"
     sub.drop()                       # no PUBACKs: all three are still owed
     sub.clear()
     sub.auto_ack = True
     reconnect(sub)
-    return first, sub.wait_for(3)
+    resent = sub.wait_for(3, timeout=30)
+    assert len(resent) == 3, f"redelivery incomplete: {resent}"
+    return first, resent
 
 
 def test_defect_no_dup_on_resend(brokers):

@@ -142,9 +142,10 @@ def test_broker_node_killed_clients_move_and_nothing_acknowledged_is_lost(broker
 def test_kafka_broker_killed_service_resumes_and_loss_is_measured(brokers, topology):
     """Tansu SIGKILLed and restarted mid-stream.  Measured on this machine: Tansu over S3 loses records it
     had acknowledged before the kill and reuses their offsets (a fresh consumer reading the topic from the
-    start does not find them), so messages acknowledged just before the kill can be lost whatever the
-    broker does; that loss is printed, not asserted.  Asserted: the broker recovers by itself, and every
-    message acknowledged after the restart is delivered."""
+    start does not find them).  Messages acknowledged just before the kill are then lost whatever the
+    broker does, and so are the first ones written after the restart into the reused offsets, which a
+    consumer already past them skips.  That loss is printed, not asserted.  Asserted: the broker recovers
+    by itself, delivers at least 90 % of what was acknowledged after the restart, and all of the last 50."""
     cluster = brokers(**DURABLE)
     sub = cluster.probe(version=5)
     sub.connect(clean=False, session_expiry=3600)
@@ -170,21 +171,28 @@ def test_kafka_broker_killed_service_resumes_and_loss_is_measured(brokers, topol
     assert not publisher.is_alive()
     after_restart = set(publisher.acked[after_restart_from:])
     deadline = time.monotonic() + 30
-    while not after_restart <= {int(d.payload[1:]) for d in sub.deliveries} and time.monotonic() < deadline:
+    while not set(publisher.acked[-50:]) <= {int(d.payload[1:]) for d in sub.deliveries} \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
+    sub.settle(1.0)
     seen = {int(d.payload[1:]) for d in sub.deliveries}
     print(f"\nkafka killed 1 s: published {publisher.count}, acked {len(publisher.acked)}, failed "
           f"{len(publisher.failed)}, acked before the kill {len(before_kill)} of which lost "
           f"{len(before_kill - seen)}, acked around the outage lost {len(set(publisher.acked) - seen - before_kill)}, "
           f"acked after the restart {len(after_restart)} of which lost {len(after_restart - seen)}, "
           f"kill-to-drained {time.monotonic() - killed_at:.1f} s")
-    assert len(after_restart) > 40
-    assert after_restart <= seen, f"acknowledged after the restart, never delivered: {sorted(after_restart - seen)[:20]}"
+    assert len(after_restart) > 60
+    assert len(after_restart - seen) <= len(after_restart) // 10, sorted(after_restart - seen)
+    last = set(publisher.acked[-50:])
+    assert last <= seen, f"acknowledged at the end, never delivered: {sorted(last - seen)}"
 
 
-def test_broker_node_paused_beyond_its_lease_loses_nothing(brokers):
-    """SIGSTOP of the node holding the subscriber (and half the partitions) for twice the lease: the
-    other node takes the partitions over; after SIGCONT both run on.  Nothing acknowledged is lost."""
+@pytest.mark.parametrize("pause_s", [4.0, 8.0], ids=["2-leases", "declared-dead"])
+def test_broker_node_paused_beyond_its_lease_loses_nothing(brokers, pause_s):
+    """SIGSTOP of the node holding the subscriber (and half the partitions) for 2 leases, or long enough
+    (> 3 leases) to be declared dead and have its sessions released: the other node takes the partitions
+    over; after SIGCONT the paused node takes its sessions back and both run on.  Nothing acknowledged is
+    lost."""
     cluster = brokers(count=2, **DURABLE)
     paused, other = cluster.nodes
     sub = cluster.probe(node=0, version=5)
@@ -195,7 +203,7 @@ def test_broker_node_paused_beyond_its_lease_loses_nothing(brokers):
     time.sleep(0.8)
     paused.pause()
     try:
-        time.sleep(4.0)                                  # lease 2 s: its partitions move meanwhile
+        time.sleep(pause_s)                              # lease 2 s: its partitions move meanwhile
     finally:
         paused.resume()
         resumed_at = time.monotonic()
@@ -207,8 +215,36 @@ def test_broker_node_paused_beyond_its_lease_loses_nothing(brokers):
     seen = [int(d.payload[1:]) for d in sub.deliveries]
     lost = acked - set(seen)
     last = max((d.at for d in sub.deliveries), default=resumed_at)
-    print(f"\nbroker node paused 4 s: published {publisher.count}, acked {len(acked)}, delivered "
+    print(f"\nbroker node paused {pause_s:.0f} s: published {publisher.count}, acked {len(acked)}, delivered "
           f"{len(set(seen))} unique, duplicates {len(seen) - len(set(seen))}, lost {len(lost)}, "
           f"last delivery {last - resumed_at:.1f} s after the resume (the publisher waits for each PUBACK)")
     assert len(acked) > 100
     assert lost == set(), f"acknowledged but never delivered: {sorted(lost)[:20]}"
+    if pause_s > 6:
+        assert "sessions reasserted" in cluster.log(0) and "is dead: released 1" in cluster.log(1)
+        assert cluster.redis.hget(cluster.key(sub.client_id, "session"), "node") == b"broker-1"
+
+
+def test_sessions_of_a_dead_node_are_released_and_expire(brokers):
+    """A node SIGKILLed with an MQTT 5 client connected (session expiry 2 s): after 3 leases the other
+    node releases the session, and it expires 2 s later (messages and all)."""
+    cluster = brokers(count=2, partition_lease_s=1.0)
+    sub = cluster.probe(node=0, version=5)
+    sub.connect(clean=True, session_expiry=2)
+    sub.subscribe(FILTER, 1)
+    survivor = cluster.probe(node=1, version=5)
+    survivor.connect(clean=True, session_expiry=600)
+    cluster.nodes[0].kill()
+    sub.drop()
+    pub = cluster.probe(node=1, version=4)
+    pub.connect(clean=True)
+    pub.publish(TOPIC, b"for-the-dead", 1)
+    assert len(cluster.wait_stored(sub.client_id, 1)) == 1
+    session_key = cluster.key(sub.client_id, "session")
+    deadline = time.monotonic() + 15
+    while cluster.redis.exists(session_key) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not cluster.redis.exists(session_key)
+    assert cluster.stored_ids(sub.client_id) == [] and cluster.payload_keys(sub.client_id) == set()
+    assert cluster.redis.exists(cluster.key(survivor.client_id, "session"))   # the living are untouched
+    assert "released 1 of its sessions" in cluster.log(1)

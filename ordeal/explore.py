@@ -114,12 +114,21 @@ def explore(scenario_path: Path, settings: ExploreSettings, log: Callable[[str],
     scenario = load_scenario(scenario_path)  # ScenarioError names the file and key
     settings.corpus.mkdir(parents=True, exist_ok=True)
     seed = settings.seed_start if settings.seed_start is not None else next_seed(settings.corpus, scenario.name)
-    duration = scenario.scenario.duration_s
     result = ExploreResult(scenario.name)
-    overheads: list[float] = []
-    began = time.monotonic()
-    deadline = began + settings.budget_s
+    deadline = time.monotonic() + settings.budget_s
     log(f"exploring {scenario.name} from seed {seed}, budget {settings.budget_s:g} s, corpus {settings.corpus}")
+    try:
+        _loop(result, scenario, scenario_path, settings, seed, deadline, log)
+    except KeyboardInterrupt:
+        result.stop_reason = "interrupted (SIGINT/SIGTERM)"
+    log(f"stopped: {result.stop_reason}")
+    return result
+
+
+def _loop(result: ExploreResult, scenario, scenario_path: Path, settings: ExploreSettings, seed: int,
+          deadline: float, log: Callable[[str], None]) -> None:
+    duration = scenario.scenario.duration_s
+    overheads: list[float] = []
     while True:
         remaining = deadline - time.monotonic()
         needed = estimate_run_s(duration, scenario.scenario.drain_quiet_s, overheads)
@@ -137,15 +146,17 @@ def explore(scenario_path: Path, settings: ExploreSettings, log: Callable[[str],
         finally:
             cutter.cancel()
         overheads.append(max(0.0, played.seconds - duration))
-        explored = _record(played, plan, scenario_path, settings.corpus, cut=stop.is_set())
+        cut = stop.is_set() and time.monotonic() >= deadline - 1.0
+        explored = _record(played, plan, scenario_path, settings.corpus, cut=cut)
         result.runs.append(explored)
         log(f"seed {seed:>6}  exit {explored.exit_code}  {explored.seconds:>5.0f} s  faults "
             f"{explored.faults_applied}/{explored.faults_planned}  "
             + (f"FAILS {', '.join(explored.failing)}  -> {explored.entry}" if explored.failing else
                f"unknown: {'; '.join(explored.unknown)[:150]}" if explored.exit_code != 0 else "pass"))
         seed += 1
-    log(f"stopped: {result.stop_reason}")
-    return result
+        if stop.is_set() and not cut:  # SIGINT/SIGTERM during the run: the user wants to stop
+            result.stop_reason = "interrupted (SIGINT/SIGTERM)"
+            break
 
 
 def _record(played: Played, plan, scenario_path: Path, corpus: Path, *, cut: bool) -> ExploredRun:

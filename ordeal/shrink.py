@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import json
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -89,6 +90,7 @@ class ShrinkResult:
     attempts: list[Attempt] = field(default_factory=list)
     stop_reason: str = ""
     replay: str = ""
+    best_report: dict[str, Any] = field(default_factory=dict)  # of the last accepted run, or the original
 
     @property
     def reduced(self) -> bool:
@@ -104,8 +106,12 @@ def _fingerprint(plan: Plan) -> str:
     return hashlib.sha256(plan.to_json().encode()).hexdigest()
 
 
+# (plan, run directory parent, stop event) -> a checked run; the default plays it on a real topology
+Player = Callable[[Plan, Path, threading.Event], Played]
+
+
 def shrink(stored: StoredRun, settings: ShrinkSettings, out: Path,
-           log: Callable[[str], None] = print) -> ShrinkResult:
+           log: Callable[[str], None] = print, player: Player | None = None) -> ShrinkResult:
     if stored.report is None:
         raise ShrinkError(f"{stored.directory}: no report.json; shrink needs a checked failing run "
                           f"(run `ordeal check {stored.directory}` first)")
@@ -118,21 +124,43 @@ def shrink(stored: StoredRun, settings: ShrinkSettings, out: Path,
         raise ShrinkError(f"--invariant {', '.join(sorted(target - original_failing))}: the original run did "
                           f"not fail it; it failed {', '.join(sorted(original_failing))}")
 
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     out_dir = Path(out) / f"shrink-{stored.directory.name}-{stamp}"
     (out_dir / "attempts").mkdir(parents=True)
     shutil.copyfile(stored.scenario_path, out_dir / "scenario.toml")
     result = ShrinkResult(out_dir, stored.plan, stored.plan, target)
-    best_report = stored.report
+    stop = threading.Event()  # set by SIGINT/SIGTERM during a run (harness/run.py installs the handler)
+    if player is None:
+        def player(plan: Plan, parent: Path, stop: threading.Event) -> Played:
+            return play(out_dir / "scenario.toml", plan, parent, stop=stop, spark_master=settings.spark_master)
+    result.best_report = stored.report
+    began = time.monotonic()
+    log(f"shrinking {stored.directory} ({plan_size(stored.plan)}); target: fails "
+        f"{', '.join(sorted(target))} in {settings.runs} runs; budget {settings.budget_s:g} s, "
+        f"at most {settings.max_attempts} attempts")
+
+    try:
+        _search(result, settings, stored, player, stop, log)
+    except KeyboardInterrupt:
+        result.stop_reason = "interrupted (SIGINT/SIGTERM); the smallest plan so far is kept"
+    result.replay = replay_command(out_dir)
+    _write_outputs(result, settings, stored)
+    log(f"stopped: {result.stop_reason}")
+    log(f"original: {plan_size(result.original)}")
+    log(f"minimal:  {plan_size(result.minimal)}  ({len(result.attempts)} attempts, "
+        f"{time.monotonic() - began:.0f} s)")
+    log(f"shrunk plan: {out_dir / 'shrunk-plan.json'}")
+    log(f"replay: {result.replay}")
+    return result
+
+
+def _search(result: ShrinkResult, settings: ShrinkSettings, stored: StoredRun, player: Player,
+            stop: threading.Event, log: Callable[[str], None]) -> None:
     began = time.monotonic()
     run_estimate = _measured_run_seconds(stored) or FIRST_RUN_GUESS_S
     measured: list[float] = []
     tried = {_fingerprint(stored.plan)}
     start_chunks: dict[str, int] = {}
-    log(f"shrinking {stored.directory} ({plan_size(stored.plan)}); target: fails "
-        f"{', '.join(sorted(target))} in {settings.runs} runs; budget {settings.budget_s:g} s, "
-        f"at most {settings.max_attempts} attempts")
-
     while not result.stop_reason:
         accepted = None
         for candidate in candidates(result.minimal, start_chunks):
@@ -149,47 +177,39 @@ def shrink(stored: StoredRun, settings: ShrinkSettings, out: Path,
                                       f"{run_estimate * settings.runs.total:.0f} s")
                 break
             tried.add(fingerprint)
-            attempt, runs = _try(candidate, len(result.attempts) + 1, settings, target, out_dir / "attempts")
+            attempt, runs = _try(candidate, len(result.attempts) + 1, settings, result.target,
+                                 result.out_dir / "attempts", player, stop)
             result.attempts.append(attempt)
             measured += [p.seconds for p in runs]
             run_estimate = max(measured)  # the slowest run so far: the estimate errs on the safe side
             log(f"attempt {attempt.number:>3}  {attempt.size:<70}  "
                 f"{'FAILS' if attempt.accepted else 'passes'} {attempt.matched}/{attempt.runs}  "
                 f"{attempt.seconds:>5.0f} s  {candidate.description}")
+            if stop.is_set():
+                result.stop_reason = "interrupted (SIGINT/SIGTERM); the smallest plan so far is kept"
+                return
             if attempt.accepted:
                 accepted = candidate
-                best_report = next(p.report for p in runs if matches(p, target))
+                result.best_report = next(p.report for p in runs if matches(p, result.target))
                 break
         if accepted is None:
             result.stop_reason = result.stop_reason or "minimal: no smaller candidate reproduces the failure"
-            break
+            return
         result.minimal = accepted.plan
         start_chunks[accepted.dimension] = max(2, accepted.chunks)
 
-    result.replay = replay_command(out_dir)
-    _write_outputs(result, best_report, settings, stored)
-    log(f"stopped: {result.stop_reason}")
-    log(f"original: {plan_size(result.original)}")
-    log(f"minimal:  {plan_size(result.minimal)}  ({len(result.attempts)} attempts, "
-        f"{time.monotonic() - began:.0f} s)")
-    log(f"shrunk plan: {out_dir / 'shrunk-plan.json'}")
-    log(f"replay: {result.replay}")
-    return result
-
-
-def _try(candidate, number: int, settings: ShrinkSettings, target: frozenset[str],
-         attempts_dir: Path) -> tuple[Attempt, list[Played]]:
+def _try(candidate, number: int, settings: ShrinkSettings, target: frozenset[str], attempts_dir: Path,
+         player: Player, stop: threading.Event) -> tuple[Attempt, list[Played]]:
     """Run the candidate up to N times; stop as soon as K matched or K can no longer be reached."""
     runs: list[Played] = []
     matched = 0
     began = time.monotonic()
     for index in range(settings.runs.total):
-        played = play(attempts_dir.parent / "scenario.toml", candidate.plan, attempts_dir,
-                      spark_master=settings.spark_master)
+        played = player(candidate.plan, attempts_dir, stop)
         runs.append(played)
         matched += matches(played, target)
         left = settings.runs.total - index - 1
-        if matched >= settings.runs.needed or matched + left < settings.runs.needed:
+        if matched >= settings.runs.needed or matched + left < settings.runs.needed or stop.is_set():
             break
     attempt = Attempt(
         number=number, description=candidate.description, dimension=candidate.dimension,
@@ -211,13 +231,12 @@ def _measured_run_seconds(stored: StoredRun) -> float | None:
     return total + check
 
 
-def _write_outputs(result: ShrinkResult, best_report: dict[str, Any], settings: ShrinkSettings,
-                   stored: StoredRun) -> None:
+def _write_outputs(result: ShrinkResult, settings: ShrinkSettings, stored: StoredRun) -> None:
     out = result.out_dir
     text = result.minimal.to_json()
     (out / "shrunk-plan.json").write_text(text)
     (out / "plan.json").write_text(text)
-    (out / "report.json").write_text(json.dumps(best_report, indent=2) + "\n")
+    (out / "report.json").write_text(json.dumps(result.best_report, indent=2) + "\n")
     original_size: PlanSize = plan_size(result.original)
     minimal_size: PlanSize = plan_size(result.minimal)
     (out / "shrink.json").write_text(json.dumps({

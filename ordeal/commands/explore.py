@@ -113,25 +113,29 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
 @click.option("--promote", "promote_entry", type=click.Path(file_okay=False, path_type=Path), default=None,
               metavar="ENTRY", help="Instead of exploring: copy this corpus entry into the smoke tier's "
                                     "regression list (tests/data/regressions/).")
+@click.option("--regressions", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="With --promote: the regression list directory (default tests/data/regressions/).")
 @click.option("--expect", type=click.Choice(["fail", "pass"]), default="fail", show_default=True,
               help="With --promote: the smoke tier expects the replay to fail the same invariants (a planted "
                    "defect the suite must keep catching) or to pass (a fixed bug must stay fixed).")
 def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | None, out: Path,
-            spark_master: str | None, promote_entry: Path | None, expect: str) -> None:
+            spark_master: str | None, promote_entry: Path | None, regressions: Path | None, expect: str) -> None:
     """Run new seeds of SCENARIO until --budget is spent; keep every failing run's plan in --corpus with its
     replay command and first witness; end with a summary table; exit 1 if any run failed, else 2 if any
     was unknown, else 0."""
     from ordeal.commands.run import _scenario_path
-    from ordeal.explore import ExploreError, ExploreSettings, promote, summary_lines
+    from ordeal.explore import REGRESSIONS_DIR, ExploreError, ExploreSettings, promote, summary_lines
     from ordeal.explore import explore as explore_runs
 
     if promote_entry is not None:
         try:
-            target = promote(promote_entry, expect=expect)
+            target = promote(promote_entry, regressions or REGRESSIONS_DIR, expect=expect)
         except ExploreError as error:
             raise InputError(str(error)) from error
-        click.echo(f"promoted {promote_entry} -> {target} (expect {expect}); the smoke tier replays it in "
-                   "tests/integration/test_explore_regressions.py")
+        where = ("the smoke tier replays it (tests/integration/test_explore_regressions.py); commit it"
+                 if target.parent.resolve() == REGRESSIONS_DIR.resolve() else
+                 "the smoke tier only reads tests/data/regressions/")
+        click.echo(f"promoted {promote_entry} -> {target} (expect {expect}); {where}")
         return
     if scenario is None:
         raise click.UsageError("SCENARIO is required (or --promote ENTRY)")

@@ -52,7 +52,7 @@ def loss_gaps(rows: list[dict], timeline: Timeline) -> list[dict]:
         gaps.append({**row, "first_seq": row["pub_seq"], "last_seq": row["pub_seq"], "count": 1})
     for gap in gaps:
         gap["fault"] = nearest_fault(timeline, gap.get("t_ack") or gap.get("t_invoke"), gap.get("t_reconnect"))
-    gaps.sort(key=lambda g: (-g["count"], g.get("t_invoke") or 0))
+    gaps.sort(key=lambda g: (g.get("t_invoke") or 0, g["client"], g["publisher"]))  # earliest gap first
     return gaps
 
 

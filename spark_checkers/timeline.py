@@ -138,12 +138,15 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
             timeline.connects[client].append(row)
             if row.get("reason_code") not in (None, 0) and row.get("reason_code", 0) >= 0x80:
                 continue  # refused: no session change
-            if last_disconnect is not None:
-                offline.append((len(offline), last_disconnect["t_mono_us"], t))
             was_persistent, previous_expiry = persistent, session_expiry
-            expired = (last_disconnect is not None and previous_expiry is not None and previous_expiry >= 0
-                       and row.get("protocol") == 5
+            # MQTT 5: the session ended session_expiry_s after the disconnect (0 / absent: TBMQ keeps it).
+            expired = (last_disconnect is not None and previous_expiry is not None and previous_expiry > 0
                        and t - last_disconnect["t_mono_us"] > previous_expiry * 1_000_000)
+            if last_disconnect is not None:
+                # An expired session's queue died with it: that window never ends in a redelivery.
+                offline.append((len(offline), last_disconnect["t_mono_us"], NEVER if expired else t))
+            if expired:
+                close_all(last_disconnect["t_mono_us"])
             if (row.get("clean_start") is False and was_persistent and not expired and last_disconnect is not None
                     and row.get("session_present") is False):
                 timeline.violations.setdefault("durability.session_lost", []).append({
@@ -164,9 +167,9 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
         elif kind == Kind.SUBSCRIBE_ACK and row.get("topic"):
             granted = row.get("qos")
             granted = 0 if granted is None or granted >= 0x80 else granted
-            if row["topic"] in open_subs:
-                old_from, _ = open_subs.pop(row["topic"])
-                timeline.subscriptions.append(Subscription(client, row["topic"], _, old_from, t, persistent))
+            if row["topic"] in open_subs:  # a re-subscribe replaces the old grant from now on
+                old_from, old_granted = open_subs.pop(row["topic"])
+                timeline.subscriptions.append(Subscription(client, row["topic"], old_granted, old_from, t, persistent))
             if row.get("qos") is None or row.get("qos") < 0x80:
                 open_subs[row["topic"]] = (t, granted)
         elif kind == Kind.UNSUBSCRIBE_ACK and row.get("topic") in open_subs:
@@ -186,7 +189,10 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
     errors = [r for r in rows if r["kind"] == Kind.FAULT_ERROR]
     first = start or rows[0]
     bit = True if any(r.get("bit") is True for r in evidence) else (False if evidence else None)
-    span = FaultSpan(fault_id, first.get("fault_kind") or "?", first.get("node"), first["t_mono_us"],
+    # The start row may name its target only in detail; evidence rows name the node they inspected.
+    node = (first.get("node") or detail_of(first).get("target") or detail_of(first).get("node")
+            or next((r.get("node") for r in rows if r.get("node")), None))
+    span = FaultSpan(fault_id, first.get("fault_kind") or "?", node, first["t_mono_us"],
                      heal["t_mono_us"] if heal else None, bit,
                      "; ".join(json.dumps(detail_of(r)) for r in errors) or None)
     timeline.faults.append(span)
@@ -194,11 +200,13 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
         timeline.unknown["meta.fault_bit"] = f"fault {fault_id} ({span.kind} {span.node}) could not be applied: {span.error}"
     elif bit is not True:
         timeline.violations.setdefault("meta.fault_bit", []).append({
-            "fault_id": fault_id, "fault_kind": span.kind, "node": span.node, "t": span.t_start,
+            "fault_id": fault_id, "fault_kind": span.kind, "node": span.node or "no named node", "t": span.t_start,
             "evidence": "evidence says it did not bite" if bit is False else "no evidence row"})
 
 
 def _phases(timeline: Timeline) -> None:
+    if "error" in timeline.phases:
+        timeline.incomplete.append(f"the run broke: {timeline.phases['error'].get('error')!r}")
     drain_end = timeline.phases.get(Phase.DRAIN_END)
     if drain_end is None:
         timeline.incomplete.append("no drain_end phase row: the run never finished draining")

@@ -46,7 +46,19 @@ def _foreign(rows):
     return s.add_delivery(rows, template, s.slot_time(BASE, 3) + 50_000, client="sub-1", packet_id=30001)
 
 
-# name -> (spec, mutation or None, failing invariants expected, extra expectation on the report)
+EXPIRING = replace(BASE, protocol=5, messages=20, offline=(s.Offline(0, 5, 19),))
+
+
+def _session_gone(rows, session_expiry_s):
+    """sub-0 (offline 1.4 s) comes back to session present = 0 and an empty queue, and resubscribes."""
+    rows = s.set_connect(rows, "sub-0", 0, session_expiry_s=session_expiry_s)
+    rows = s.lose_session(rows, "sub-0", 1)
+    for seq in range(5, 19):
+        rows = s.drop_delivery(rows, "sub-0", "pub-0", seq)
+    return rows
+
+
+# name -> (spec, mutation or None, failing invariants expected)
 CASES = {
     "clean": (BASE, None, set()),
     "clean_wrap": (WRAP, None, set()),
@@ -60,6 +72,9 @@ CASES = {
     "indeterminate_seen_lost_elsewhere": (replace(BASE, indeterminate=((1, 6),), watcher=True),
                                           lambda r: s.drop_delivery(r, "sub-1", "pub-1", 6), {"durability.lost"}),
     "session_lost": (BASE, lambda r: s.lose_session(r, "sub-0", 1), {"durability.session_lost"}),
+    "session_expired_legally": (EXPIRING, lambda r: _session_gone(r, 1), set()),
+    "session_lost_with_its_queue": (EXPIRING, lambda r: _session_gone(r, 3600),
+                                    {"durability.session_lost", "durability.lost"}),
     "phantom_never_published": (BASE, lambda r: _add_copy(r, "sub-1", "pub-1", 3, 3, publisher="pub-9", pub_seq=1,
                                                           packet_id=30000), {"durability.phantom"}),
     "phantom_body_hash": (BASE, lambda r: s.set_delivery_field(r, "sub-1", "pub-1", 4, body_hash="deadbeef00000000"),

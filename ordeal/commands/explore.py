@@ -126,6 +126,7 @@ def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | N
     from ordeal.commands.run import _scenario_path
     from ordeal.explore import REGRESSIONS_DIR, ExploreError, ExploreSettings, promote, summary_lines
     from ordeal.explore import explore as explore_runs
+    from properties.plan import PlanError
 
     if promote_entry is not None:
         try:
@@ -144,7 +145,7 @@ def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | N
                                spark_master=spark_master)
     try:
         result = explore_runs(path, settings, log=lambda line: click.echo(line))
-    except (ScenarioError, ExploreError) as error:
+    except (ScenarioError, ExploreError, PlanError) as error:
         raise InputError(str(error)) from error
     for line in summary_lines(result):
         click.echo(line)

@@ -19,6 +19,7 @@ from reference_broker.config import NodeConfig
 from reference_broker.peers import Peers
 from reference_broker.pipeline import FanOut, LeasedConsumer, LeaseManager, Persister, ensure_topics
 from reference_broker.session import Connection
+from reference_broker.source_address import bind_outgoing_connections
 from reference_broker.store import SessionStore
 
 log = logging.getLogger("reference_broker")
@@ -42,10 +43,13 @@ class Broker:
         self.server: asyncio.base_events.Server | None = None
         self.subscription_nodes: dict[str, str] = {}
         self.stopping = asyncio.Event()
+        self.bound_source = False
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         config = self.config
+        # before the first connection: Redis, Kafka and node links leave from this node's own address
+        self.bound_source = bind_outgoing_connections(asyncio.get_running_loop(), self.host)
         self.redis = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in self.node.redis_startup_nodes],
                                   socket_timeout=5.0, socket_connect_timeout=2.0)
         await self.redis.initialize()
@@ -69,8 +73,9 @@ class Broker:
                           self.expiry_sweeper()):
             self.tasks.append(asyncio.create_task(self._guard(coroutine)))
         self.server = await asyncio.start_server(self._accept, self.host, self.port, limit=1 << 20)
-        log.info("broker %s ready on %s:%d (peer link %s, defects: %s)", self.node_id, self.host, self.port,
-                 self.peer_address, ", ".join(config.defects) or "none")
+        log.info("broker %s ready on %s:%d (peer link %s, outgoing from %s, defects: %s)", self.node_id,
+                 self.host, self.port, self.peer_address, self.host if self.bound_source else "kernel's choice",
+                 ", ".join(config.defects) or "none")
 
     async def _guard(self, coroutine) -> None:
         try:

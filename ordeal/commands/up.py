@@ -1,7 +1,11 @@
 """``ordeal up``: start the local topology, print its endpoints as JSON, wait for Ctrl-C, tear down.
 
+--brokers N reference-broker nodes to start (default: 2, or the scenario's [topology] broker_nodes with
+            --scenario; 0 = only Redis and Kafka).  Their MQTT endpoints are printed under "mqtt".
 --check     verify health instead of waiting (Redis Cluster ready and agreeing, Kafka produce/consume
-            round trip with a committed offset), print a JSON summary with timings, exit 0 healthy / 1 not.
+            round trip with a committed offset, and with brokers an MQTT QoS 1 round trip: publisher on
+            the first node, persistent subscriber on the last one), print a JSON summary with timings,
+            exit 0 healthy / 1 not.
 --isolated  run inside private network + PID namespaces (root only): the process re-executes itself
             under ``unshare --net --pid --fork --kill-child --mount-proc``, each node gets its own
             127.0.0.x, and a SIGKILL of this process takes every node and the namespace with it.
@@ -10,6 +14,7 @@ Without --isolated the nodes listen on 127.0.0.1 (free ports) so you can poke th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import signal
@@ -27,6 +32,8 @@ from harness.node import NodeError
 from harness.topology import LocalTopology
 from harness.topology_config import TopologyConfig, TopologyConfigError
 
+DEFAULT_BROKERS = 2  # `ordeal up` without --scenario: a two-node broker cluster (issue 3 item 7)
+
 
 class _Shutdown(Exception):
     """SIGTERM / SIGHUP / Ctrl-C: leave the wait and tear down."""
@@ -36,10 +43,29 @@ def _on_signal(signum: int, frame: object) -> None:
     raise _Shutdown(signal.Signals(signum).name)
 
 
-def _topology_config(scenario: Path | None) -> tuple[TopologyConfig, dict]:
-    """The [topology] table (validated) and the [broker] table (the reference brokers' settings)."""
+def _topology_config(scenario: Path | None, brokers: int | None) -> tuple[TopologyConfig, dict]:
+    """The [topology] table (validated) and the [broker] table (the reference brokers' settings).
+    ``brokers`` (--brokers) overrides broker_nodes; without it and without a scenario: DEFAULT_BROKERS.
+    (TopologyConfig's own default stays 0: library users and the test fixtures start no brokers.)"""
     if scenario is None:
-        return TopologyConfig(), {}
+        config, broker, source = TopologyConfig(), {}, "ordeal up"
+    else:
+        config, broker = _scenario_config(scenario)
+        source = f"{scenario} [topology]"
+    count = brokers if brokers is not None else DEFAULT_BROKERS if scenario is None else config.broker_nodes
+    config = dataclasses.replace(config, broker_nodes=count)
+    if count and config.kafka_storage == "none":
+        raise click.ClickException(
+            f"{source}: kafka_storage = 'none' leaves the {count} broker node(s) without Kafka; "
+            "use --brokers 0 or another kafka_storage")
+    if count and importlib.util.find_spec("reference_broker.__main__") is None:
+        raise click.ClickException(
+            f"{source}: broker_nodes = {count}, but the reference broker (python -m reference_broker) is "
+            "not available in this installation; use --brokers 0")
+    return config, broker
+
+
+def _scenario_config(scenario: Path) -> tuple[TopologyConfig, dict]:
     try:
         from ordeal.scenario import load_scenario
     except ImportError:
@@ -57,14 +83,26 @@ def _topology_config(scenario: Path | None) -> tuple[TopologyConfig, dict]:
             raise click.ClickException(f"{scenario}: not valid TOML: {error}") from error
         mapping, broker = document.get("topology") or {}, document.get("broker") or {}
     try:
-        config = TopologyConfig.from_mapping(mapping, source=f"{scenario} [topology]")
+        return TopologyConfig.from_mapping(mapping, source=f"{scenario} [topology]"), broker
     except TopologyConfigError as error:
         raise click.ClickException(str(error)) from error
-    if config.broker_nodes and importlib.util.find_spec("reference_broker.__main__") is None:
-        raise click.ClickException(
-            f"{scenario} [topology]: broker_nodes = {config.broker_nodes}, but the reference broker "
-            "(python -m reference_broker) is not available in this installation")
-    return config, broker
+
+
+def _check(topology: LocalTopology) -> dict:
+    """harness/health.py's checks plus, with broker nodes, the MQTT round trip through them."""
+    from harness.health import check as check_health
+
+    summary = check_health(topology)
+    if topology.brokers and summary.get("brokers", {}).get("ok"):
+        from reference_broker.round_trip import mqtt_round_trip
+
+        first, last = topology.brokers[0], topology.brokers[-1]
+        try:
+            summary["mqtt"] = mqtt_round_trip((first.host, first.port), (last.host, last.port))
+        except Exception as error:  # noqa: BLE001 - reported as unhealthy with the reason
+            summary["mqtt"] = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+        summary["healthy"] = summary["healthy"] and summary["mqtt"]["ok"]
+    return summary
 
 
 def _emit(document: dict) -> None:
@@ -75,11 +113,14 @@ def _emit(document: dict) -> None:
 @click.command("up")
 @click.option("--scenario", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Take the topology sizes from this scenario's [topology] table.")
+@click.option("--brokers", type=click.IntRange(min=0), default=None,
+              help=f"Reference-broker nodes to start (default {DEFAULT_BROKERS}; with --scenario its "
+                   "[topology] broker_nodes; 0 = none).")
 @click.option("--check", is_flag=True, help="Verify health, print a JSON summary, tear down, exit 0/1.")
 @click.option("--isolated", is_flag=True, help="Private network + PID namespaces (root only).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where data/ and logs/ go (default: runs/up-<utc timestamp>).")
-def up(scenario: Path | None, check: bool, isolated: bool, run_dir: Path | None) -> None:
+def up(scenario: Path | None, brokers: int | None, check: bool, isolated: bool, run_dir: Path | None) -> None:
     """Start the local topology and print its endpoints as JSON."""
     began = time.monotonic()
     if isolated and not netns.finish_reexec():
@@ -87,7 +128,7 @@ def up(scenario: Path | None, check: bool, isolated: bool, run_dir: Path | None)
             netns.reexec_isolated([sys.executable, "-m", "ordeal.cli", *sys.argv[1:]])
         except netns.IsolationUnavailable as error:
             raise click.ClickException(str(error)) from error
-    config, broker = _topology_config(scenario)
+    config, broker = _topology_config(scenario, brokers)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = run_dir or Path("runs") / f"up-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -105,9 +146,7 @@ def up(scenario: Path | None, check: bool, isolated: bool, run_dir: Path | None)
             _emit({"healthy": False, "error": f"{type(error).__name__}: {error}", "run_dir": str(run_dir)})
             sys.exit(1)
         if check:
-            from harness.health import check as check_health
-
-            summary = check_health(topology)
+            summary = _check(topology)
             summary["timings"]["total_s"] = round(time.monotonic() - began, 3)
             _emit({**summary, "endpoints": topology.endpoints(), "pid_namespace": "private" if isolated else "host"})
             exit_code = 0 if summary["healthy"] else 1

@@ -193,7 +193,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
 
     timings["total_s"] = round(time.monotonic() - began, 3)
     summary = build_summary(run_dir, scenario, plan, replay, timings, outcome, complete)
-    exit_code = EXIT_UNKNOWN if (not complete or outcome["error"]) else EXIT_PASS
+    # A fault that could not be applied makes the run unknown even unchecked (docs/faults.md).
+    exit_code = EXIT_UNKNOWN if (not complete or outcome["error"] or summary["counts"]["fault_errors"]) else EXIT_PASS
     summary["checked"] = False
     summary["exit_code"] = exit_code
     summary["check"] = "skipped (--no-check)" if not check else "not run: the history is incomplete"
@@ -343,6 +344,8 @@ def build_summary(run_dir: Path, scenario: Scenario, plan: Plan, replay: str, ti
             "connect_failures": kinds[Kind.CONNECT_FAIL],
             "disconnects": kinds[Kind.DISCONNECT],
             "session_snapshots": kinds[Kind.SESSION_SNAPSHOT],
+            "faults_started": kinds[Kind.FAULT_START],
+            "fault_errors": kinds[Kind.FAULT_ERROR],
             "rows": table.num_rows,
         },
         "drain": outcome["drain"],

@@ -18,7 +18,7 @@ import json
 import time
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +315,20 @@ def judge(job: Job, report: Mapping[str, Any] | None, *, run_s: float | None, ru
                reason=reason)
 
 
+def discount_shared_failures(rows: list[Row]) -> list[Row]:
+    """A defect run's catch counts only when the correct broker, on the same scenario and seed, did not fail
+    the same expected invariant: otherwise the failure is not the defect's doing, and the row is unknown."""
+    correct_failed = {(r.scenario, r.seed): set(r.failed) for r in rows if r.role == "correct"}
+    judged = []
+    for row in rows:
+        shared = sorted(set(row.expect) & correct_failed.get((row.scenario, row.seed), set()))
+        if row.role == "defect" and row.outcome == CAUGHT and shared:
+            row = replace(row, outcome=UNKNOWN, reason=f"the correct broker fails {', '.join(shared)} on the same "
+                                                      "scenario and seed too: the catch is not the defect's doing")
+        judged.append(row)
+    return judged
+
+
 def detection_time_s(report: Mapping[str, Any], invariants: list[str]) -> float | None:
     """Run start -> the earliest witness of these invariants, in seconds (history times are µs since the
     run started).  None when no witness carries a time."""
@@ -437,7 +451,29 @@ def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = N
         report = reports.get(run_dir) if run_dir is not None else None
         result.rows.append(judge(job, report, run_s=run_s, run_dir=str(run_dir) if run_dir else None,
                                  replay=replay, run_error=error))
+    result.rows = discount_shared_failures(result.rows)
     result.total_s = round(time.monotonic() - started, 2)
+    write_outputs(result, out, matrix)
+    return result
+
+
+def rejudge(out: Path, matrix: Matrix) -> SelftestResult:
+    """Judge a finished self-test again from its stored reports (OUT/selftest.json + each run's report.json),
+    without running or checking anything: for a changed judging rule or a re-rendered table."""
+    out = Path(out)
+    previous = json.loads((out / "selftest.json").read_text())
+    result = SelftestResult(tier=previous["tier"], uncovered=tuple(previous.get("uncovered", ())),
+                            check_s=previous.get("check_s"), total_s=previous.get("total_s"),
+                            errors=list(previous.get("errors", [])))
+    for row in previous["rows"]:
+        job = Job(row["role"], row["label"], REPO_ROOT / row["scenario"], row["seed"], row["defect"],
+                  tuple(row["expect"]))
+        report = None
+        if row["run_dir"] and (Path(row["run_dir"]) / "report.json").is_file():
+            report = json.loads((Path(row["run_dir"]) / "report.json").read_text())
+        result.rows.append(judge(job, report, run_s=row["run_s"], run_dir=row["run_dir"], replay=row["replay"],
+                                 run_error=row["reason"] if report is None else ""))
+    result.rows = discount_shared_failures(result.rows)
     write_outputs(result, out, matrix)
     return result
 

@@ -29,8 +29,10 @@ class InputError(click.ClickException):
 @click.option("--defect", "defects", multiple=True,
               help="Only this defect's entry (repeatable); skips the false-alarm repeats.")
 @click.option("--spark-master", default=None, help="Spark master for the check (default local[2]).")
+@click.option("--rejudge", is_flag=True,
+              help="Run nothing: judge OUT's stored runs again (their report.json) and rewrite its outputs.")
 def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None, blackbox: bool | None,
-             defects: tuple[str, ...], spark_master: str | None) -> None:
+             defects: tuple[str, ...], spark_master: str | None, rejudge: bool) -> None:
     """Run the defect detection matrix: each catalog defect switched on in its scenario must be caught by
     its expected invariant, and the correct broker must pass the same scenarios.  Writes OUT/selftest.json
     and OUT/selftest.html.  Exit 0: all caught, no false alarm; 1: a defect missed or a correct run
@@ -43,11 +45,17 @@ def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None,
         run_selftest,
         text_table,
     )
+    from ordeal.selftest import rejudge as rejudge_stored
 
     try:
         matrix = load_matrix(matrix_path or DEFAULT_MATRIX)
-        result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
-                              spark_master=spark_master, log=lambda text: click.echo(text, err=True))
+        if rejudge:
+            if not (out / "selftest.json").is_file():
+                raise InputError(f"--rejudge: {out / 'selftest.json'} does not exist; run the self-test first")
+            result = rejudge_stored(out, matrix)
+        else:
+            result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
+                                  spark_master=spark_master, log=lambda text: click.echo(text, err=True))
     except MatrixError as error:
         raise InputError(str(error)) from error
     click.echo(text_table(result_document(result, matrix)))

@@ -248,3 +248,18 @@ def test_cli_bad_matrix_exits_2_naming_the_file(tmp_path):
     assert result.exit_code == 2
     assert f"{bad}: [[entry]] #1" in result.output and "not in the catalog" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_catch_the_correct_broker_shares_is_not_a_catch():
+    from ordeal.selftest import discount_shared_failures
+
+    caught = _row("defect", "defect")                       # order.dup_flag failed with the defect on
+    correct_same = judge(CORRECT_JOB, _report({"order.dup_flag": "fail"}), run_s=1, run_dir="/r")
+    correct_other = judge(CORRECT_JOB, _report({"durability.lost": "fail"}), run_s=1, run_dir="/r")
+    shared = discount_shared_failures([caught, correct_same])
+    assert shared[0].outcome == UNKNOWN and "correct broker fails order.dup_flag" in shared[0].reason
+    assert shared[1].outcome == VIOLATION
+    assert discount_shared_failures([caught, correct_other])[0].outcome == CAUGHT
+    other_seed = judge(Job("correct", "c", Path("/x/a.toml"), 2), _report({"order.dup_flag": "fail"}), run_s=1,
+                       run_dir="/r")
+    assert discount_shared_failures([caught, other_seed])[0].outcome == CAUGHT

@@ -164,6 +164,9 @@ class ClientSession:
     session_present: bool | None = None  # the last CONNACK's session present flag
     pending: dict[int, PendingPublish] = field(default_factory=dict)
     sub_mids: dict[int, list[str]] = field(default_factory=dict)
+    # The executor's drain bookkeeping (harness/drain.py): told of every ack and every decoded delivery.
+    on_acked: Callable[[PublishPlan], None] | None = None
+    on_delivered: Callable[[str, str | None, int | None], None] | None = None
 
     @property
     def client_id(self) -> str:
@@ -368,6 +371,8 @@ class ClientSession:
                  reason_code: int | None = None, latency_s: float | None = None) -> None:
         if kind == Kind.PUBLISH_ACK:
             self.counters.acked += 1
+            if self.on_acked is not None:
+                self.on_acked(publish)
         elif kind == Kind.PUBLISH_FAIL:
             self.counters.failed += 1
         else:
@@ -414,6 +419,8 @@ class ClientSession:
                 detail = {"unknown_publisher_index": identity.publisher_index}
         self.counters.delivered += 1
         self.counters.last_delivery_mono = time.monotonic()
+        if self.on_delivered is not None:
+            self.on_delivered(self.client_id, publisher, identity.seq if identity else None)
         try:
             topic = message.topic
         except UnicodeDecodeError:

@@ -9,8 +9,10 @@ Phases (each recorded as a ``phase`` row by harness/run.py around these calls):
   are connected and subscribed, so the workload starts with every subscription in place.
 - ``play()``: the plan's publishes and subscriber actions at their offsets (offset 0 = workload start).
 - ``settle()``: waits for the outstanding publish acknowledgements; what is left becomes indeterminate.
-- ``drain()``: every persistent subscriber reconnects (clean_start = 0) and the loop runs until nothing
-  new is delivered for quiet_s (reason "quiet") or timeout_s passes (reason "timeout").
+- ``drain()``: every persistent subscriber reconnects (clean_start = 0) and the loop runs until
+  harness/drain.py's rule ends it: quiet for quiet_s with no acknowledged delivery still owed, quiet for
+  the longer outstanding quiet while some are owed (reason "quiet" for both, ``ended_by`` says which), or
+  timeout_s (reason "timeout").
 
 Client faults (``client_flap``, ``client_reconnect_storm``, faults/client.py) are scheduled by the nemesis
 but played here: ``client_fault_player()`` is the nemesis' ``client_player`` hook.  The nemesis thread
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from harness.clients import ClientSession, Counters, SelectorLoop
+from harness.drain import OUTSTANDING_QUIET, QUIET, DrainRule, OutstandingDeliveries, drain_decision
 from harness.history import HistoryRecorder
 from properties.plan import CONNECT, Plan, PublishPlan, SubscriberAction
 
@@ -81,10 +84,20 @@ class Executor:
                 connect_timeout_s=self.settings.connect_timeout_s, bind_address=self.settings.client_bind_address,
                 node=c.node)
             for c in plan.clients}
+        self.outstanding = OutstandingDeliveries()
+        for session in self.sessions.values():
+            session.on_acked = self._expect_deliveries
+            session.on_delivered = self.outstanding.delivered
         self._last_housekeeping = 0.0
         self._fault_requests: queue.Queue[tuple[Any, str, Future]] = queue.Queue()
         self._fault_waiters: list[_Waiter] = []
         self._held_by_fault: dict[str, str] = {}  # client id -> the client fault holding it offline
+
+    def _expect_deliveries(self, publish: PublishPlan) -> None:
+        """An acknowledged publish is owed to every persistent subscriber subscribed right now."""
+        listening = [(s.client_id, [(sub.topic_filter, sub.qos) for sub in s.plan.subscriptions])
+                     for s in self.sessions.values() if s.plan.persistent and s.subscribed and not s.is_publisher]
+        self.outstanding.acknowledged(publish.publisher, publish.seq, publish.topic, publish.qos, listening)
 
     def _address(self, node: int) -> Endpoint:
         return self.endpoints[node % len(self.endpoints)]
@@ -225,22 +238,23 @@ class Executor:
         for session in subscribers:
             session.connect(clean_start=False, node=session.node, session_expiry_s=session.plan.session_expiry_s,
                             why="drain")
-        # Quiet = every subscriber connected and subscribed, and no new delivery for quiet_s.
-        reason = "timeout"
+        # Wait by harness/drain.py's rule: quiet for quiet_s with nothing owed, or for the longer
+        # outstanding quiet while acknowledged messages are still owed (the pipeline may lag), or timeout.
+        rule = DrainRule(quiet_s, max(timeout_s, quiet_s))
+        ended_by = "stopped"
         while not self.stop.is_set():
             now = time.monotonic()
-            all_up = all(s.subscribed for s in subscribers)
-            last_news = max(self.counters.last_delivery_mono, started)
-            if all_up and now - last_news >= quiet_s:
-                reason = "quiet"
-                break
-            if now >= deadline:
+            decision = drain_decision(
+                rule, elapsed_s=now - started, quiet_for_s=now - max(self.counters.last_delivery_mono, started),
+                all_up=all(s.subscribed for s in subscribers), outstanding=self.outstanding.count)
+            if decision is not None:
+                ended_by = decision
                 break
             self._pump(min(deadline, now + self.settings.max_wait_s))
-        if self.stop.is_set():
-            reason = "stopped"
+        reason = "quiet" if ended_by in (QUIET, OUTSTANDING_QUIET) else ended_by  # the checkers' contract
         not_connected = sorted(s.client_id for s in subscribers if not s.subscribed)
-        return {"reason": reason, "elapsed_s": round(time.monotonic() - started, 3),
+        return {"reason": reason, "ended_by": ended_by, "elapsed_s": round(time.monotonic() - started, 3),
+                "outstanding": self.outstanding.count, "outstanding_quiet_s": rule.outstanding_quiet_s,
                 "subscribers_not_connected": not_connected}
 
     def _writing(self) -> bool:

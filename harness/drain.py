@@ -1,0 +1,94 @@
+"""When the drain may end: the rule as a pure function, and the bookkeeping of deliveries still owed.
+
+A fixed quiet period is not enough: under load the broker → Kafka → broker pipeline lags several seconds,
+and a short quiet ends the drain with acknowledged messages still in flight, which the checkers then
+report as lost.  The executor therefore counts **outstanding** deliveries: a QoS > 0 publish acknowledged
+by the broker while a persistent subscriber with a matching subscription (effective QoS > 0) was connected
+and subscribed, not yet seen by that subscriber.  The rule (``drain_decision``):
+
+- ``quiet``: every persistent subscriber is back and subscribed, nothing is outstanding, and no new
+  delivery for ``quiet_s``;
+- ``outstanding_quiet``: deliveries are still outstanding but nothing arrived for
+  ``outstanding_quiet_s`` = max(3 × quiet_s, 10 s).  A broker may legally drop them (queue trimmed,
+  message expired, session expired), which the drain cannot know, so it does not wait for ever;
+- ``timeout``: ``timeout_s`` passed first (the checkers answer unknown).
+
+The history's ``drain_end`` row keeps ``reason: "quiet"`` for both quiet endings (the checkers' contract)
+and says which rule ended it in ``ended_by`` with the ``outstanding`` count.
+Shared subscriptions ($share/...) are not counted: one member of the group gets each message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import paho.mqtt.client as mqtt
+
+QUIET, OUTSTANDING_QUIET, TIMEOUT = "quiet", "outstanding_quiet", "timeout"
+OUTSTANDING_QUIET_FACTOR = 3.0
+OUTSTANDING_QUIET_FLOOR_S = 10.0
+
+
+@dataclass(frozen=True)
+class DrainRule:
+    quiet_s: float
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        if not self.quiet_s > 0:
+            raise ValueError(f"drain quiet_s must be > 0, got {self.quiet_s!r}")
+        if self.timeout_s < self.quiet_s:
+            raise ValueError(f"drain timeout_s ({self.timeout_s!r}) must be >= quiet_s ({self.quiet_s!r})")
+
+    @property
+    def outstanding_quiet_s(self) -> float:
+        return max(OUTSTANDING_QUIET_FACTOR * self.quiet_s, OUTSTANDING_QUIET_FLOOR_S)
+
+
+def drain_decision(rule: DrainRule, *, elapsed_s: float, quiet_for_s: float, all_up: bool,
+                   outstanding: int) -> str | None:
+    """Why the drain ends now (QUIET, OUTSTANDING_QUIET, TIMEOUT), or None to keep waiting.
+    ``elapsed_s``: since the drain started; ``quiet_for_s``: since the last delivery (or the drain start);
+    ``all_up``: every persistent subscriber connected and subscribed; ``outstanding``: owed deliveries."""
+    if all_up and outstanding == 0 and quiet_for_s >= rule.quiet_s:
+        return QUIET
+    if all_up and outstanding > 0 and quiet_for_s >= rule.outstanding_quiet_s:
+        return OUTSTANDING_QUIET
+    if elapsed_s >= rule.timeout_s:
+        return TIMEOUT
+    return None
+
+
+Owed = tuple[str, str, int]  # subscriber client id, publisher client id, publisher seq
+
+
+@dataclass
+class OutstandingDeliveries:
+    """Deliveries owed to connected persistent subscribers (see the module doc).  Loop thread only."""
+
+    owed: set[Owed] = field(default_factory=set)
+    seen: set[Owed] = field(default_factory=set)
+
+    def acknowledged(self, publisher: str, seq: int, topic: str, qos: int,
+                     subscribers: list[tuple[str, list[tuple[str, int]]]]) -> None:
+        """A publish was acknowledged; ``subscribers``: (client id, [(filter, qos)]) of every persistent
+        subscriber that is connected and subscribed right now."""
+        if qos == 0:
+            return
+        for client_id, subscriptions in subscribers:
+            if any(min(qos, sub_qos) > 0 and not topic_filter.startswith("$share/")
+                   and mqtt.topic_matches_sub(topic_filter, topic) for topic_filter, sub_qos in subscriptions):
+                key = (client_id, publisher, seq)
+                if key not in self.seen:  # a delivery may overtake its publisher's PUBACK
+                    self.owed.add(key)
+
+    def delivered(self, client_id: str, publisher: str | None, seq: int | None) -> None:
+        if publisher is None or seq is None:
+            return
+        key = (client_id, publisher, seq)
+        self.seen.add(key)
+        self.owed.discard(key)
+
+    @property
+    def count(self) -> int:
+        return len(self.owed)

@@ -1,0 +1,74 @@
+"""harness/drain.py: when the drain may end, and which deliveries are still owed."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.drain import (OUTSTANDING_QUIET, QUIET, TIMEOUT, DrainRule, OutstandingDeliveries,
+                           drain_decision)
+
+RULE = DrainRule(quiet_s=2.0, timeout_s=60.0)
+
+
+def decide(**kwargs):
+    values = {"elapsed_s": 5.0, "quiet_for_s": 0.0, "all_up": True, "outstanding": 0, **kwargs}
+    return drain_decision(RULE, **values)
+
+
+def test_outstanding_quiet_is_three_quiets_but_at_least_ten_seconds():
+    assert DrainRule(2.0, 60.0).outstanding_quiet_s == 10.0
+    assert DrainRule(6.0, 60.0).outstanding_quiet_s == 18.0
+
+
+def test_quiet_with_nothing_owed_ends_after_quiet_s():
+    assert decide(quiet_for_s=1.9) is None
+    assert decide(quiet_for_s=2.0) == QUIET
+
+
+def test_owed_deliveries_keep_the_drain_waiting_until_the_long_quiet():
+    assert decide(quiet_for_s=2.0, outstanding=3) is None
+    assert decide(quiet_for_s=9.9, outstanding=3) is None
+    assert decide(quiet_for_s=10.0, outstanding=3) == OUTSTANDING_QUIET
+
+
+def test_a_subscriber_not_back_keeps_the_drain_waiting_until_timeout():
+    assert decide(quiet_for_s=30.0, all_up=False) is None
+    assert decide(quiet_for_s=30.0, all_up=False, elapsed_s=60.0) == TIMEOUT
+
+
+def test_timeout_wins_over_a_pipeline_that_never_goes_quiet():
+    assert decide(quiet_for_s=0.1, elapsed_s=59.9, outstanding=1) is None
+    assert decide(quiet_for_s=0.1, elapsed_s=60.0, outstanding=1) == TIMEOUT
+
+
+@pytest.mark.parametrize("quiet, timeout", [(0.0, 10.0), (-1.0, 10.0), (5.0, 4.0)])
+def test_bad_rule_is_refused_with_the_values(quiet, timeout):
+    with pytest.raises(ValueError, match="quiet_s|timeout_s"):
+        DrainRule(quiet, timeout)
+
+
+SUBSCRIBERS = [("s1", [("t/#", 1)]), ("s2", [("t/a", 0)]), ("s3", [("other/+", 2)]), ("s4", [("$share/g/t/#", 1)])]
+
+
+def test_an_ack_is_owed_to_matching_subscribers_with_effective_qos_above_zero():
+    owed = OutstandingDeliveries()
+    owed.acknowledged("p1", 1, "t/a", 1, SUBSCRIBERS)
+    assert owed.owed == {("s1", "p1", 1)}  # s2 subscribed at QoS 0, s3 does not match, s4 is a shared group
+    owed.acknowledged("p1", 2, "t/a", 0, SUBSCRIBERS)
+    assert owed.count == 1  # QoS 0 publishes are never owed
+    owed.delivered("s1", "p1", 1)
+    assert owed.count == 0
+
+
+def test_a_delivery_that_overtakes_its_ack_is_not_owed_afterwards():
+    owed = OutstandingDeliveries()
+    owed.delivered("s1", "p1", 7)
+    owed.acknowledged("p1", 7, "t/x", 2, SUBSCRIBERS)
+    assert owed.count == 0
+
+
+def test_undecodable_deliveries_change_nothing():
+    owed = OutstandingDeliveries()
+    owed.acknowledged("p1", 1, "t/a", 1, SUBSCRIBERS)
+    owed.delivered("s1", None, None)
+    assert owed.count == 1

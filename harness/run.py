@@ -63,8 +63,24 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def replay_command(scenario_path: Path | str, seed: int, out: Path | str) -> str:
+RUN_DIR_PLACEHOLDER = "{run_dir}"
+
+
+def default_replay_command(scenario_path: Path | str, seed: int, out: Path | str) -> str:
     return shlex.join(["ordeal", "run", str(scenario_path), "--seed", str(seed), "--out", str(out)])
+
+
+replay_command = default_replay_command  # the older name, kept for callers
+
+
+def resolve_replay_command(template: str | None, scenario_path: Path, seed: int, out: Path, run_dir: Path) -> str:
+    """The command that reproduces this run: the caller's (``{run_dir}`` replaced by the shell-quoted run
+    directory, e.g. ``ordeal replay {run_dir}`` for a run of a stored plan), else ``ordeal run ... --seed``."""
+    if template is None:
+        return default_replay_command(scenario_path, seed, out)
+    if not template.strip():
+        raise ValueError("replay_command must be a command line (or None for `ordeal run ... --seed`), got ''")
+    return template.replace(RUN_DIR_PLACEHOLDER, shlex.quote(str(run_dir)))
 
 
 def new_run_dir(out: Path, scenario: Scenario, seed: int) -> Path:
@@ -82,12 +98,17 @@ def write_inputs(run_dir: Path, scenario_path: Path, scenario: Scenario, plan: P
 
 def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs", *,
                  reporter: Reporter | None = None, check: bool = True, spark_master: str | None = None,
-                 stop: threading.Event | None = None, plan: Plan | None = None) -> RunResult:
+                 stop: threading.Event | None = None, plan: Plan | None = None,
+                 replay_command: str | None = None) -> RunResult:
     """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts; a run
     that breaks later (a node that will not start, no client can connect, ...) returns exit code 2 with
     the error in summary.json and the traceback in logs/harness-error.log.
     ``plan``: play this stored plan instead of planning again (replay / shrink); it must belong to the
-    scenario."""
+    scenario.
+    ``replay_command``: the command that really reproduces this run, shown in summary.json and the history's
+    run_start row (``{run_dir}`` is replaced by the run directory); default ``ordeal run SCENARIO --seed N``.
+    ``check=False``: no check; summary.json says so and ``record_check`` / ``check_runs_later`` add the
+    verdict afterwards (several runs checked in one Spark session)."""
     reporter = reporter or SilentReporter()
     scenario_path = Path(scenario_path)
     scenario = load_scenario(scenario_path)  # validation first: a bad file starts nothing
@@ -99,7 +120,7 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     out = Path(out)
     run_dir = new_run_dir(out, scenario, seed)
     write_inputs(run_dir, scenario_path, scenario, plan)
-    replay = replay_command(scenario_path, seed, out)
+    replay = resolve_replay_command(replay_command, scenario_path, seed, out, run_dir)
     reporter.message(f"seed {seed}  run dir {run_dir}\nreplay: {replay}")
 
     stop = stop or threading.Event()
@@ -196,29 +217,81 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     # A fault that could not be applied makes the run unknown even unchecked (docs/faults.md).
     exit_code = EXIT_UNKNOWN if (not complete or outcome["error"] or summary["counts"]["fault_errors"]) else EXIT_PASS
     summary["checked"] = False
-    summary["exit_code"] = exit_code
+    summary["exit_code"] = summary["run_exit_code"] = exit_code
     summary["check"] = "skipped (--no-check)" if not check else "not run: the history is incomplete"
     _write_summary(run_dir, summary)  # before the check: a checker crash must not lose the summary
     if check and complete:
         check_run = _checker()
         if check_run is None:
             summary["check"] = "not run: spark_checkers.check_run is not available yet"
+            _write_summary(run_dir, summary)
         else:
             reporter.phase("checking")
             mark = time.monotonic()
             try:
-                exit_code = int(check_run(run_dir, spark_master=spark_master))
-                summary["timings_s"]["check_s"] = round(time.monotonic() - mark, 3)
-                summary["check"] = {"exit_code": exit_code}
-                summary["checked"] = True
+                check_exit = int(check_run(run_dir, spark_master=spark_master))
             except Exception as error:  # noqa: BLE001 - a broken checker makes the verdict unknown
-                exit_code = EXIT_UNKNOWN
+                check_exit = None
                 summary["check"] = f"the checker failed: {type(error).__name__}: {error}"
                 reporter.message(f"check failed, verdict unknown: {summary['check']}")
-        summary["exit_code"] = exit_code
-        _write_summary(run_dir, summary)
+            summary = record_check(run_dir, check_exit, check_s=time.monotonic() - mark,
+                                   failure=summary["check"] if check_exit is None else "")
+            exit_code = summary["exit_code"]
     reporter.message(f"seed {seed}  exit {exit_code}  run dir {run_dir}\nreplay: {replay}")
     return RunResult(run_dir=run_dir, exit_code=exit_code, summary=summary)
+
+
+def combined_exit_code(run_exit: int, check_exit: int) -> int:
+    """The run's verdict once checked: the checker's, except that a pass cannot hide a run-level unknown
+    (a fault that could not be applied: the run did not test what it planned)."""
+    if check_exit == EXIT_PASS and run_exit == EXIT_UNKNOWN:
+        return EXIT_UNKNOWN
+    return check_exit
+
+
+def record_check(run_dir: Path | str, check_exit: int | None, *, check_s: float | None = None,
+                 failure: str = "") -> dict[str, Any]:
+    """Write a check's outcome into a run's summary.json (a run made with ``check=False``, checked later).
+    ``check_exit`` None = the checker failed (``failure`` says how): the verdict is unknown.  Returns the
+    updated summary; its ``exit_code`` is the run's verdict."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: cannot record a check: no readable summary.json ({error})") from error
+    run_exit = int(summary.get("run_exit_code", summary.get("exit_code", EXIT_UNKNOWN)))
+    summary["run_exit_code"] = run_exit  # before any check, so a re-check starts from the run again
+    if check_exit is None:
+        summary["check"] = failure or "the checker failed"
+        summary["exit_code"] = EXIT_UNKNOWN
+        summary["checked"] = False
+    else:
+        summary["check"] = {"exit_code": int(check_exit)}
+        summary["exit_code"] = combined_exit_code(run_exit, int(check_exit))
+        summary["checked"] = True
+    if check_s is not None:
+        summary.setdefault("timings_s", {})["check_s"] = round(check_s, 3)
+    _write_summary(Path(run_dir), summary)
+    return summary
+
+
+def check_runs_later(run_dirs: list[Path | str], spark_master: str | None = None) -> list[int]:
+    """Check runs made with ``check=False`` in one Spark session (spark_checkers.api.check_runs), write
+    their reports and summary.json verdicts; returns each run's exit code.  A run whose history is
+    incomplete is not checked (its summary already says unknown)."""
+    from spark_checkers.api import check_runs
+    from spark_checkers.reports import write_reports
+
+    dirs = [Path(d) for d in run_dirs]
+    summaries = {d: json.loads((d / "summary.json").read_text()) for d in dirs}
+    checkable = [d for d in dirs if summaries[d].get("history_complete")]
+    began = time.monotonic()
+    reports = check_runs(checkable, spark_master=spark_master) if checkable else []
+    each_s = (time.monotonic() - began) / max(len(checkable), 1)
+    for run_dir, report in zip(checkable, reports, strict=True):
+        write_reports(run_dir, report)
+        summaries[run_dir] = record_check(run_dir, int(report["exit_code"]), check_s=each_s)
+    return [int(summaries[d]["exit_code"]) for d in dirs]
 
 
 def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder, client_player: Any = None):

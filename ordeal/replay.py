@@ -139,7 +139,8 @@ def play(scenario_path: Path, plan: Plan, out: Path, *, quiet: bool = True, repo
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured) if quiet else contextlib.nullcontext():
         result = run_scenario(scenario_path, plan.seed, out, reporter=reporter, check=True,
-                              spark_master=spark_master, stop=stop, plan=plan)
+                              spark_master=spark_master, stop=stop, plan=plan,
+                              replay_command="ordeal replay {run_dir}")  # its plan.json is what reproduces it
     if quiet and captured.getvalue():
         (result.run_dir / "check-table.txt").write_text(captured.getvalue())
     return Played(result.run_dir, result.exit_code, read_report(result.run_dir),

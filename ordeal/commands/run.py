@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
+from harness import netns
 from ordeal.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 
 
@@ -16,6 +18,44 @@ def _scenario_path(name_or_path: str) -> Path:
         return find_scenario(name_or_path)
     except ScenarioError as error:
         raise click.ClickException(str(error)) from error
+
+
+ISOLATION_HELP = ("Run inside private network + PID namespaces (default when root): network faults are real "
+                  "packet drops and a SIGKILL of ordeal leaves no process behind.  --no-isolated: on the host's "
+                  "127.0.0.1; network faults are then refused (fault_error, verdict unknown).")
+
+
+def isolation_option(command):
+    """``--isolated/--no-isolated`` for every command that starts runs (run, replay, shrink, explore, selftest)."""
+    return click.option("--isolated/--no-isolated", "isolated", default=True, show_default=True,
+                        help=ISOLATION_HELP)(command)
+
+
+def enter_isolation(isolated: bool) -> str:
+    """Put this ``ordeal`` command in its own network + PID namespaces the way ``ordeal up --isolated``
+    does: re-execute the same command line under ``unshare --net --pid --fork --kill-child --mount-proc``
+    (harness/netns.py; does not return; unshare passes the exit code through; the working directory, so
+    relative --out paths, is kept).  Returns where the runs will live, for the user: "private" inside the
+    namespace, else why not.  Not root: not isolated, said once on stderr.  Call it after the input was
+    validated (bad input fails fast, once) and before any thread starts."""
+    if netns.finish_reexec() or netns.in_private_netns():
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the namespace has only lo: Spark must bind it
+        return "private"
+    if not isolated:
+        return "host (--no-isolated): network faults are refused"
+    if not netns.is_root():
+        click.echo(f"not isolated: {netns.refusal_message()}", err=True)
+        return f"host (not root, uid {os.geteuid()}): network faults are refused"
+    context = click.get_current_context()
+    if context.info_name not in sys.argv[1:]:  # e.g. click's test runner: sys.argv is not this command
+        raise click.ClickException(
+            f"cannot re-execute `ordeal {context.info_name}` isolated: sys.argv {sys.argv!r} is not its command "
+            "line; pass --no-isolated, or run it as `ordeal ...` / `python -m ordeal.cli ...`")
+    try:
+        netns.reexec_isolated([sys.executable, "-m", "ordeal.cli", *sys.argv[1:]])
+    except netns.IsolationUnavailable as error:
+        raise click.ClickException(str(error)) from error
+    raise AssertionError("unreachable: reexec_isolated returns only by raising")
 
 
 class RichReporter:
@@ -61,7 +101,8 @@ class RichReporter:
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Check the history with spark_checkers at the end (when available).")
 @click.option("--spark-master", default=None, help="Spark master for the checks (default local[*]).")
-def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | None) -> None:
+@isolation_option
+def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | None, isolated: bool) -> None:
     """Run SCENARIO (a name from scenarios/ or a .toml path) end to end and record its history."""
     from rich.console import Console
 
@@ -72,7 +113,9 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
         load_scenario(path)  # an invalid file must fail here, before a run directory exists
     except ScenarioError as error:
         raise click.ClickException(str(error)) from error
+    where = enter_isolation(isolated)
     console = Console(stderr=True)
+    console.print(f"network: {where}")
     with RichReporter(console) as reporter:
         result = run_scenario(path, seed, out, reporter=reporter, check=check, spark_master=spark_master)
     counts = result.summary.get("counts", {})

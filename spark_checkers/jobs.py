@@ -383,6 +383,8 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     got = dsm.select("run_id", "client", "publisher", "pub_seq", F.col("first.t").alias("t_first_delivery"),
                      "first_ack_t")
     cand = cand.join(got, ["run_id", "client", "publisher", "pub_seq"], "left")
+    # Why: both windows below are clustered by subscriber; one shuffle here serves them both.
+    cand = cand.repartition("run_id", "client")
     t_arr = F.coalesce("t_ack", "t_invoke")
     k = F.element_at(F.filter(F.coalesce("offline", F.array()), lambda i: i["c"] > t_arr), 1)
     cand = cand.select("*", t_arr.alias("t_arr"), k.alias("k"),

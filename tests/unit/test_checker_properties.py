@@ -72,10 +72,10 @@ def mutate(rows: list[dict], mutation: str, choice: int) -> list[dict]:
 
 def cases():
     return st.lists(st.sampled_from(MUTATIONS).flatmap(
-        lambda m: st.tuples(st.just(m), specs(m), st.integers(0, 1000))), min_size=4, max_size=4)
+        lambda m: st.tuples(st.just(m), specs(m), st.integers(0, 1000))), min_size=8, max_size=8)
 
 
-@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(batch=cases())
 def test_valid_histories_pass_and_one_mutation_fails_its_invariant(spark, tmp_path_factory, batch):
     root = tmp_path_factory.mktemp("prop")

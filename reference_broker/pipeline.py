@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 
 from reference_broker.topic_index import TopicIndex
 
@@ -36,7 +37,25 @@ log = logging.getLogger("reference_broker.pipeline")
 DEAD_AFTER_LEASES = 3  # a node silent this many leases is dead: its connected sessions are released
 
 
+ENSURE_TOPICS_ATTEMPTS = 5
+
+
 async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    for attempt in range(1, ENSURE_TOPICS_ATTEMPTS + 1):
+        # Nodes started together create the topics together; Tansu on S3 can then read a half-written
+        # metadata object and close the connection (KafkaConnectionError): retry instead of dying.
+        try:
+            await _ensure_topics_once(bootstrap, topics)
+            return
+        except KafkaError as error:
+            if attempt == ENSURE_TOPICS_ATTEMPTS:
+                raise
+            log.warning("creating topics %s failed (%r), attempt %d of %d; retrying", sorted(topics), error,
+                        attempt, ENSURE_TOPICS_ATTEMPTS)
+            await asyncio.sleep(0.3 * attempt)
+
+
+async def _ensure_topics_once(bootstrap: str, topics: dict[str, int]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
     await admin.start()
     try:

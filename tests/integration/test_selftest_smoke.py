@@ -5,6 +5,7 @@ Redis Cluster, Tansu, reference-broker nodes, paho clients and one Spark job for
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -16,10 +17,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.mark.timeout(480)
-def test_smoke_tier_catches_every_smoke_defect_and_the_correct_broker_passes(tmp_path: Path):
+def test_smoke_tier_catches_every_smoke_defect_and_the_correct_broker_passes():
     matrix = load_matrix()
     smoke = {e.defect: e for e in matrix.entries if e.tier == "smoke"}
-    out = Path("runs") / "test-selftest-smoke" / tmp_path.name  # under runs/: searchable by every user
+    # under runs/ (Mosquitto-style targets drop root and need searchable parents); one directory per session
+    out = Path("runs") / "test-selftest-smoke" / datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
     result = run_selftest(matrix, "smoke", out)
 
     document = json.loads((out / "selftest.json").read_text())

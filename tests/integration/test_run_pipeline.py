@@ -86,11 +86,16 @@ def assert_history_consistent(run_dir: Path) -> list[dict]:
     assert counts["delivered"] == len(deliveries)
     assert counts["rows"] == len(rows) == manifest["rows"]
     assert summary["drain"]["reason"] == "quiet"
+    drain_end = [json.loads(r["detail"]) for r in rows if r["kind"] == Kind.PHASE
+                 and json.loads(r["detail"])["phase"] == "drain_end"]
+    assert drain_end and drain_end[0]["outstanding"] == summary["drain"]["outstanding"]
 
     # A correct broker without faults: every acknowledged publish reached its subscriber.
     delivered = {(d["publisher"], d["pub_seq"]) for d in deliveries}
     acked = {(r["publisher"], r["pub_seq"]) for r in rows if r["kind"] == Kind.PUBLISH_ACK}
     assert acked and not acked - delivered, f"acked but never delivered: {sorted(acked - delivered)[:5]}"
+    # ... so nothing was left outstanding and the short quiet rule ended the drain (harness/drain.py).
+    assert summary["drain"]["ended_by"] == "quiet" and summary["drain"]["outstanding"] == 0, summary["drain"]
     return rows
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.drain import (OUTSTANDING_QUIET, QUIET, TIMEOUT, DrainRule, OutstandingDeliveries,
-                           drain_decision)
+from harness.drain import OUTSTANDING_QUIET, QUIET, TIMEOUT, DrainRule, OutstandingDeliveries, drain_decision
 
 RULE = DrainRule(quiet_s=2.0, timeout_s=60.0)
 

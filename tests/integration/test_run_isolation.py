@@ -1,0 +1,141 @@
+"""`ordeal run` from the command line is isolated by default when root: it runs again under
+``unshare --net --pid ...`` (harness/netns.py), so network faults are really applied, Spark checks inside
+the namespace, paths and exit codes survive, and a SIGKILL of ``ordeal`` leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_run_interrupted import _node_pids, _processes_mentioning, _wait_for_workload, _wait_gone
+from test_run_pipeline import out_dir  # noqa: F401  (same directory: fixture re-use)
+
+from harness import netns
+from harness.history import read_history
+from harness.history_schema import Kind
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not netns.is_root(), reason="isolation needs root")]
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY_PARTITION = """
+[scenario]
+name = "tiny-partition"
+duration_s = 7
+drain_quiet_s = 1.5
+drain_timeout_s = 40
+
+[topology]
+redis_masters = 3
+redis_replicas_per_master = 0
+broker_nodes = 1
+
+[target]
+kind = "reference"
+
+[workload]
+pattern = "p2p"
+qos_mix = { qos1 = 1 }
+pairs = 2
+rate_per_publisher = 4
+
+[faults]
+mix = { net_partition = 1 }
+params = { net_partition = { a = "client", b = "broker" } }
+quiet_s = [1, 1]
+duration_s = [1, 1.5]
+tail_s = 3
+max_faults = 1
+
+[checks]
+allowed = ["duplicates.redelivered_after_ack"]
+"""
+
+
+def _ordeal_run(scenario: Path, out: Path, *extra: str) -> subprocess.Popen:
+    # Started like a user would: outside the test session's namespace marker, so `ordeal run` isolates itself.
+    environment = {k: v for k, v in os.environ.items() if k not in (netns.MARKER, "SPARK_LOCAL_IP")}
+    return subprocess.Popen([sys.executable, "-m", "ordeal.cli", "run", str(scenario), "--seed", "3",
+                             "--out", str(out), *extra], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _finish(process: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+@pytest.fixture
+def tiny_partition(tmp_path: Path) -> Path:
+    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available")
+    path = tmp_path / "tiny-partition.toml"
+    path.write_text(TINY_PARTITION)
+    return path
+
+
+def test_network_fault_from_the_cli_is_applied_and_checked_inside_the_namespace(tiny_partition, out_dir):  # noqa: F811
+    code, stdout, stderr = _finish(_ordeal_run(tiny_partition, out_dir), timeout=240)
+    run_dir = Path(stdout.strip().splitlines()[-1])
+    assert run_dir.parent == out_dir, stdout  # the path printed inside the namespace is the caller's
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "network: private" in stderr, stderr[-2000:]
+    assert json.loads((run_dir / "topology.json").read_text())["network_namespace"] == "private"
+    rows = read_history(run_dir / "history").to_pylist()
+    kinds = [r["kind"] for r in rows if r["fault_id"]]
+    assert Kind.FAULT_ERROR not in kinds, [r["detail"] for r in rows if r["kind"] == Kind.FAULT_ERROR]
+    assert Kind.FAULT_START in kinds and Kind.FAULT_HEAL in kinds
+    assert summary["checked"] is True, summary["check"]  # Spark ran inside the namespace
+    assert code == summary["exit_code"] == 0, (summary["check"], stderr[-3000:])
+
+
+def test_no_isolated_refuses_the_network_fault_and_says_why(tiny_partition, out_dir):  # noqa: F811
+    code, stdout, stderr = _finish(_ordeal_run(tiny_partition, out_dir, "--no-isolated", "--no-check"), timeout=180)
+    run_dir = Path(stdout.strip().splitlines()[-1])
+    assert code == 2 and "network: host (--no-isolated)" in stderr
+    errors = [r["detail"] for r in read_history(run_dir / "history").to_pylist() if r["kind"] == Kind.FAULT_ERROR]
+    assert errors and "namespace" in " ".join(errors), errors
+
+
+def test_sigkill_of_isolated_ordeal_leaves_no_process(tiny_partition, out_dir):  # noqa: F811
+    process = _ordeal_run(tiny_partition, out_dir, "--no-check")
+    try:
+        run_dir = _wait_for_workload(out_dir, process)
+        pids = _processes_mentioning(run_dir)
+        assert len(pids) >= 4, pids  # redis nodes, tansu, the broker, the run itself: seen from outside
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    leftover = _wait_gone(pids) | _processes_mentioning(run_dir)
+    for pid in leftover:  # never leave them behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"processes outlived the killed isolated run: {leftover}"
+    assert _node_pids(run_dir) is not None
+
+
+def test_sigterm_reaches_the_isolated_run(tiny_partition, out_dir):  # noqa: F811
+    process = _ordeal_run(tiny_partition, out_dir, "--no-check")
+    try:
+        run_dir = _wait_for_workload(out_dir, process)
+        os.kill(process.pid, signal.SIGTERM)
+        code = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert code == 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["history_complete"] is False and "interrupted" in summary["error"]
+    assert not _processes_mentioning(run_dir)

@@ -134,7 +134,14 @@ class Broker:
         self.connections[client] = conn
         session = await store.get_session(client)
         if session.get("conn") and session.get("node") not in (None, self.node_id):
-            self.peers.post(session["node"], {"t": "kick", "c": client, "conn": session["conn"]})
+            old_node = session["node"]
+            if old_node not in self.peers.addresses:
+                # a node registered after our last heartbeat: without its address the kick would be
+                # dropped and the old connection would stay open (seen under load right after start-up)
+                peer = await store.node_peer(old_node)
+                if peer:
+                    self.peers.addresses = {**self.peers.addresses, old_node: peer}
+            self.peers.post(old_node, {"t": "kick", "c": client, "conn": session["conn"]})
         await store.cancel_expiry(client)
         expired = False
         if session.get("disconnected_at") and session.get("expiry"):

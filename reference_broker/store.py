@@ -234,6 +234,11 @@ class SessionStore:
         raw = await self.redis.hgetall(key)
         return {k.decode(): json.loads(v) for k, v in raw.items()}, bool(added)
 
+    async def node_peer(self, node_id: str) -> str | None:
+        """The node-link address a registered node published, or None."""
+        raw = await self.redis.hget(self.shared_key("nodes"), node_id)
+        return json.loads(raw)["peer"] if raw else None
+
     async def forget_node(self, node_id: str) -> None:
         await self.redis.hdel(self.shared_key("nodes"), node_id)
 

@@ -297,3 +297,29 @@ def test_subscribers_move_between_two_reference_broker_nodes(out_dir: Path, tmp_
     resumed = [r for r in rows if r["kind"] == Kind.CONNECT and r["client"].startswith("test_sub")
                and r["session_present"]]
     assert resumed, "sessions resume on whichever node the subscriber reconnects to"
+
+
+def test_replay_command_hook_and_a_check_recorded_later(out_dir: Path):
+    """run_scenario(replay_command=...) shows the caller's command; a --no-check run is checked afterwards
+    with check_runs_later (one Spark session for many runs) and its summary.json gets the verdict."""
+    from harness.run import check_runs_later, record_check
+
+    result = run_scenario(find_scenario("mosquitto-smoke"), 4, out_dir, check=False,
+                          replay_command="ordeal replay {run_dir}")
+    assert result.summary["replay"] == f"ordeal replay {result.run_dir}"
+    rows = read_history(result.run_dir / "history").to_pylist()
+    run_start = next(json.loads(r["detail"]) for r in rows if r["kind"] == Kind.PHASE
+                     and json.loads(r["detail"])["phase"] == "run_start")
+    assert run_start["replay"] == result.summary["replay"]
+    assert result.summary["checked"] is False and result.summary["run_exit_code"] == EXIT_PASS
+
+    [code] = check_runs_later([result.run_dir])
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    report = json.loads((result.run_dir / "report.json").read_text())
+    assert summary["checked"] is True and summary["check"] == {"exit_code": report["exit_code"]}
+    assert code == summary["exit_code"] == report["exit_code"], report.get("verdict")
+
+    broken = record_check(result.run_dir, None, failure="the checker failed: RuntimeError: boom")
+    assert broken["exit_code"] == 2 and broken["checked"] is False and "boom" in broken["check"]
+    again = record_check(result.run_dir, EXIT_PASS)
+    assert again["exit_code"] == EXIT_PASS and again["run_exit_code"] == EXIT_PASS

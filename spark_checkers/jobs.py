@@ -305,8 +305,12 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
             F.col("first.node").alias("node"), "t_invoke", "t_ack", "t_origin", "topic"]
     real = F.col("phantom_reason").isNull()
     msg_rules = Rules(dp)
-    msg_rules.add("order.dup_flag", F.coalesce(F.col("first.dup"), F.lit(False)) & qos_pos, rel_first, *base,
-                  F.lit("DUP on a first delivery").alias("problem"))
+    # DUP = 1 on the first *observed* receipt is legal after a reconnect: the broker may have sent it on the
+    # connection that died before the client saw it (MQTT 3.1.1 §4.4 / MQTT 5 §4.4 resend on reconnect).
+    reconnected_since_publish = F.exists(F.coalesce("disconnects", F.array()), lambda d: (d["t"] > F.col("t_invoke"))
+                                         & (d["seq"] < F.col("first.seq")))
+    msg_rules.add("order.dup_flag", F.coalesce(F.col("first.dup"), F.lit(False)) & qos_pos & ~reconnected_since_publish,
+                  rel_first, *base, F.lit("DUP on a first delivery, no reconnect since the publish").alias("problem"))
     msg_rules.add("durability.phantom", ~real, rel_first, *base, "phantom_reason", "min_hash", "max_hash", "pub_hash")
     msg_rules.add("durability.delivered_after_failed_publish", real & F.col("t_fail").isNotNull() & F.col("t_ack").isNull(),
                   rel_first, *base, "t_fail")

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from spark_checkers import synthetic as s
 from spark_checkers.api import check_runs
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]  # one Spark batch; slow when the machine is loaded
 MUTATIONS = ("drop", "swap", "packet_id", "delay")
 EXPECTED = {"drop": "durability.lost", "swap": "order.out_of_order", "packet_id": "order.packet_id_invalid",
             "delay": "expiry.delivered_expired"}

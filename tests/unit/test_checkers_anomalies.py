@@ -11,7 +11,7 @@ from harness.history_schema import Phase
 from spark_checkers import synthetic as s
 from spark_checkers.api import check_runs
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]  # one Spark batch; slow when the machine is loaded
 
 BASE = s.Spec(pairs=2, messages=12, offline=(s.Offline(0, 5, 8),),
               faults=(s.Fault("f1", "kill", "redis-7003", 4, 6),))
@@ -58,6 +58,12 @@ def _session_gone(rows, session_expiry_s):
     return rows
 
 
+def _resent_after_reconnect(rows):
+    """#4 was sent while sub-0 was online but first seen after its reconnect (1.675 s), resent with DUP = 1."""
+    rows = s.move_delivery(rows, "sub-0", "pub-0", 4, s.slot_time(BASE, 8) - BASE.interval_us // 4 + 1000)
+    return s.set_delivery_field(rows, "sub-0", "pub-0", 4, dup=True)
+
+
 # name -> (spec, mutation or None, failing invariants expected)
 CASES = {
     "clean": (BASE, None, set()),
@@ -88,6 +94,9 @@ CASES = {
                        {"order.packet_id_invalid"}),
     "packet_id_reused": (BASE, lambda r: s.reuse_packet_id(r, "sub-1", "pub-1", 4, 5), {"order.packet_id_reused"}),
     "dup_on_first": (BASE, lambda r: s.set_delivery_field(r, "sub-1", "pub-1", 4, dup=True), {"order.dup_flag"}),
+    "dup_on_first_after_reconnect": (BASE, lambda r: _resent_after_reconnect(r), set()),
+    "dup_on_first_published_offline": (BASE, lambda r: s.set_delivery_field(r, "sub-0", "pub-0", 5, dup=True),
+                                       {"order.dup_flag"}),
     "legal_resend_with_dup": (BASE, lambda r: s.resend_before_ack(r, "sub-1", "pub-1", 4, dup=True), set()),
     "resend_without_dup": (BASE, lambda r: s.resend_before_ack(r, "sub-1", "pub-1", 4, dup=False), {"order.dup_flag"}),
     "delivered_expired": (V5, lambda r: _expiry_move(r, 200_000 + 1_000), {"expiry.delivered_expired"}),

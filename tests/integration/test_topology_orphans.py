@@ -82,7 +82,7 @@ def _identities(pids) -> list[tuple[int, float]]:
 def test_sigkill_of_ordeal_up_leaves_no_process(tmp_path: Path) -> None:
     process, endpoints = _start_up(tmp_path)
     printed = [node["pid"] for node in endpoints["nodes"]]
-    assert len(printed) == 8 and all(printed)  # 6 Redis + Tansu + its S3 server
+    assert len(printed) == 10 and all(printed)  # 6 Redis + Tansu + its S3 server + 2 broker nodes
     descendants = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
     assert set(printed) <= set(descendants)
     identities = _identities(descendants)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import AskError, NoScriptError, ResponseError
 
 from reference_broker.config import BrokerConfig
 
@@ -103,8 +103,9 @@ class SessionStore:
     async def _save_and_wait(self, keys: list[str], args: list[Any]) -> list[Any]:
         """EVALSHA and WAIT on one connection to the key's master (WAIT counts that connection's writes)."""
         script = self.scripts["save"]
-        node: ClusterNode = self.redis.get_node_from_key(keys[0])
-        for _attempt in range(2):
+        for _attempt in range(3):
+            # the master is looked up on every attempt: a refresh below may have moved the slot
+            node: ClusterNode = self.redis.get_node_from_key(keys[0])
             commands = [PipelineCommand(0, "EVALSHA", script.sha, len(keys), *keys, *args),
                         PipelineCommand(1, "WAIT", self.config.redis_wait_replicas,
                                         self.config.redis_wait_timeout_ms)]
@@ -117,9 +118,13 @@ class SessionStore:
             if isinstance(saved, NoScriptError):
                 await node.execute_command("SCRIPT", "LOAD", script.script)
                 continue
-            if isinstance(saved, ResponseError) and str(saved).startswith("MOVED"):
+            if isinstance(saved, AskError):
+                # MOVED (or ASK): this pipeline bypasses RedisCluster's own redirection handling, so the
+                # slot map stays stale until refreshed here -- e.g. an old master back as a replica after a
+                # failover answers MOVED to every save.  redis-py strips the "MOVED" prefix from the
+                # message, so the type is what tells.  Nothing was written: refresh and try again.
                 await self.redis.nodes_manager.initialize()
-                raise saved
+                continue
             if isinstance(saved, Exception):
                 raise saved
             if isinstance(waited, Exception):
@@ -128,7 +133,8 @@ class SessionStore:
                 raise WaitShortfall(f"WAIT {self.config.redis_wait_replicas}: only {waited} replica(s) "
                                     f"acknowledged within {self.config.redis_wait_timeout_ms} ms")
             return saved
-        raise NoScriptError("save script could not be loaded on its master")
+        raise ResponseError(f"save script for {keys[0]} not run: no master took it after 3 attempts "
+                            "(redirected or script missing)")
 
     async def read(self, client: str, after_score: str = "-inf", limit: int = 0,
                    mark_sent: bool = True) -> list[StoredMessage]:

@@ -6,4 +6,4 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$here/scripts/bootstrap.sh"
 cd "$here"
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -ra "$@"
+exec .venv/bin/python -m pytest -ra --reruns 1 --reruns-delay 2 "$@"

@@ -43,7 +43,8 @@ def test_redis_failover_with_old_master_alive_broker_keeps_saving(brokers, topol
     master = topology.redis.master_for_key(cluster.key(sub.client_id, "messages"))
     replica = topology.redis.replicas_of(master)[0]
     node = cluster.nodes[0]
-    publisher = Publisher([(node.host, node.port)], count=180, rate=40)  # 4.5 s, most after the failover
+    # a synchronous QoS 1 publish takes ~150 ms on Tansu over S3: ~15 s of publishing, most after the failover
+    publisher = Publisher([(node.host, node.port)], count=100, rate=40)
     publisher.start()
     try:
         time.sleep(1.0)
@@ -69,7 +70,7 @@ def test_redis_failover_with_old_master_alive_broker_keeps_saving(brokers, topol
     print(f"\nredis failover (old master alive): published {publisher.count}, acked {len(acked)}, "
           f"delivered {len(seen)} unique, lost {len(lost)}, "
           f"failover-to-drained {time.monotonic() - failed_over_at:.1f} s")
-    assert len(acked) > 150
+    assert len(acked) > 80
     assert lost == set(), f"acknowledged but never delivered: {len(lost)}, first {sorted(lost)[:20]}"
 
 

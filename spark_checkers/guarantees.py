@@ -12,6 +12,7 @@ DEFAULT_LIMIT = 10000
 MAX_LIMIT = 65535
 DEFAULT_TTL_S = 604800
 DEFAULT_CLOCK_TOLERANCE_MS = 200
+DEFAULT_PIPELINE_SLACK_MS = 2000  # a publish acked this close to a reconnect may still be on its way to Redis
 TARGET_KINDS = ("reference", "external")
 
 
@@ -24,6 +25,7 @@ class Guarantees:
     target_kind: str = "reference"
     source: str = "defaults"  # where these came from, for the report
     notes: tuple[str, ...] = field(default=())
+    pipeline_slack_ms: int = DEFAULT_PIPELINE_SLACK_MS
 
     @property
     def white_box(self) -> bool:
@@ -37,11 +39,16 @@ class Guarantees:
     def tolerance_us(self) -> int:
         return self.clock_tolerance_ms * 1000
 
+    @property
+    def slack_us(self) -> int:
+        return self.pipeline_slack_ms * 1000
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "persisted_messages_limit": self.persisted_messages_limit,
             "persisted_message_ttl_s": self.persisted_message_ttl_s,
             "clock_tolerance_ms": self.clock_tolerance_ms,
+            "pipeline_slack_ms": self.pipeline_slack_ms,
             "allowed": list(self.allowed),
             "target_kind": self.target_kind,
             "source": self.source,
@@ -58,6 +65,7 @@ class Guarantees:
         limit = _int(broker, "persisted_messages_limit", DEFAULT_LIMIT, f"{source}: broker", 1, MAX_LIMIT)
         ttl = _int(broker, "persisted_message_ttl_s", DEFAULT_TTL_S, f"{source}: broker", 1, None)
         tolerance = _int(checks, "clock_tolerance_ms", DEFAULT_CLOCK_TOLERANCE_MS, f"{source}: checks", 0, None)
+        slack = _int(checks, "pipeline_slack_ms", DEFAULT_PIPELINE_SLACK_MS, f"{source}: checks", 0, None)
         allowed_raw = checks.get("allowed", [])
         if not isinstance(allowed_raw, list | tuple) or not all(isinstance(v, str) for v in allowed_raw):
             raise ValueError(f"{source}: checks.allowed must be a list of invariant ids, got {allowed_raw!r}")
@@ -65,7 +73,7 @@ class Guarantees:
         kind = target.get("kind", "reference")
         if kind not in TARGET_KINDS:
             raise ValueError(f"{source}: target.kind must be one of {TARGET_KINDS}, got {kind!r}")
-        return cls(limit, ttl, tolerance, allowed, kind, source)
+        return cls(limit, ttl, tolerance, allowed, kind, source, pipeline_slack_ms=slack)
 
 
 def _section(scenario: Mapping[str, Any], name: str, source: str) -> Mapping[str, Any]:

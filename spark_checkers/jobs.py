@@ -97,13 +97,13 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
     for run in runs:
         timeline, g = timelines[run.run_id], run.guarantees
         run_rows.append((run.run_id, g.persisted_messages_limit, g.ttl_us, g.tolerance_us, timeline.fault_times(),
-                         timeline.bucket_us, timeline.t_first))
+                         timeline.bucket_us, timeline.t_first, g.slack_us))
         clients = set(timeline.connect_seqs) | set(timeline.offline)
         for client in clients:
             client_rows.append((run.run_id, client, timeline.connect_seqs.get(client, []),
                                 timeline.fresh_seqs.get(client, []),
                                 [(s, t) for s, t in timeline.disconnects.get(client, [])],
-                                [(i, d, c) for i, d, c in timeline.offline.get(client, [])]))
+                                list(timeline.offline.get(client, []))))
         for topic in topics.get(run.run_id, []):
             subs = [(s.client, s.t_from, s.t_to, s.granted_qos, s.persistent)
                     for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
@@ -113,13 +113,14 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
     runs_df = spark.createDataFrame(run_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("limit", N), T.StructField("ttl_us", L),
         T.StructField("tol_us", L), T.StructField("fault_times", T.ArrayType(L)), T.StructField("bucket_us", L),
-        T.StructField("t_origin", L)]))
+        T.StructField("t_origin", L), T.StructField("slack_us", L)]))
     clients_df = spark.createDataFrame(client_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("client", S), T.StructField("connect_seqs", T.ArrayType(L)),
         T.StructField("fresh_seqs", T.ArrayType(L)),
         T.StructField("disconnects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
         T.StructField("offline", T.ArrayType(T.StructType([T.StructField("idx", N), T.StructField("d", L),
-                                                           T.StructField("c", L)])))]))
+                                                           T.StructField("c", L),
+                                                           T.StructField("discarded", B)])))]))
     match_df = spark.createDataFrame(match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", S),
         T.StructField("subs", T.ArrayType(T.StructType([
@@ -353,11 +354,13 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                          (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
                          F.to_json(F.struct(*loss_cols)).alias("witness"))
     # Black box: more of one backlog delivered after the reconnect than the limit allows.
+    # Black box: more of one settled backlog (acked before reconnect - slack) delivered than the limit allows.
     over = cand.filter(F.col("in_backlog") & (F.col("rank") == 1))
     over_rules = Rules(over)
-    over_rules.add("limits.over_limit", F.col("n_backlog_delivered") > F.col("limit"), F.col("k.c") - F.col("t_origin"),
+    over_rules.add("limits.over_limit", F.col("n_settled_delivered") > F.col("limit"), F.col("k.c") - F.col("t_origin"),
                    "client", F.col("k.c").alias("t"), F.col("k.d").alias("t_offline"),
-                   F.col("n_backlog_delivered").alias("kept"), "limit", "n_backlog", "t_origin",
+                   F.col("n_settled_delivered").alias("kept"), "limit", "n_backlog", "n_settled",
+                   F.col("n_pipeline_w").alias("n_in_pipeline"), "slack_us", "t_origin",
                    F.lit("black box: delivered after reconnect").alias("source"))
 
     groups = [slot_rules, msg_rules, over_rules]
@@ -400,7 +403,7 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     deadline = F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
     opportunity = F.when(F.col("in_backlog"), F.col("k.c")).otherwise(F.col("t_arr"))
     cand = cand.select("*", (deadline < opportunity + F.col("tol_us")).alias("expired_legally"),
-                       (F.col("in_backlog") & (F.col("k.c") >= NEVER)).alias("undeliverable"),
+                       (F.col("in_backlog") & ((F.col("k.c") >= NEVER) | F.col("k.discarded"))).alias("undeliverable"),
                        F.when(F.col("in_backlog"), F.col("k.idx")).otherwise(F.lit(-1)).alias("backlog"))
     # Why rank newest-first: while offline the broker keeps only the newest `limit` of the backlog.
     queue = Window.partitionBy("run_id", "client", "backlog").orderBy(
@@ -409,12 +412,25 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     cand = cand.select("*", F.row_number().over(queue).alias("rank"))
     trimmed = F.col("in_backlog") & (F.col("rank") > F.col("limit"))
     cand = cand.select("*", trimmed.alias("legally_trimmed"))
+    # Black-box limit rules count only the settled backlog: acked before reconnect - slack.  A message acked
+    # later may still be on its way (Kafka -> Redis) when the backlog is read and arrive live; and a window
+    # shorter than the slack (the drain's own disconnect + reconnect) is no offline period with a backlog.
+    immediate = (F.col("k.c") - F.col("k.d")) < F.col("slack_us")
+    settled = F.col("in_backlog") & ~immediate & (F.col("t_arr") < F.col("k.c") - F.col("slack_us"))
+    cand = cand.select("*", settled.alias("settled"), (F.col("in_backlog") & immediate).alias("immediate"))
+    cand = cand.select("*", F.sum((F.col("in_backlog") & ~F.col("settled")).cast("int")).over(whole).alias(
+        "n_pipeline_w"))
     cand = cand.select(
         "*", F.count(F.lit(1)).over(whole).alias("n_backlog"),
         F.sum(F.col("delivered").cast("int")).over(whole).alias("n_backlog_delivered"),
+        F.sum((F.col("delivered") & F.col("settled")).cast("int")).over(whole).alias("n_settled_delivered"),
+        F.sum(F.col("settled").cast("int")).over(whole).alias("n_settled"),
         F.max(F.when(F.col("delivered") & ~F.col("legally_trimmed"), F.col("rank"))).over(whole).alias(
             "max_rank_delivered_kept"),
-        F.max((F.col("delivered") & F.col("legally_trimmed")).cast("int")).over(whole).alias("trimmed_delivered"),
+        # Delivered although older than the limit even if every in-pipeline message missed the queue.
+        F.max((F.col("delivered") & F.col("legally_trimmed") & F.col("settled")
+               & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w"))).cast("int")).over(whole).alias(
+            "trimmed_delivered"),
         (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
     before = Window.partitionBy("run_id", "client", "publisher").orderBy("pub_seq").rowsBetween(
         Window.unboundedPreceding, -1)
@@ -428,7 +444,8 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     in_b = F.col("in_backlog")
     cause = (F.when(in_b & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
                     F.lit("limits.trim_not_oldest"))
-             .when(in_b & (F.col("n_backlog") >= F.col("limit")) & (F.col("trimmed_delivered") == 0)
+             .when(in_b & ~F.col("immediate") & (F.col("n_settled") >= F.col("limit"))
+                   & (F.col("trimmed_delivered") == 0)
                    & (F.col("max_rank_delivered_kept").isNull() | (F.col("rank") > F.col("max_rank_delivered_kept"))),
                    F.lit("limits.trimmed_under_limit"))
              .when(in_b & F.col("expiry_s").isNotNull(), F.lit("expiry.dropped_early"))

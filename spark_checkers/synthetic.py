@@ -61,6 +61,7 @@ class Spec:
     limit: int = 10000
     ttl_s: int = 604800
     tolerance_ms: int = 200
+    pipeline_slack_ms: int = 20  # under the 25 ms between a reconnect and the next slot: every backlog settled
     allowed: tuple[str, ...] = ()
     target_kind: str = "reference"
     faults: tuple[Fault, ...] = ()
@@ -75,7 +76,8 @@ class Spec:
         return {
             "name": self.scenario_name,
             "broker": {"persisted_messages_limit": self.limit, "persisted_message_ttl_s": self.ttl_s},
-            "checks": {"clock_tolerance_ms": self.tolerance_ms, "allowed": list(self.allowed)},
+            "checks": {"clock_tolerance_ms": self.tolerance_ms, "allowed": list(self.allowed),
+                       "pipeline_slack_ms": self.pipeline_slack_ms},
             "target": {"kind": self.target_kind},
         }
 

@@ -51,7 +51,9 @@ class FaultSpan:
 class Timeline:
     run_id: str
     subscriptions: list[Subscription] = field(default_factory=list)
-    offline: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)  # client -> [(idx, d, c)]
+    # client -> [(idx, d, c, discarded)]: offline from d to reconnect c (NEVER: no reconnect); discarded: the
+    # session ended at c (clean start or expiry), so its backlog is no longer owed.
+    offline: dict[str, list[tuple[int, int, int, bool]]] = field(default_factory=dict)
     connect_seqs: dict[str, list[int]] = field(default_factory=dict)
     fresh_seqs: dict[str, list[int]] = field(default_factory=dict)  # connects that start a new session
     disconnects: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # client -> [(seq, t)]
@@ -120,7 +122,7 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
     session_expiry: int | None = None
     last_disconnect: dict | None = None
     online = False
-    offline: list[tuple[int, int, int]] = []
+    offline: list[tuple[int, int, int, bool]] = []
     timeline.connect_seqs[client] = []
     timeline.fresh_seqs[client] = []
     timeline.disconnects[client] = []
@@ -142,9 +144,12 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
             # MQTT 5: the session ended session_expiry_s after the disconnect (0 / absent: TBMQ keeps it).
             expired = (last_disconnect is not None and previous_expiry is not None and previous_expiry > 0
                        and t - last_disconnect["t_mono_us"] > previous_expiry * 1_000_000)
+            # The old session ended legally: MQTT 5 session expiry elapsed while offline, or the client itself
+            # asked for a clean start (3.1.1 clean session = 1 / MQTT 5 clean start = 1).  Its queue died with it,
+            # so that window's backlog is no longer owed (a delivery of it anyway is still fine).
+            discarded = expired or row.get("clean_start") is True
             if last_disconnect is not None:
-                # An expired session's queue died with it: that window never ends in a redelivery.
-                offline.append((len(offline), last_disconnect["t_mono_us"], NEVER if expired else t))
+                offline.append((len(offline), last_disconnect["t_mono_us"], t, discarded))
             if expired:
                 close_all(last_disconnect["t_mono_us"])
             if (row.get("clean_start") is False and was_persistent and not expired and last_disconnect is not None
@@ -176,7 +181,7 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
             t_from, granted = open_subs.pop(row["topic"])
             timeline.subscriptions.append(Subscription(client, row["topic"], granted, t_from, t, persistent))
     if last_disconnect is not None:
-        offline.append((len(offline), last_disconnect["t_mono_us"], NEVER))
+        offline.append((len(offline), last_disconnect["t_mono_us"], NEVER, False))
     for topic_filter, (t_from, granted) in open_subs.items():
         timeline.subscriptions.append(Subscription(client, topic_filter, granted, t_from, None, persistent))
     timeline.offline[client] = offline
@@ -196,12 +201,21 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
                      heal["t_mono_us"] if heal else None, bit,
                      "; ".join(json.dumps(detail_of(r)) for r in errors) or None)
     timeline.faults.append(span)
+    # Why unknown, not fail: a fault that was not applied or did not bite means the run did not test what it
+    # claimed; that says nothing against the broker, and it is no pass either.
     if span.error:
-        timeline.unknown["meta.fault_bit"] = f"fault {fault_id} ({span.kind} {span.node}) could not be applied: {span.error}"
+        reason = f"fault {fault_id} ({span.kind} {span.node}) could not be applied: {span.error}"
     elif bit is not True:
+        reason = (f"fault {fault_id} ({span.kind} {span.node}) "
+                  + ("was applied but its evidence says it did not take effect" if bit is False
+                     else "has no fault_evidence row proving it took effect"))
         timeline.violations.setdefault("meta.fault_bit", []).append({
             "fault_id": fault_id, "fault_kind": span.kind, "node": span.node or "no named node", "t": span.t_start,
             "evidence": "evidence says it did not bite" if bit is False else "no evidence row"})
+    else:
+        return
+    previous = timeline.unknown.get("meta.fault_bit")
+    timeline.unknown["meta.fault_bit"] = f"{previous}; {reason}" if previous else reason
 
 
 def _phases(timeline: Timeline) -> None:

@@ -58,6 +58,15 @@ def _session_gone(rows, session_expiry_s):
     return rows
 
 
+def _reconnect_to_empty_queue(rows, *, clean_start):
+    """sub-0 comes back (v3.1.1) to session present = 0 with its backlog (pub-0 #5..#7) gone, and resubscribes."""
+    rows = s.set_connect(rows, "sub-0", 1, clean_start=clean_start)
+    rows = s.lose_session(rows, "sub-0", 1)
+    for seq in range(5, 8):
+        rows = s.drop_delivery(rows, "sub-0", "pub-0", seq)
+    return rows
+
+
 def _resent_after_reconnect(rows):
     """#4 was sent while sub-0 was online but first seen after its reconnect (1.675 s), resent with DUP = 1."""
     rows = s.move_delivery(rows, "sub-0", "pub-0", 4, s.slot_time(BASE, 8) - BASE.interval_us // 4 + 1000)
@@ -122,12 +131,24 @@ CASES = {
     "dangling_refs": (BASE, lambda r: s.set_snapshot(r, "sub-1", dangling_refs=1), {"whitebox.dangling_refs"}),
     "last_packet_id_behind": (BASE, lambda r: s.set_snapshot(r, "sub-1", last_packet_id=5),
                               {"whitebox.last_packet_id_behind"}),
-    "fault_did_not_bite": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=False),)), None,
-                           {"meta.fault_bit"}),
-    "fault_without_evidence": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=None),)), None,
-                               {"meta.fault_bit"}),
+    # Clean start (3.1.1 clean session = 1 / MQTT 5 clean start = 1) legally discards the old session's queue.
+    "clean_start_discards_backlog": (BASE, lambda r: _reconnect_to_empty_queue(r, clean_start=True), set()),
+    "non_clean_reconnect_loses_backlog": (BASE, lambda r: _reconnect_to_empty_queue(r, clean_start=False),
+                                          {"durability.session_lost", "durability.lost"}),
+    "clean_start_discards_backlog_v5": (EXPIRING, lambda r: _session_gone(
+        s.set_connect(r, "sub-0", 1, clean_start=True), 3600), set()),
+    # Black-box limit: only the settled backlog (acked before reconnect - slack) counts against the limit.
+    "in_pipeline_extras_arrive_live": (replace(LIMIT, trim_mode="none", pipeline_slack_ms=300), None, set()),
+    "limit_plus_one_old_after_long_offline": (replace(LIMIT, trim_mode="none", pipeline_slack_ms=300,
+                                                      offline=(s.Offline(0, 5, 12),)), None, {"limits.over_limit"}),
+    "immediate_drain_reconnect": (replace(LIMIT, trim_mode="none", pipeline_slack_ms=1000), None, set()),
 }
 UNKNOWN_CASES = {
+    # A fault that did not bite (or has no proof that it did): the run did not test what it claimed.
+    "fault_did_not_bite": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=False),)), None, {},
+                           {"meta.fault_bit"}),
+    "fault_without_evidence": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=None),)), None,
+                               {}, {"meta.fault_bit"}),
     "fault_error": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, error=True),)), None, {},
                     {"meta.fault_bit"}),
     "incomplete_manifest": (BASE, None, {"complete": False}, {"meta.history_complete", "durability.lost"}),

@@ -79,13 +79,28 @@ def _identities(pids) -> list[tuple[int, float]]:
     return [(pid, psutil.Process(pid).create_time()) for pid in pids]
 
 
+def _end(process: subprocess.Popen) -> None:
+    """A failed assertion must not leave `ordeal up` (its own session) and its nodes running."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 def test_sigkill_of_ordeal_up_leaves_no_process(tmp_path: Path) -> None:
     process, endpoints = _start_up(tmp_path)
-    printed = [node["pid"] for node in endpoints["nodes"]]
-    assert len(printed) == 10 and all(printed)  # 6 Redis + Tansu + its S3 server + 2 broker nodes
-    descendants = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
-    assert set(printed) <= set(descendants)
-    identities = _identities(descendants)
+    try:
+        printed = [node["pid"] for node in endpoints["nodes"]]
+        assert len(printed) == 10 and all(printed)  # 6 Redis + Tansu + its S3 server + 2 broker nodes
+        descendants = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        assert set(printed) <= set(descendants)
+        identities = _identities(descendants)
+    except BaseException:
+        _end(process)
+        raise
     process.send_signal(signal.SIGKILL)
     process.wait()
     left = _wait_until_gone(identities)
@@ -95,14 +110,18 @@ def test_sigkill_of_ordeal_up_leaves_no_process(tmp_path: Path) -> None:
 @pytest.mark.skipif(not netns.is_root(), reason="--isolated needs root")
 def test_sigkill_of_ordeal_up_isolated_leaves_no_process_and_no_namespace(tmp_path: Path) -> None:
     process, endpoints = _start_up(tmp_path, "--isolated")
-    assert endpoints["network_namespace"] == "private" and endpoints["address_mode"] == "distinct"
-    assert len({node["host"] for node in endpoints["nodes"]}) == len(endpoints["nodes"])
-    # printed PIDs are inside the run's PID namespace; from here, find the same processes as descendants
-    descendants = psutil.Process(process.pid).children(recursive=True)
-    assert len(descendants) >= 1 + len(endpoints["nodes"])  # unshare's child (ordeal) + every node
-    namespace = os.readlink(f"/proc/{descendants[-1].pid}/ns/net")
-    assert namespace != os.readlink("/proc/self/ns/net")
-    identities = _identities(p.pid for p in descendants)
+    try:
+        assert endpoints["network_namespace"] == "private" and endpoints["address_mode"] == "distinct"
+        assert len({node["host"] for node in endpoints["nodes"]}) == len(endpoints["nodes"])
+        # printed PIDs are inside the run's PID namespace; from here, find the same processes as descendants
+        descendants = psutil.Process(process.pid).children(recursive=True)
+        assert len(descendants) >= 1 + len(endpoints["nodes"])  # unshare's child (ordeal) + every node
+        namespace = os.readlink(f"/proc/{descendants[-1].pid}/ns/net")
+        assert namespace != os.readlink("/proc/self/ns/net")
+        identities = _identities(p.pid for p in descendants)
+    except BaseException:
+        _end(process)
+        raise
     process.send_signal(signal.SIGKILL)
     process.wait()
     left = _wait_until_gone(identities)

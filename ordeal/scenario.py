@@ -160,6 +160,9 @@ class FaultSpec:
 @dataclass(frozen=True)
 class CheckSpec:
     clock_tolerance_ms: int = 500
+    # How long an acknowledged message may still be in the broker's pipeline (Kafka -> Redis) when a
+    # subscriber reconnects; the black-box limit rules count only the backlog acknowledged before that.
+    pipeline_slack_ms: int = 2000
     allowed: tuple[str, ...] = ()
 
 
@@ -214,6 +217,7 @@ class Scenario:
             "subscribers": subscribers,
             "faults": faults,
             "checks": {"clock_tolerance_ms": self.checks.clock_tolerance_ms,
+                       "pipeline_slack_ms": self.checks.pipeline_slack_ms,
                        "allowed": list(self.checks.allowed)},
         }
 
@@ -681,12 +685,13 @@ def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fix
 
 def _read_checks(s: _Section) -> CheckSpec:
     tolerance = s.integer("clock_tolerance_ms", CheckSpec().clock_tolerance_ms, minimum=0, maximum=600000)
+    slack = s.integer("pipeline_slack_ms", CheckSpec().pipeline_slack_ms, minimum=0, maximum=600000)
     allowed = s.strings("allowed")
     for invariant in allowed:
         if invariant not in INVARIANT_IDS:
             raise s.fail("allowed", invariant, "unknown invariant id; see docs/architecture.md for the list")
     s.finish()
-    return CheckSpec(clock_tolerance_ms=tolerance, allowed=tuple(sorted(set(allowed))))
+    return CheckSpec(clock_tolerance_ms=tolerance, pipeline_slack_ms=slack, allowed=tuple(sorted(set(allowed))))
 
 
 def find_scenario(name_or_path: str, scenarios_dir: Path | None = None) -> Path:

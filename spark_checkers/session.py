@@ -16,6 +16,9 @@ def spark_session(master: str | None = None, app_name: str = "ordeal-checkers"):
     if active is not None and master is None:
         return active
     chosen = master or os.environ.get("ORDEAL_SPARK_MASTER") or DEFAULT_MASTER
+    if chosen.startswith("local"):
+        # A local check talks only to itself: keep the driver on loopback rather than the host's interface.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
         SparkSession.builder.master(chosen)
         .appName(app_name)

@@ -158,16 +158,7 @@ class NodeConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> NodeConfig:
-        path = Path(path)
-        try:
-            mapping = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{path}: not valid JSON: {error}") from None
-        if not isinstance(mapping, Mapping):
-            raise ConfigError(f"{path}: expected a JSON object at the top level")
-        return cls.from_mapping(mapping, source=str(path))
+        return cls.from_mapping(read_node_config_file(path), source=str(path))
 
     def to_dict(self) -> dict[str, Any]:
         return {"broker": self.broker.to_dict(),
@@ -227,3 +218,17 @@ def _positive(source: str, key: str, value: Any, zero_ok: bool = False) -> None:
 def _choice(source: str, key: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{source}: {key} = {value!r}: expected one of {', '.join(map(repr, allowed))}")
+
+
+def read_node_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a node config JSON file (callers may override endpoints before validating)."""
+    path = Path(path)
+    try:
+        mapping = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not valid JSON: {error}") from None
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{path}: expected a JSON object at the top level")
+    return mapping

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from reference_broker.config import BrokerConfig, ConfigError, NodeConfig
+from reference_broker.config import BrokerConfig, ConfigError, NodeConfig, read_node_config_file
 from reference_broker.defects import CATALOG
 
 
@@ -37,7 +37,7 @@ def broker(config_path: Path | None, scenario_path: Path | None, redis_nodes: tu
         raise click.BadParameter(str(error), param_hint="--listen") from None
     try:
         if config_path is not None:
-            mapping = _read_json(config_path)
+            mapping = read_node_config_file(config_path)
             source = str(config_path)
         else:
             mapping = {"broker": _read_broker_table(scenario_path)}
@@ -56,18 +56,6 @@ def broker(config_path: Path | None, scenario_path: Path | None, redis_nodes: tu
         click.echo(json.dumps(node.to_dict(), indent=2))
         return
     run_node(node, node_id, host, port)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        mapping = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}: not valid JSON: {error}") from None
-    if not isinstance(mapping, dict):
-        raise ConfigError(f"{path}: expected a JSON object at the top level")
-    return mapping
 
 
 def _read_broker_table(path: Path) -> dict:

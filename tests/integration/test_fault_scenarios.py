@@ -18,7 +18,6 @@ from harness.run import EXIT_PASS, run_scenario
 from ordeal.scenario import find_scenario, load_scenario
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("faults.catalog")
 
 SCENARIOS = ("subscriber-flapping", "redis-master-kill", "partition-broker-redis")
 SEED = 3

@@ -32,7 +32,7 @@ from properties.plan import (
 )
 
 pytestmark = pytest.mark.integration
-catalog = pytest.importorskip("faults.catalog")
+from faults import catalog  # noqa: E402
 from faults.base import FaultNotApplicable  # noqa: E402
 
 MOSQUITTO = shutil.which("mosquitto")

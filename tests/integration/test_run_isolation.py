@@ -94,7 +94,6 @@ def _finish(process: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
 
 @pytest.fixture
 def tiny_partition(tmp_path: Path) -> Path:
-    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available")
     path = tmp_path / "tiny-partition.toml"
     path.write_text(TINY_PARTITION)
     return path

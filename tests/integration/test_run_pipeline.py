@@ -131,7 +131,6 @@ def test_both_mqtt_versions_are_exercised(out_dir: Path):
 
 
 def test_reference_broker_smoke_with_white_box_snapshots(out_dir: Path):
-    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available yet")
     result = run_scenario(find_scenario("p2p-smoke"), 1, out_dir, check=False)
     assert result.exit_code == EXIT_PASS, result.summary
     rows = assert_history_consistent(result.run_dir)
@@ -146,7 +145,6 @@ def test_reference_broker_smoke_with_white_box_snapshots(out_dir: Path):
 
 
 def test_reference_broker_wraparound_preset(out_dir: Path):
-    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available yet")
     result = run_scenario(find_scenario("p2p-wraparound"), 1, out_dir, check=False)
     rows = assert_history_consistent(result.run_dir)
     ids = [r["packet_id"] for r in rows if r["kind"] == Kind.DELIVERY]
@@ -156,8 +154,6 @@ def test_reference_broker_wraparound_preset(out_dir: Path):
 def test_a_stored_plan_with_a_fault_slot_is_played_by_the_nemesis(out_dir: Path):
     """The run hands the plan's fault slots to faults/ (the nemesis) and heals them before the drain.
     The reference broker is killed for 1.5 s; a correct broker still delivers every acknowledged publish."""
-    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available yet")
-    pytest.importorskip("faults.nemesis", reason="the nemesis is not available yet")
     import dataclasses
 
     from ordeal.scenario import load_scenario
@@ -285,7 +281,6 @@ def test_a_target_that_cannot_start_ends_the_run_unknown_with_the_reason(out_dir
 
 
 def test_subscribers_move_between_two_reference_broker_nodes(out_dir: Path, tmp_path: Path):
-    pytest.importorskip("reference_broker.__main__", reason="the reference broker is not available yet")
     text = find_scenario("p2p-smoke").read_text()
     scenario = tmp_path / "p2p-two-nodes.toml"
     scenario.write_text(text.replace('name = "p2p-smoke"', 'name = "p2p-two-nodes"')

@@ -100,7 +100,6 @@ def test_the_hypothesis_strategy_builds_valid_plans(plan: Plan):
 
 def test_a_fault_mix_gives_fault_slots():
     """The refusal is gone now that schedules are generated (tests/unit/test_fault_schedule.py has the rest)."""
-    pytest.importorskip("faults.catalog")
     scenario = parse_scenario("[scenario]\nname='f'\nduration_s=20\n[faults]\nmix={process_kill=1}\n",
                               source="f.toml")
     plan = make_plan(scenario, 1)

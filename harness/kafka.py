@@ -3,10 +3,11 @@
 With S3 storage Tansu keeps no state of its own, so SIGKILL + restart of the broker loses nothing it
 acknowledged (records and committed offsets live in the bucket).  The S3 server is a node too, so a
 fault can kill it:
-- ``s3rver`` (npm, disk-backed, the default when installed): the bucket survives a kill of the storage
-  server as well, like a real object store would.  This is why it is preferred.
-- ``moto`` (moto_server, in memory): a kill of the storage server loses the whole log.  Used when s3rver
-  is not installed, or on request.
+- ``moto`` (moto_server, in memory; the default): honours S3 conditional writes, which Tansu uses to
+  hand out offsets.  A kill of the storage server loses the whole log.
+- ``s3rver`` (npm, disk-backed): the bucket survives a kill of the storage server, but s3rver ignores
+  conditional writes, so two producers appending to one partition at once can get the same offset and
+  one acknowledged batch is overwritten.  Only for single-producer runs that kill the storage.
 - ``memory``: Tansu's in-memory engine, no storage node; a broker kill loses everything.
 
 Limits of this Tansu build (RECIPES.md): no idempotent or transactional producers; ListOffsets "latest"

@@ -31,7 +31,9 @@ class TopologyConfig:
     redis_appendfsync: str = "everysec"
     redis_node_timeout_ms: int = 1000
     redis_server: str = "auto"  # "auto" | "redis-server" | "valkey-server" | a path
-    # Kafka-protocol broker (Tansu).  "s3": disk-backed s3rver when installed, else in-memory moto.
+    # Kafka-protocol broker (Tansu).  "s3": moto (in memory; honours S3 conditional writes, which Tansu
+    # relies on to hand out offsets).  "s3rver": disk-backed, survives a storage kill, but ignores
+    # conditional writes, so concurrent producers to one partition lose records (docs/topology.md).
     kafka_storage: str = "s3"
     # reference-broker nodes (python -m reference_broker); 0 = none
     broker_nodes: int = 0
@@ -109,7 +111,7 @@ class TopologyConfig:
     def storage_kind(self) -> str:
         """The S3 server actually used: 's3rver', 'moto', or '' (no S3 server)."""
         if self.kafka_storage == "s3":
-            return "s3rver" if binaries.s3rver() else "moto"
+            return "moto"
         return self.kafka_storage if self.kafka_storage in ("s3rver", "moto") else ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -82,7 +82,7 @@ class TopologySpec:
     redis_replicas_per_master: int = 1
     redis_appendfsync: str = "everysec"
     redis_node_timeout_ms: int = 1000
-    kafka_storage: str = "s3rver"
+    kafka_storage: str = "moto"
     broker_nodes: int = 1
 
 

@@ -27,12 +27,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
-# s3rver: a disk-backed S3 API, so Tansu's storage survives a kill of the storage server too.
+# s3rver: a disk-backed S3 API, for scenarios that kill Tansu's storage server (kafka_storage = "s3rver";
+# the default S3 API is moto, which honours the conditional writes Tansu needs with concurrent producers).
 if [ ! -x .cache/node/node_modules/.bin/s3rver ] && command -v npm >/dev/null 2>&1; then
   echo "bootstrap: npm install s3rver"
   mkdir -p .cache/node
   (cd .cache/node && npm install --silent --no-audit --no-fund --prefix . s3rver@3 >/dev/null 2>&1) \
-    || echo "bootstrap: s3rver could not be installed; the moto S3 server will be used" >&2
+    || echo "bootstrap: s3rver could not be installed; scenarios with kafka_storage = \"s3rver\" will say what is missing" >&2
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -82,6 +82,15 @@ class _NodeFault:
         self.pid_before = self.node.pid
         return self.node
 
+    def _refuse_log_loss(self, ctx: FaultContext) -> None:
+        """Taking down the Kafka stand-in's only copy of its log (moto's memory, Tansu's memory engine) loses
+        every acknowledged record: the verdict would blame the broker under test, so the fault is refused.
+        ordeal/scenario.py refuses such scenarios on load; this catches plans that bypass it."""
+        config = getattr(ctx.topology, "config", None)
+        why = config.destructive_kill_loses_log(self.node.role) if hasattr(config, "destructive_kill_loses_log") else ""
+        if why:
+            raise FaultNotApplicable(f"fault {self.spec.id} ({self.spec.kind} of {self.node.name}): {why}")
+
     def _down_checks(self) -> list[Check]:
         state = probes.port_state(self.node.host, self.node.port)
         return [
@@ -115,6 +124,7 @@ class _StopFault(_NodeFault):
 
     def apply(self, ctx: FaultContext) -> Evidence:
         node = self._resolve(ctx)
+        self._refuse_log_loss(ctx)
         role, replica_ids = _redis_role(ctx, node)
         old_id = None
         if role == "master":
@@ -188,6 +198,7 @@ class RestartFault(_NodeFault):
 
     def apply(self, ctx: FaultContext) -> Evidence:
         node = self._resolve(ctx)
+        self._refuse_log_loss(ctx)
         node.restart()
         ctx.note_node_event(node.name, "restart", fault_id=self.spec.id, old_pid=self.pid_before, pid=node.pid)
         node.wait_ready(ctx.ready_timeout_s)

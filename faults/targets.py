@@ -61,6 +61,21 @@ def parse_selector(text: Any) -> Selector:
     raise FaultSpecError(f"target selector {text!r} not understood; expected one of {SELECTOR_HELP}")
 
 
+# The node names harness/kafka.py gives the Kafka broker (Tansu) and its S3 storage server.
+KAFKA_NODE_NAMES = {"kafka": "kafka", "s3": "storage"}
+
+
+def kafka_role_of(text: str) -> str | None:
+    """'kafka' or 'storage' when the selector names the Kafka broker or its storage server, else None.
+    Pure, for validating a scenario before anything runs."""
+    selector = parse_selector(text)
+    if selector.how in ("kafka", "storage"):
+        return selector.how
+    if selector.how == "node":
+        return KAFKA_NODE_NAMES.get(selector.arg or "")
+    return None
+
+
 def parse_group(value: Any) -> tuple[str, ...]:
     """Parse a network group (a string or a list of strings) into its members; errors say what is allowed.
     A member prefixed with "-" is taken out of the group: ["redis", "-redis-master-of:c1"] = the other

@@ -85,6 +85,12 @@ class TopologyConfig:
             if value not in allowed:
                 raise TopologyConfigError(
                     f"{source}: {key} = {value!r} is not allowed; use one of {', '.join(map(repr, allowed))}")
+        if self.kafka_storage == "s3rver" and self.broker_nodes > 1:
+            raise TopologyConfigError(
+                f"{source}: kafka_storage = 's3rver' with broker_nodes = {self.broker_nodes}: s3rver ignores S3 "
+                "conditional writes, so two broker nodes producing to one partition at once get the same offset "
+                "and acknowledged records are overwritten (docs/topology.md \"Kafka: Tansu on S3\").  Use "
+                "kafka_storage = 's3' (moto) with several broker nodes, or broker_nodes = 1 with s3rver.")
         if not isinstance(self.redis_server, str) or not self.redis_server:
             raise TopologyConfigError(f"{source}: redis_server must be one of {REDIS_SERVER_NAMES} or a path")
         if self.redis_server not in REDIS_SERVER_NAMES and not Path(self.redis_server).is_absolute():
@@ -107,6 +113,19 @@ class TopologyConfig:
         elif storage == "moto":
             found["moto"] = binaries.moto_server()
         return found
+
+    def destructive_kill_loses_log(self, role: str) -> str:
+        """Why a kill / stop / restart of the node with this role ('kafka' or 'storage') would lose the whole
+        Kafka log here, or '' when it loses nothing acknowledged.  Such a fault tests nothing about the
+        broker under test: the Kafka stand-in forgets what it acknowledged."""
+        if role == "storage" and self.storage_kind() == "moto":
+            return (f"kafka_storage = {self.kafka_storage!r} keeps the Kafka log in moto_server's memory: killing "
+                    "the storage node loses the whole log.  Set [topology] kafka_storage = \"s3rver\" (disk-backed, "
+                    "survives a kill; one broker node only) to kill the storage server")
+        if role == "kafka" and self.kafka_storage == "memory":
+            return ("kafka_storage = 'memory' keeps the Kafka log in Tansu's memory: killing the Kafka broker "
+                    "loses the whole log.  Use kafka_storage = \"s3\" (the default; Tansu restarts on its bucket)")
+        return ""
 
     def storage_kind(self) -> str:
         """The S3 server actually used: 's3rver', 'moto', or '' (no S3 server)."""

@@ -128,6 +128,9 @@ class SubscriberSpec:
     session_expiry_s: int = 3600
     offline_s: tuple[float, float] = (1.0, 3.0)
     reconnect_node: str = "any"
+    # Before each abrupt disconnect the subscriber withholds its PUBACKs this long (0 = never): what it
+    # receives then is unacknowledged when the socket drops, so a resumed session owes a resend (DUP = 1).
+    withhold_acks_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -397,6 +400,7 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     subscribers = _read_subscribers(_Section(source, "subscribers", document.get("subscribers")))
     faults = _read_faults(_Section(source, "faults", document.get("faults")))
     checks = _read_checks(_Section(source, "checks", document.get("checks")))
+    _refuse_log_losing_kills(source, topology, faults)
 
     return Scenario(source=source, scenario=info, topology=topology, target=target, broker=broker,
                     workload=workload, subscribers=subscribers, faults=faults, checks=checks)
@@ -560,6 +564,7 @@ def _read_subscribers(s: _Section) -> SubscriberSpec:
         session_expiry_s=s.integer("session_expiry_s", d.session_expiry_s, minimum=1, maximum=2**32 - 1),
         offline_s=s.number_range("offline_s", d.offline_s),
         reconnect_node=s.string("reconnect_node", d.reconnect_node, choices=RECONNECT_NODES),
+        withhold_acks_s=s.number("withhold_acks_s", d.withhold_acks_s, minimum=0.0, maximum=60.0),
     )
     s.finish()
     return spec
@@ -681,6 +686,31 @@ def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fix
             except FaultSpecError as error:
                 where = f"targets.{kind}" if target is not None else f"params.{kind}"
                 raise s.fail(where, target if target is not None else params, str(error)) from None
+
+
+# Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
+LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart")
+
+
+def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: FaultSpec) -> None:
+    """A kill of the Kafka storage server on moto (or of Tansu on its memory engine) loses every record the
+    Kafka stand-in acknowledged: the run would blame the broker under test for the stand-in's loss, so the
+    scenario is refused here, before a run directory exists (faults/process.py refuses it again at run time
+    for plans that bypass this file)."""
+    if not topology:
+        return
+    try:
+        from faults.targets import kafka_role_of
+        from harness.topology_config import TopologyConfig
+    except ImportError:
+        return
+    config = TopologyConfig.from_mapping(topology, source=f"{source} [topology]")
+    for kind in LOG_LOSING_KINDS:
+        for selector in faults.targets_of(kind):
+            role = kafka_role_of(fill_placeholders(selector, PLACEHOLDER_EXAMPLE))
+            why = config.destructive_kill_loses_log(role) if role else ""
+            if why:
+                raise ScenarioError(f"{source}: [faults] targets.{kind} = {selector!r}: {why}.")
 
 
 def _read_checks(s: _Section) -> CheckSpec:

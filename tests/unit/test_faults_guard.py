@@ -114,3 +114,23 @@ def test_schedule_validation_names_the_problem():
                               "end_s": 1}] * 2)
     with pytest.raises(FaultSpecError, match="missing field start_s"):
         schedule_from_slots([{"fault_id": "x", "kind": "process_kill", "target": "kafka"}])
+
+
+def _storage_topology(kafka_storage: str, killed: list[str]):
+    from harness.topology_config import TopologyConfig
+
+    storage = SimpleNamespace(name="s3", role="storage", host="127.0.0.1", port=24003, pid=4242,
+                              is_alive=lambda: True, kill=lambda: killed.append("kill"),
+                              stop=lambda timeout=None: killed.append("stop"), restart=lambda: killed.append("restart"))
+    return SimpleNamespace(config=TopologyConfig(kafka_storage=kafka_storage), redis_nodes=[], kafka=None,
+                           storage=storage, brokers=[])
+
+
+@pytest.mark.parametrize("kind", ["process_kill", "process_stop", "process_restart"])
+def test_a_kill_of_the_in_memory_storage_is_refused_before_it_happens(kind):
+    """A plan that bypasses scenario validation (an edited plan.json) still cannot kill moto's log."""
+    killed: list[str] = []
+    fault = build_fault(validate_spec({"id": "f1", "kind": kind, "target": "storage"}))
+    with pytest.raises(FaultNotApplicable, match=r"f1 .*of s3\): kafka_storage = 's3' .*loses the whole log"):
+        fault.apply(FaultContext(_storage_topology("s3", killed)))
+    assert killed == []

@@ -139,3 +139,32 @@ def test_topology_errors_name_the_key():
     assert "redis_masters = 2" in message
     assert "broker_nodes = 0: the reference target needs at least 1 broker node" in _error(
         MINIMAL + "\n[topology]\nbroker_nodes = 0\n")
+
+
+def _storage_kill(kind: str, target: str, storage: str | None) -> str:
+    topology = f'\n[topology]\nkafka_storage = "{storage}"\n' if storage else ""
+    return (MINIMAL + topology + f'\n[faults]\nmix = {{ {kind} = 1 }}\ntargets = {{ {kind} = ["{target}"] }}\n')
+
+
+@pytest.mark.parametrize("kind", ["process_kill", "process_stop", "process_restart"])
+@pytest.mark.parametrize("target", ["storage", "node:s3"])
+def test_killing_the_in_memory_kafka_storage_is_refused_with_what_to_set(kind: str, target: str):
+    message = _error(_storage_kill(kind, target, None))  # default storage: moto, in memory
+    assert message.startswith("bad.toml: [faults]") and f"targets.{kind} = {target!r}" in message
+    assert "loses the whole log" in message and 'kafka_storage = "s3rver"' in message
+
+
+def test_storage_faults_that_keep_the_log_are_accepted():
+    assert parse_scenario(_storage_kill("process_kill", "storage", "s3rver")).faults.targets_of("process_kill") == (
+        "storage",)
+    assert parse_scenario(_storage_kill("process_pause", "storage", None)).faults.mix  # memory kept while paused
+    assert parse_scenario(_storage_kill("process_kill", "kafka", None)).faults.mix  # Tansu restarts on its bucket
+
+
+def test_killing_tansu_on_its_memory_engine_is_refused():
+    assert "kafka_storage = 'memory'" in _error(_storage_kill("process_kill", "kafka", "memory"))
+
+
+def test_s3rver_with_two_broker_nodes_is_refused_on_load():
+    message = _error(MINIMAL + '\n[topology]\nkafka_storage = "s3rver"\nbroker_nodes = 2\n')
+    assert "bad.toml [topology]" in message and "conditional writes" in message

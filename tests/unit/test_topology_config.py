@@ -124,3 +124,23 @@ def test_network_faults_are_refused_outside_the_private_namespace(monkeypatch: p
         netns.enter_private_netns()
     monkeypatch.setenv(netns.MARKER, "private")
     netns.require_isolation("a partition")  # inside: allowed
+
+
+def test_s3rver_with_several_broker_nodes_is_refused_with_the_reason() -> None:
+    with pytest.raises(TopologyConfigError) as error:
+        TopologyConfig.from_mapping({"kafka_storage": "s3rver", "broker_nodes": 2}, source=SOURCE)
+    message = str(error.value)
+    assert message.startswith(SOURCE) and "kafka_storage = 's3rver' with broker_nodes = 2" in message
+    assert "conditional writes" in message and "docs/topology.md" in message
+    assert TopologyConfig.from_mapping({"kafka_storage": "s3rver", "broker_nodes": 1}, source=SOURCE).broker_nodes == 1
+    assert TopologyConfig.from_mapping({"kafka_storage": "moto", "broker_nodes": 3}, source=SOURCE).broker_nodes == 3
+
+
+@pytest.mark.parametrize(("storage", "role", "loses"), [
+    ("s3", "storage", True), ("moto", "storage", True), ("s3rver", "storage", False),
+    ("s3", "kafka", False), ("s3rver", "kafka", False), ("memory", "kafka", True), ("s3", "redis", False)])
+def test_which_kills_lose_the_whole_kafka_log(storage: str, role: str, loses: bool) -> None:
+    why = TopologyConfig(kafka_storage=storage).destructive_kill_loses_log(role)
+    assert bool(why) == loses
+    if role == "storage" and loses:
+        assert 'kafka_storage = "s3rver"' in why

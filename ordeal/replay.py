@@ -128,9 +128,10 @@ def replay_command(directory: Path | str, out: Path | str | None = None) -> str:
 
 
 def play(scenario_path: Path, plan: Plan, out: Path, *, quiet: bool = True, reporter=None,
-         stop: threading.Event | None = None, spark_master: str | None = None) -> Played:
-    """Run the plan (harness/run.py) and check it.  quiet: the checker's verdict table is kept in
-    <run>/check-table.txt instead of being printed (shrink and explore run many plans)."""
+         stop: threading.Event | None = None, spark_master: str | None = None, check: bool = True) -> Played:
+    """Run the plan (harness/run.py) and check it (unless check=False: no report, verdict unknown).  quiet:
+    the checker's verdict table is kept in <run>/check-table.txt instead of being printed (shrink and
+    explore run many plans)."""
     import time
 
     from harness.run import run_scenario
@@ -138,7 +139,7 @@ def play(scenario_path: Path, plan: Plan, out: Path, *, quiet: bool = True, repo
     began = time.monotonic()
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured) if quiet else contextlib.nullcontext():
-        result = run_scenario(scenario_path, plan.seed, out, reporter=reporter, check=True,
+        result = run_scenario(scenario_path, plan.seed, out, reporter=reporter, check=check,
                               spark_master=spark_master, stop=stop, plan=plan,
                               replay_command="ordeal replay {run_dir}")  # its plan.json is what reproduces it
     if quiet and captured.getvalue():
@@ -148,9 +149,9 @@ def play(scenario_path: Path, plan: Plan, out: Path, *, quiet: bool = True, repo
 
 
 def replay(stored: StoredRun, out: Path, *, reporter=None, quiet: bool = False,
-           spark_master: str | None = None) -> tuple[Played, Comparison]:
+           spark_master: str | None = None, check: bool = True) -> tuple[Played, Comparison]:
     played = play(stored.scenario_path, stored.plan, out, quiet=quiet, reporter=reporter,
-                  spark_master=spark_master)
+                  spark_master=spark_master, check=check)
     note = {"replay_of": str(stored.directory), "replay": replay_command(played.run_dir),
             "original_failing": sorted(failing_invariants(stored.report)),
             "replay_failing": sorted(played.failing)}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from ordeal.scenario import ScenarioError
+from ordeal.commands.run import enter_isolation, isolation_option
+from ordeal.scenario import ScenarioError, load_scenario
 
 
 class InputError(click.ClickException):
@@ -31,6 +32,14 @@ def parse_duration(text: str, option: str = "--budget") -> float:
     return total
 
 
+def _validate_scenario(path: Path) -> None:
+    """A bad scenario file must be refused here, before the command re-runs itself in a namespace."""
+    try:
+        load_scenario(path)
+    except ScenarioError as error:
+        raise InputError(str(error)) from error
+
+
 def _stored(run_dir: str):
     from ordeal.replay import StoredRunError, load_stored_run
 
@@ -45,7 +54,10 @@ def _stored(run_dir: str):
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Directory under which the new run directory is created.")
 @click.option("--spark-master", default=None, help="Spark master for the check (default local[2]).")
-def replay(run_dir: str, out: Path, spark_master: str | None) -> None:
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Check the new run (--no-check: no verdicts, the agreement is unknown).")
+@isolation_option
+def replay(run_dir: str, out: Path, spark_master: str | None, check: bool, isolated: bool) -> None:
     """Play RUN_DIR's stored plan.json and scenario.toml again on a fresh topology (same clients, messages,
     subscriber actions and faults at the same offsets), check it, print both runs' verdicts side by side
     with the agreement, and exit with the new run's exit code (0 pass, 1 fail, 2 unknown).  RUN_DIR may be
@@ -57,10 +69,14 @@ def replay(run_dir: str, out: Path, spark_master: str | None) -> None:
     from ordeal.replay import replay as replay_run
 
     stored = _stored(run_dir)
+    _validate_scenario(stored.scenario_path)
+    where = enter_isolation(isolated)  # after the input checks, before any thread starts
     console = Console(stderr=True)
+    console.print(f"network: {where}")
     try:
         with RichReporter(console) as reporter:
-            played, comparison = replay_run(stored, out, reporter=reporter, spark_master=spark_master)
+            played, comparison = replay_run(stored, out, reporter=reporter, spark_master=spark_master,
+                                            check=check)
     except (ScenarioError, ValueError) as error:
         raise InputError(f"{stored.directory}: {error}") from error
     click.echo(f"replay of {stored.directory}\nnew run:   {played.run_dir}")
@@ -82,8 +98,9 @@ def replay(run_dir: str, out: Path, spark_master: str | None) -> None:
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Directory under which shrink-<run>-<time>/ is created.")
 @click.option("--spark-master", default=None, help="Spark master for the checks (default local[2]).")
+@isolation_option
 def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invariants: tuple[str, ...], out: Path,
-           spark_master: str | None) -> None:
+           spark_master: str | None, isolated: bool) -> None:
     """Minimise RUN_DIR's failing plan (fewer faults, clients, offline periods, messages, a shorter workload)
     by re-running smaller candidates; write shrunk-plan.json and print its replay command.  Exit 0 when a
     reproducing plan was written (smaller or not), 2 when the original could not be used."""
@@ -91,10 +108,15 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
     from ordeal.shrink import shrink as shrink_run
 
     stored = _stored(run_dir)
+    _validate_scenario(stored.scenario_path)
     try:
         settings = ShrinkSettings(runs=RunsRule.parse(runs_rule), max_attempts=max_attempts,
                                   budget_s=parse_duration(budget), target=frozenset(invariants),
                                   spark_master=spark_master)
+    except ShrinkError as error:
+        raise InputError(str(error)) from error
+    click.echo(f"network: {enter_isolation(isolated)}", err=True)  # every candidate runs in this namespace
+    try:
         shrink_run(stored, settings, out, log=lambda line: click.echo(line))
     except ShrinkError as error:
         raise InputError(str(error)) from error
@@ -118,8 +140,10 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
 @click.option("--expect", type=click.Choice(["fail", "pass"]), default="fail", show_default=True,
               help="With --promote: the smoke tier expects the replay to fail the same invariants (a planted "
                    "defect the suite must keep catching) or to pass (a fixed bug must stay fixed).")
+@isolation_option
 def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | None, out: Path,
-            spark_master: str | None, promote_entry: Path | None, regressions: Path | None, expect: str) -> None:
+            spark_master: str | None, promote_entry: Path | None, regressions: Path | None, expect: str,
+            isolated: bool) -> None:
     """Run new seeds of SCENARIO until --budget is spent; keep every failing run's plan in --corpus with its
     replay command and first witness; end with a summary table; exit 1 if any run failed, else 2 if any
     was unknown, else 0."""
@@ -143,6 +167,8 @@ def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | N
     path = _scenario_path(scenario)
     settings = ExploreSettings(budget_s=parse_duration(budget), corpus=corpus, out=out, seed_start=seed_start,
                                spark_master=spark_master)
+    _validate_scenario(path)
+    click.echo(f"network: {enter_isolation(isolated)}", err=True)  # every seed runs in this namespace
     try:
         result = explore_runs(path, settings, log=lambda line: click.echo(line))
     except (ScenarioError, ExploreError, PlanError) as error:

@@ -32,14 +32,16 @@ FIRST_SEED = 21
 
 @pytest.fixture(scope="module")
 def explored(tmp_path_factory):
-    """One exploration.  Spark is started before the budget clock (its cold start is not what the budget
-    rule is about) and left running for the next checks, like every run's check leaves it."""
+    """One exploration (in-process through CliRunner, so --no-isolated: a root test session is already in
+    its own network namespace, and the runs with it).  Spark is started before the budget clock (its cold
+    start is not what the budget rule is about) and left running for the next checks, like every run's
+    check leaves it."""
     from spark_checkers.session import spark_session
 
     spark_session()
     base = tmp_path_factory.mktemp("explore")
     began = time.monotonic()
-    result = CliRunner().invoke(main, ["explore", str(SCENARIO), "--budget", f"{BUDGET_S}s", "--corpus",
+    result = CliRunner().invoke(main, ["explore", str(SCENARIO), "--budget", f"{BUDGET_S}s", "--no-isolated", "--corpus",
                                        str(base / "corpus"), "--out", str(base / "runs"), "--seed-start",
                                        str(FIRST_SEED)])
     return {"result": result, "elapsed": time.monotonic() - began, "base": base, "corpus": base / "corpus"}
@@ -74,7 +76,7 @@ def test_short_explore_finds_the_planted_defect(explored):
 def test_replay_of_the_corpus_entry_fails_again_and_agrees(explored, tmp_path):
     entry = explored["corpus"] / f"shrink-dup-defect-{FIRST_SEED}"
     assert (entry / "entry.json").is_file(), explored["result"].output
-    replayed = CliRunner().invoke(main, ["replay", str(entry), "--out", str(tmp_path)])
+    replayed = CliRunner().invoke(main, ["replay", str(entry), "--no-isolated", "--out", str(tmp_path)])
     assert replayed.exit_code == 1, replayed.output
     assert "agreement: AGREE (same failing invariants: " in replayed.output and TARGET in replayed.output
     new_run = next(tmp_path.iterdir())
@@ -87,7 +89,7 @@ def test_replay_of_the_corpus_entry_fails_again_and_agrees(explored, tmp_path):
 def test_shrink_reduces_the_failing_run_to_a_smaller_plan_that_still_fails(explored, tmp_path):
     original_dir = Path(explored_rows(explored)[0]["run_dir"])
     original = Plan.from_json((original_dir / "plan.json").read_text())
-    result = CliRunner().invoke(main, ["shrink", str(original_dir), "--invariant", TARGET, "--max-attempts", "2",
+    result = CliRunner().invoke(main, ["shrink", str(original_dir), "--no-isolated", "--invariant", TARGET, "--max-attempts", "2",
                                        "--budget", "4m", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "attempt   1" in result.output and "replay: ordeal replay" in result.output

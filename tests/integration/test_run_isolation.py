@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,66 @@ def test_sigterm_reaches_the_isolated_run(tiny_partition, out_dir):  # noqa: F81
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["history_complete"] is False and "interrupted" in summary["error"]
     assert not _processes_mentioning(run_dir)
+
+
+def _net_namespace(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _holders_of(namespaces: set[str]) -> set[int]:
+    """Every live process (host PIDs) whose network namespace is one of these."""
+    return {int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _net_namespace(entry.name) in namespaces}
+
+
+def test_replay_runs_in_its_own_namespace_and_leaves_no_process_nor_namespace(tiny_partition, out_dir, tmp_path):  # noqa: F811
+    """`ordeal replay` isolates itself like `ordeal run`: its run happens in a network namespace that is not
+    the caller's (the partition is applied there), and when it ends no process and so no namespace is left."""
+    from ordeal.scenario import load_scenario
+    from properties.generate import make_plan
+
+    stored = tmp_path / "stored"  # a replayable directory: scenario.toml + plan.json, never checked
+    stored.mkdir()
+    (stored / "scenario.toml").write_text(TINY_PARTITION)
+    (stored / "plan.json").write_text(make_plan(load_scenario(tiny_partition), 3).to_json())
+    environment = {k: v for k, v in os.environ.items() if k not in (netns.MARKER, "SPARK_LOCAL_IP")}
+    ours = _net_namespace("self")
+    stdout_path, stderr_path = tmp_path / "stdout", tmp_path / "stderr"
+    with stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "ordeal.cli", "replay", str(stored), "--out", str(out_dir),
+                                    "--no-check"], cwd=ROOT, env=environment, stdout=stdout, stderr=stderr,
+                                   start_new_session=True)
+    seen_pids: set[int] = set()
+    seen_namespaces: set[str] = set()
+    try:
+        deadline = time.monotonic() + 240
+        while process.poll() is None and time.monotonic() < deadline:
+            # watch the replay's processes: where they live is the proof of isolation
+            for pid in _descendants(process.pid):
+                namespace = _net_namespace(pid)
+                if namespace is not None:
+                    seen_pids.add(pid)
+                    seen_namespaces.add(namespace)
+            time.sleep(0.3)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    output, errors = stdout_path.read_text(), stderr_path.read_text()
+    assert process.returncode == 0, (output, errors[-3000:])
+    assert "network: private" in errors, errors[-2000:]
+    private = seen_namespaces - {ours}
+    assert private, f"every process of the replay ran in the caller's namespace {ours}"
+    run_dir = next(out_dir.iterdir())
+    assert f"new run:   {run_dir}" in output, output
+    assert json.loads((run_dir / "topology.json").read_text())["network_namespace"] == "private"
+    kinds = [r["kind"] for r in read_history(run_dir / "history").to_pylist() if r["fault_id"]]
+    assert Kind.FAULT_ERROR not in kinds and Kind.FAULT_HEAL in kinds, kinds  # the partition really applied
+    leftover = _wait_gone({pid for pid in seen_pids if _net_namespace(pid) in private}) | _holders_of(private)
+    leftover |= _processes_mentioning(run_dir)
+    for pid in leftover:  # never leave them behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"the replay left processes (and so its namespace {private}) behind: {leftover}"

@@ -48,3 +48,21 @@ def test_scenarios_lists_every_shipped_scenario():
     for name in ("p2p-smoke", "p2p-offline-backlog", "p2p-wraparound", "p2p-limit-trim", "p2p-expiry",
                  "p2p-nightly", "mosquitto-smoke"):
         assert name in result.output
+
+
+def test_replay_shrink_explore_isolate_by_default_and_can_opt_out():
+    for command in ("run", "replay", "shrink", "explore"):
+        result = CliRunner().invoke(main, [command, "--help"])
+        assert result.exit_code == 0 and "--isolated / --no-isolated" in result.output, (command, result.output)
+        assert "[default: isolated]" in " ".join(result.output.split()), command
+
+
+def test_replay_of_a_stored_run_whose_scenario_is_now_invalid_fails_before_isolating(tmp_path: Path):
+    stored = tmp_path / "stored"
+    stored.mkdir()
+    (stored / "scenario.toml").write_text("[scenario]\nname = 'x'\nduration_s = 5\n[workload]\npairs = 0\n")
+    (stored / "plan.json").write_text(CliRunner().invoke(main, ["plan", "p2p-smoke"]).output)
+    for command in ("replay", "shrink"):
+        result = CliRunner().invoke(main, [command, str(stored), "--out", str(tmp_path / "runs")])
+        assert result.exit_code == 2 and "[workload] pairs = 0" in result.output, (command, result.output)
+    assert not (tmp_path / "runs").exists()

@@ -162,6 +162,7 @@ class ClientSession:
     consecutive_failures: int = 0  # connect attempts failed since the last CONNACK (auto-reconnect rotates nodes)
     fault_id: str | None = None  # the client fault that opened the current connection (history column)
     session_present: bool | None = None  # the last CONNACK's session present flag
+    withholding: bool = False  # the plan drops this connection abruptly soon: send no PUBACK until then
     pending: dict[int, PendingPublish] = field(default_factory=dict)
     sub_mids: dict[int, list[str]] = field(default_factory=dict)
     # The executor's drain bookkeeping (harness/drain.py): told of every ack and every decoded delivery.
@@ -189,7 +190,7 @@ class ClientSession:
         self.clean_start = clean_start
         self.session_expiry_s = session_expiry_s if self.protocol == 5 else None
         self.want_connected = True
-        self.connected = self.subscribed = self.closing = False
+        self.connected = self.subscribed = self.closing = self.withholding = False
         self.reconnect_at = None
         self.why = why
         if self.protocol == 5:
@@ -272,6 +273,13 @@ class ClientSession:
                                  packet_id=mid)
         if not self.sub_mids:
             self.subscribed = True
+
+    def withhold_acks(self) -> None:
+        """Stop acknowledging deliveries until this connection ends (the next connect() clears it).  The
+        withheld ones are recorded as deliveries without a delivery_ack_sent row: unacknowledged, so the
+        broker owes them again with DUP = 1 when the session resumes (MQTT §4.4)."""
+        if self.paho is not None:
+            self.withholding = True
 
     # -- disconnecting -----------------------------------------------------------------------------
     def disconnect(self, *, abrupt: bool, why: str, fault_id: str | None = None) -> None:
@@ -429,6 +437,9 @@ class ClientSession:
         will_ack = message.qos > 0 and client is self.paho and client.socket() is not None
         if message.qos > 0 and not will_ack:  # arrived on a connection the harness is already ending
             detail = {**(detail or {}), "not_acked": "the harness was closing this connection"}
+        elif will_ack and self.withholding:
+            will_ack = False
+            detail = {**(detail or {}), "not_acked": "withheld: the plan drops this connection abruptly"}
         self.recorder.record(
             Kind.DELIVERY, client=self.client_id, node=self.node_name, protocol=self.protocol, topic=topic,
             qos=message.qos, packet_id=message.mid, dup=bool(message.dup), retain=bool(message.retain),

@@ -176,6 +176,7 @@ class Executor:
         events: list[tuple[float, int, object]] = [(p.offset_s, 1, p) for p in self.plan.publishes]
         events += [(a.offset_s, 0, a) for a in self.plan.subscriber_actions
                    if not (a.offset_s == 0.0 and a.action == CONNECT)]
+        events += [(t, 0, WithholdAcks(client)) for t, client in withhold_starts(self.plan.subscriber_actions)]
         events.sort(key=lambda e: (e[0], e[1]))  # stable: plan order within one offset
         self.workload_started = start = time.monotonic()
         if on_start is not None:
@@ -190,6 +191,8 @@ class Executor:
                 self.max_lag_s = max(self.max_lag_s, offset - due)
                 if isinstance(event, PublishPlan):
                     self.sessions[event.publisher].publish(event)
+                elif isinstance(event, WithholdAcks):
+                    self.sessions[event.client_id].withhold_acks()
                 else:
                     self._subscriber_action(event, why="plan")
                 index += 1
@@ -436,6 +439,28 @@ class Executor:
             except OSError:
                 pass
         self.loop.close()
+
+
+@dataclass(frozen=True)
+class WithholdAcks:
+    """A plan-derived event: from now until its connection ends, this subscriber sends no PUBACK."""
+
+    client_id: str
+
+
+def withhold_starts(actions: Sequence[SubscriberAction]) -> list[tuple[float, str]]:
+    """(offset, client) at which each subscriber starts withholding its PUBACKs: ``withhold_acks_s`` before
+    each abrupt planned disconnect that asks for it (never before offset 0, never before the connect that
+    precedes the disconnect: acks withheld on an earlier connection would owe nothing to this one)."""
+    starts: list[tuple[float, str]] = []
+    last_connect: dict[str, float] = {}
+    for action in sorted(actions, key=lambda a: a.offset_s):
+        if action.action == CONNECT:
+            last_connect[action.client_id] = action.offset_s
+        elif action.abrupt and action.withhold_acks_s > 0:
+            start = max(action.offset_s - action.withhold_acks_s, last_connect.get(action.client_id, 0.0), 0.0)
+            starts.append((round(start, 6), action.client_id))
+    return starts
 
 
 @dataclass

@@ -235,14 +235,16 @@ def plan_jobs(matrix: Matrix, tier: str, *, repeat: int | None = None, blackbox:
               defects: tuple[str, ...] = ()) -> list[Job]:
     """The runs of a tier, in the order they are run.  smoke: the smoke entries + their scenarios with the
     correct broker.  full: every entry + correct runs + the false-alarm repeats + the black-box runs.
-    ``defects``: only these entries (and their scenarios' correct runs); ``repeat`` overrides the matrix's."""
+    ``defects``: only these entries, whatever their tier (and their scenarios' correct runs); ``repeat``
+    overrides the matrix's."""
     if tier not in TIERS:
         raise MatrixError(f"tier {tier!r}: must be one of {', '.join(TIERS)}")
     unknown = [d for d in defects if d not in {e.defect for e in matrix.entries}]
     if unknown:
         raise MatrixError(f"{matrix.source}: no entry for defect(s) {', '.join(unknown)}")
-    entries = [e for e in matrix.entries if (tier == "full" or e.tier == "smoke")
-               and (not defects or e.defect in defects)]
+    # A named defect is run whatever its tier: `--defect X` must never silently run nothing.
+    entries = [e for e in matrix.entries if e.defect in defects] if defects else \
+        [e for e in matrix.entries if tier == "full" or e.tier == "smoke"]
     jobs = [Job("defect", f"defect-{e.defect}", e.scenario, e.seed, e.defect, e.expect) for e in entries]
     correct_done: set[tuple[Path, int]] = set()
     for entry in entries:

@@ -207,8 +207,10 @@ def _subscriber_actions(scenario: Scenario, subscribers: list[ClientPlan], nodes
             now += -math.log(draw.uniform(1e-6, 1.0)) / rate_per_s
             if now >= duration:
                 break
+            abrupt = draw.chance(behaviour.abrupt_fraction)
             actions.append(SubscriberAction(offset_s=_round(now), client_id=client.client_id, action=DISCONNECT,
-                                            abrupt=draw.chance(behaviour.abrupt_fraction)))
+                                            abrupt=abrupt,
+                                            withhold_acks_s=behaviour.withhold_acks_s if abrupt else 0.0))
             now += draw.uniform(*behaviour.offline_s)
             if now >= duration:
                 break  # the final phase reconnects every persistent subscriber

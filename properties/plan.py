@@ -63,6 +63,7 @@ class SubscriberAction:
     clean_start: bool = False  # connect
     session_expiry_s: int | None = None  # connect, MQTT 5
     node: int = 0  # connect: broker node index
+    withhold_acks_s: float = 0.0  # abrupt disconnect: send no PUBACK for this long before the drop
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from harness.history import HistoryRecorder, read_history
 from harness.history_schema import Kind
 from properties.plan import (
     CONNECT,
+    DISCONNECT,
     PUBLISHER,
     SUBSCRIBER,
     ClientPlan,
@@ -209,3 +210,41 @@ def test_a_client_fault_that_cannot_apply_raises_never_skips(executor_for):
         executor.run_alongside(lambda: player(spec("f04", "client_flap", "test_sub_client_0_0"), "apply"))
     with pytest.raises(FaultNotApplicable, match="not a client of this plan"):
         executor.run_alongside(lambda: player(spec("f05", "client_flap", "nobody"), "apply"))
+
+
+def test_withheld_acks_are_resent_with_dup_after_an_abrupt_drop(tmp_path, mosquitto):
+    """A subscriber that withholds its PUBACKs before an abrupt drop (scenario key withhold_acks_s): the
+    withheld deliveries have no delivery_ack_sent row, and the resumed session resends each of them with
+    the same packet id and DUP = 1 (Mosquitto does, MQTT §4.4), which is then acknowledged."""
+    _, port, _ = mosquitto
+    publisher = ClientPlan("test_pub_client_0_0", PUBLISHER, 4, 0, publisher_index=0)
+    subscriber = ClientPlan("test_sub_client_0_0", SUBSCRIBER, 4, 0, persistent=True,
+                            subscriptions=(Subscription("europe/ua/kyiv/0/+", 1),))
+    publishes = tuple(PublishPlan(0.1 * n, publisher.client_id, n + 1, "europe/ua/kyiv/0/0", 1, 62)
+                      for n in range(12))
+    actions = (SubscriberAction(0.0, subscriber.client_id, CONNECT),
+               SubscriberAction(1.0, subscriber.client_id, DISCONNECT, abrupt=True, withhold_acks_s=0.5),
+               SubscriberAction(1.6, subscriber.client_id, CONNECT))
+    plan = Plan("withhold", 1, 2.0, (publisher, subscriber), publishes, actions)
+    recorder = HistoryRecorder(tmp_path / "history", run_id="withhold", meta={"scenario": "withhold", "seed": 1})
+    executor = Executor(plan, [("127.0.0.1", port, "mosquitto")], recorder)
+    try:
+        assert executor.connect_all() == {"not_ready": []}
+        executor.play()
+        executor._pump(time.monotonic() + 1.0)
+    finally:
+        executor.close()
+        recorder.close(reason="test finished")
+    rows = read_history(recorder.directory).to_pylist()
+    first_conn = [r for r in rows if r["kind"] in (Kind.DELIVERY, Kind.DELIVERY_ACK_SENT)
+                  and r["t_mono_us"] < next(d["t_mono_us"] for d in rows if d["kind"] == Kind.DISCONNECT)]
+    withheld = [r for r in first_conn if r["kind"] == Kind.DELIVERY and "withheld" in (r["detail"] or "")]
+    assert 2 <= len(withheld) <= 8, withheld  # ~0.5 s of a 10 msg/s stream
+    acked_ids = {r["pub_seq"] for r in first_conn if r["kind"] == Kind.DELIVERY_ACK_SENT}
+    assert not acked_ids & {r["pub_seq"] for r in withheld}, "a withheld delivery must have no ack row"
+    assert acked_ids, "deliveries before the withholding window are acknowledged"
+    for original in withheld:
+        again = [r for r in rows if r["kind"] == Kind.DELIVERY and r["pub_seq"] == original["pub_seq"]
+                 and r["seq"] > original["seq"]]
+        assert again and again[0]["dup"] is True and again[0]["packet_id"] == original["packet_id"], again
+        assert not again[0]["detail"] or "withheld" not in again[0]["detail"], "the new connection acks"

@@ -118,6 +118,9 @@ def test_jobs_per_tier():
     assert len({j.label for j in full}) == len(full)  # labels name run directories: unique
     assert [j.role for j in plan_jobs(matrix, "full", repeat=1, blackbox=False)].count("false_alarm") == 2
     assert [j.defect for j in plan_jobs(matrix, "full", defects=("d2",)) if j.role == "defect"] == ["d2"]
+    # a named full-tier defect runs under the default (smoke) tier too, with its correct run
+    assert [(j.role, j.defect) for j in plan_jobs(matrix, "smoke", defects=("d2",))] == [
+        ("defect", "d2"), ("correct", None)]
     with pytest.raises(MatrixError, match="no entry for defect"):
         plan_jobs(matrix, "full", defects=("d9",))
     with pytest.raises(MatrixError, match="tier 'soak'"):

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from harness.node import NodeError, ProcessNode
 
@@ -116,3 +117,131 @@ async def create_topics_async(bootstrap: str, topics: Mapping[str, int], timeout
 
 def create_topics(bootstrap: str, topics: Mapping[str, int], timeout_s: float = 30.0) -> None:
     asyncio.run(create_topics_async(bootstrap, topics, timeout_s))
+
+
+async def topic_backlog_async(bootstrap: str, topic: str, group: str, *, idle_s: float = 2.0,
+                              timeout_s: float = 20.0) -> dict[str, Any]:
+    """What the topic holds and what ``group`` has not consumed yet: every record read from the beginning
+    by a group-less consumer until ``idle_s`` passes without a new one (ListOffsets "latest" is short in
+    this Tansu build, so the end is found by reading, not asked), and the group's committed offsets.
+    Returns {"records": {partition: [(offset, value bytes)]}, "committed": {partition: offset or None}}."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    records: dict[int, list[tuple[int, bytes]]] = {}
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest", request_timeout_ms=int(timeout_s * 1000))
+    await consumer.start()
+    try:
+        await consumer.topics()  # fills the metadata, so the partitions are known
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        loop = asyncio.get_running_loop()
+        deadline, last_new = loop.time() + timeout_s, loop.time()
+        # the end of the log is "nothing new for idle_s": a slow fetch must not look like the end
+        while loop.time() < deadline and loop.time() - last_new < idle_s:
+            batch = await consumer.getmany(timeout_ms=500)
+            for tp, got in batch.items():
+                records.setdefault(tp.partition, []).extend((r.offset, r.value) for r in got)
+                last_new = loop.time()
+    finally:
+        await consumer.stop()
+    # The group's committed offsets through a consumer of that group that never joins it (committed() only
+    # asks the coordinator); this Tansu build answers the admin client's OffsetFetch in a form aiokafka
+    # cannot decode.
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                              request_timeout_ms=int(timeout_s * 1000))
+    await reader.start()
+    try:
+        committed: dict[int, int | None] = {}
+        for tp in partitions:
+            offset = await reader.committed(tp)
+            committed[tp.partition] = offset if offset is not None and offset >= 0 else None
+    finally:
+        await reader.stop()
+    return {"records": records, "committed": committed}
+
+
+def topic_backlog(bootstrap: str, topic: str, group: str, **kwargs: float) -> dict[str, Any]:
+    return asyncio.run(topic_backlog_async(bootstrap, topic, group, **kwargs))
+
+
+def topics_backlog(bootstrap: str, groups: Mapping[str, str], **kwargs: float) -> dict[str, dict[str, Any]]:
+    """topic_backlog() of several topics ({topic: group}) at once; a topic that cannot be read gets
+    {"error": ...} (a diagnostic must never break a run)."""
+
+    async def read_all() -> list[Any]:
+        return await asyncio.gather(*(topic_backlog_async(bootstrap, topic, group, **kwargs)
+                                      for topic, group in groups.items()), return_exceptions=True)
+
+    results = asyncio.run(read_all())
+    return {topic: (result if not isinstance(result, BaseException)
+                    else {"error": f"{type(result).__name__}: {result}"})
+            for topic, result in zip(groups, results, strict=True)}
+
+
+def record_identity(value: bytes | None) -> tuple[str, int] | None:
+    """(publisher client id, sequence) of a reference-broker record (JSON with "publisher" and a base64
+    "payload" carrying an Ordeal identity, harness/payload.py), or None for anything else."""
+    import base64
+    import json
+
+    from harness.payload import try_decode
+
+    try:
+        message = json.loads(value or b"")
+        identity = try_decode(base64.b64decode(message["payload"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (str(message.get("publisher")), identity.seq) if identity is not None else None
+
+
+def backlog_summary(reads: Mapping[str, Mapping[str, Any]], acked: set[tuple[str, int]]) -> dict[str, Any]:
+    """Where the acknowledged publishes are at the end of a run, per topic (``reads``: topic ->
+    topic_backlog() result).  Per topic: records held, records past the group's committed offset
+    (``unconsumed``: still in the pipeline).  With ``acked`` (publisher, seq) of every acknowledged
+    publish: how many are nowhere in the topic (``acked_missing``: the Kafka stand-in lost them, or the
+    broker acknowledged without producing) and how many sit unconsumed (``acked_unconsumed``)."""
+    summary: dict[str, Any] = {}
+    for topic, read in reads.items():
+        present: set[tuple[str, int]] = set()
+        waiting: set[tuple[str, int]] = set()
+        held = unconsumed = 0
+        for partition, records in read["records"].items():
+            committed = read["committed"].get(partition)
+            for offset, value in records:
+                held += 1
+                identity = record_identity(value)
+                beyond = committed is None or offset >= committed
+                unconsumed += beyond
+                if identity is not None:
+                    present.add(identity)
+                    if beyond:
+                        waiting.add(identity)
+        summary[topic] = {"records": held, "unconsumed": unconsumed,
+                          "acked_missing": len(acked - present), "acked_unconsumed": len(acked & waiting),
+                          "acked_missing_first": sorted(acked - present)[:20]}
+    return summary
+
+
+def owed_in_backlog(reads: Mapping[str, Mapping[str, Any]], owed: set[tuple[str, int]]) -> int | None:
+    """How many of the ``owed`` (publisher, seq) still sit in some topic past its group's committed
+    offset (the broker has not finished them); None when no topic could be read."""
+    readable = [read for read in reads.values() if "error" not in read]
+    if not readable:
+        return None
+    waiting: set[tuple[str, int]] = set()
+    for read in readable:
+        waiting.update(_unconsumed(read))
+    return len(waiting & owed)
+
+
+def _unconsumed(read: Mapping[str, Any]) -> list[tuple[str, int]]:
+    found = []
+    for partition, records in read["records"].items():
+        committed = read["committed"].get(partition)
+        for offset, value in records:
+            identity = record_identity(value)
+            if identity is not None and (committed is None or offset >= committed):
+                found.append(identity)
+    return found

@@ -178,6 +178,12 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
                        timeout_s=scenario.scenario.drain_timeout_s)
         outcome["drain"] = executor.drain(scenario.scenario.drain_quiet_s, scenario.scenario.drain_timeout_s)
         _raise_if_stopped(stop)
+        if outcome["drain"].get("ended_by") == "outstanding_quiet" and getattr(target, "topology", None) is not None:
+            reporter.phase("waiting for the Kafka backlog")
+            outcome["drain"] = executor.run_alongside(lambda: _wait_for_pipeline(
+                target.topology, run_dir, executor, outcome["drain"], scenario.scenario.drain_quiet_s,
+                deadline=mark + scenario.scenario.drain_timeout_s, stop=stop))
+            _raise_if_stopped(stop)
         timings["drain_s"] = round(time.monotonic() - mark, 3)
         recorder.phase(Phase.DRAIN_END, **outcome["drain"])
         executor.close()
@@ -188,6 +194,13 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         snapshots = target.snapshot(plan) if target.white_box else 0
         timings["snapshot_s"] = round(time.monotonic() - mark, 3)
         recorder.phase(Phase.SNAPSHOT_DONE, sessions=snapshots, white_box=target.white_box)
+        if (outcome["drain"] or {}).get("outstanding") and getattr(target, "topology", None) is not None:
+            # Deliveries still owed: say whether Kafka still holds them (pipeline too slow for the drain)
+            # or never had them (lost by the Kafka stand-in, or acknowledged without a produce).
+            reporter.phase("reading the Kafka backlog")
+            mark = time.monotonic()
+            outcome["kafka_reads"] = _read_kafka_backlog(target.topology, run_dir)
+            timings["kafka_backlog_s"] = round(time.monotonic() - mark, 3)
     except KeyboardInterrupt:
         close_reason = "the run was interrupted (SIGINT/SIGTERM) before it finished"
         outcome["error"] = close_reason
@@ -214,6 +227,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
 
     timings["total_s"] = round(time.monotonic() - began, 3)
     summary = build_summary(run_dir, scenario, plan, replay, timings, outcome, complete)
+    if outcome.get("kafka_reads"):
+        summary["kafka_backlog"] = _summarise_kafka_backlog(run_dir, outcome["kafka_reads"])
     # A fault that could not be applied makes the run unknown even unchecked (docs/faults.md).
     exit_code = EXIT_UNKNOWN if (not complete or outcome["error"] or summary["counts"]["fault_errors"]) else EXIT_PASS
     summary["checked"] = False
@@ -292,6 +307,84 @@ def check_runs_later(run_dirs: list[Path | str], spark_master: str | None = None
         write_reports(run_dir, report)
         summaries[run_dir] = record_check(run_dir, int(report["exit_code"]), check_s=each_s)
     return [int(summaries[d]["exit_code"]) for d in dirs]
+
+
+def _wait_for_pipeline(topology: Any, run_dir: Path, executor: Any, drain: dict[str, Any], quiet_s: float, *,
+                       deadline: float, stop: threading.Event) -> dict[str, Any]:
+    """The drain gave up on owed deliveries after its outstanding quiet.  If Kafka still holds owed records
+    that the broker's consumer groups have not committed, the pipeline is behind (measured: 30-50 s on a
+    loaded 2-core machine after a Redis failover or a Kafka restart), not finished: keep the sockets served
+    (run_alongside) while that backlog shrinks, up to the drain timeout.  Ends when nothing owed is left in
+    Kafka (then one more quiet_s for the last hop), when a read shows no progress (the pipeline stalled:
+    the checkers then report what is missing), or at the deadline (reason "timeout": unknown, since late
+    is not lost).  Returns the drain_end details with a "pipeline_wait" record."""
+    from harness.kafka import owed_in_backlog
+
+    began = time.monotonic()
+    reads: list[dict[str, Any]] = []
+    ended_by, previous = "deadline", None
+    while time.monotonic() < deadline and not stop.is_set():
+        owed = {(publisher, seq) for _client, publisher, seq in _snapshot(executor.outstanding.owed)}
+        waiting = owed_in_backlog(_read_kafka_backlog(topology, run_dir), owed)
+        reads.append({"at_s": round(time.monotonic() - began, 3), "owed": len(owed), "in_kafka": waiting})
+        if waiting is None:
+            ended_by = "kafka_unreadable"
+            break
+        if waiting == 0:
+            time.sleep(min(quiet_s, max(0.0, deadline - time.monotonic())))  # the last hop: Redis -> client
+            ended_by = "pipeline_empty"
+            break
+        if previous is not None and len(owed) >= previous[0] and waiting >= previous[1]:
+            ended_by = "pipeline_stalled"  # neither fewer owed nor fewer waiting in Kafka since the last read
+            break
+        previous = (len(owed), waiting)
+        time.sleep(min(quiet_s, max(0.0, deadline - time.monotonic())))
+    result = dict(drain)
+    result["outstanding"] = executor.outstanding.count
+    result["elapsed_s"] = round(drain.get("elapsed_s", 0) + time.monotonic() - began, 3)
+    result["pipeline_wait"] = {"ended_by": ended_by, "waited_s": round(time.monotonic() - began, 3),
+                               "reads": reads}
+    if ended_by == "deadline" and result["outstanding"]:
+        result["reason"] = result["ended_by"] = "timeout"  # still arriving: late or lost is undecided
+    return result
+
+
+def _snapshot(items: set) -> set:
+    """A copy of a set the executor's loop thread is changing right now."""
+    while True:
+        try:
+            return set(items)
+        except RuntimeError:  # changed size during iteration: try again
+            continue
+
+
+def _read_kafka_backlog(topology: Any, run_dir: Path) -> dict[str, Any]:
+    """Both broker topics read to their end, with the broker's committed offsets (harness/kafka.py);
+    {"error": ...} when Kafka cannot be read (a diagnostic must never break the run)."""
+    from harness.kafka import topics_backlog
+
+    if getattr(topology, "kafka", None) is None:
+        return {}
+    try:
+        config = json.loads((run_dir / "broker-config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    topics = [config.get("incoming_topic", "tbmq.msg.all"), config.get("persisted_topic", "tbmq.msg.persisted")]
+    try:
+        return topics_backlog(topology.kafka_bootstrap(), {topic: f"ordeal-broker-{topic}" for topic in topics})
+    except Exception as error:  # noqa: BLE001 - reported, never fatal
+        return {topic: {"error": f"{type(error).__name__}: {error}"} for topic in topics}
+
+
+def _summarise_kafka_backlog(run_dir: Path, reads: dict[str, Any]) -> dict[str, Any]:
+    from harness.kafka import backlog_summary
+
+    rows = read_history(run_dir / "history").select(["kind", "publisher", "pub_seq"]).to_pylist()
+    acked = {(r["publisher"], r["pub_seq"]) for r in rows if r["kind"] == Kind.PUBLISH_ACK}
+    readable = {topic: read for topic, read in reads.items() if "error" not in read}
+    summary: dict[str, Any] = backlog_summary(readable, acked)
+    summary.update({topic: read for topic, read in reads.items() if "error" in read})
+    return summary
 
 
 def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder, client_player: Any = None):

@@ -71,3 +71,37 @@ def test_undecodable_deliveries_change_nothing():
     owed.acknowledged("p1", 1, "t/a", 1, SUBSCRIBERS)
     owed.delivered("s1", None, None)
     assert owed.count == 1
+
+
+def _record(publisher: str, seq: int) -> bytes:
+    import base64
+    import json
+
+    from harness.payload import Identity, encode
+
+    payload = encode(Identity(publisher_index=0, seq=seq, send_wall_us=1), 40)
+    return json.dumps({"publisher": publisher, "payload": base64.b64encode(payload).decode()}).encode()
+
+
+def test_kafka_backlog_tells_lost_from_still_in_the_pipeline():
+    from harness.kafka import backlog_summary, record_identity
+
+    assert record_identity(_record("p", 7)) == ("p", 7)
+    assert record_identity(b"not json") is None and record_identity(b'{"payload": "AAAA"}') is None
+    read = {"records": {0: [(0, _record("p", 1)), (1, _record("p", 2))], 1: [(0, _record("p", 3)), (1, b"x")]},
+            "committed": {0: 1, 1: None}}  # partition 0 consumed up to offset 1; partition 1 never committed
+    summary = backlog_summary({"t": read}, acked={("p", 1), ("p", 2), ("p", 3), ("p", 4)})["t"]
+    assert summary["records"] == 4 and summary["unconsumed"] == 3  # offset 1 of p0, both of p1
+    assert summary["acked_missing"] == 1 and summary["acked_missing_first"] == [("p", 4)]
+    assert summary["acked_unconsumed"] == 2  # seqs 2 and 3
+
+
+def test_owed_records_still_in_kafka_are_counted_once_across_topics():
+    from harness.kafka import owed_in_backlog
+
+    incoming = {"records": {0: [(0, _record("p", 1)), (1, _record("p", 2))]}, "committed": {0: 1}}
+    persisted = {"records": {0: [(0, _record("p", 2)), (1, _record("p", 3))]}, "committed": {0: 0}}
+    owed = {("p", 1), ("p", 2), ("p", 3), ("p", 9)}
+    assert owed_in_backlog({"in": incoming, "out": persisted}, owed) == 2  # p2 (both topics) and p3
+    assert owed_in_backlog({"in": incoming, "out": {"error": "closed"}}, owed) == 1
+    assert owed_in_backlog({"in": {"error": "closed"}}, owed) is None

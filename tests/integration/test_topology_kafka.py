@@ -137,3 +137,61 @@ def test_memory_storage_really_loses_records_on_kill(topology_factory) -> None:
     topology.create_topics({TOPIC: PARTITIONS})
     values, _ = asyncio.run(_read(topology.kafka_bootstrap(), 0, from_committed=False))
     assert values != acked[0]
+
+
+async def _produce_until(bootstrap: str, topic: str, name: str, stop: asyncio.Event) -> set[bytes]:
+    """One producer sending one record at a time (acks=all) until ``stop``; returns the acknowledged values.
+    Errors while Tansu is down are expected: such a record is not acknowledged (it may or may not exist)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False,
+                                request_timeout_ms=5000, retry_backoff_ms=100)
+    await producer.start()
+    acked: set[bytes] = set()
+    try:
+        sequence = 0
+        while not stop.is_set():
+            value = f"{name}-{sequence}".encode()
+            sequence += 1
+            try:
+                await producer.send_and_wait(topic, value, partition=sequence % 2)
+                acked.add(value)
+            except Exception:  # noqa: BLE001 - Tansu is down: not acknowledged, go on
+                await asyncio.sleep(0.1)
+    finally:
+        await producer.stop()
+    return acked
+
+
+def test_sigkill_under_two_concurrent_producers_loses_no_acknowledged_record(topology_factory) -> None:
+    """The question kafka-broker-kill used to answer with an allowance: on the default storage (moto, which
+    honours S3 conditional writes) Tansu is SIGKILLed while two producers append to the same partitions,
+    restarted, and every record it acknowledged — before, around and after the kill — is read back."""
+    from harness.kafka import topic_backlog
+
+    topology: LocalTopology = topology_factory(TopologyConfig(redis_replicas_per_master=0))
+    assert topology.endpoints()["storage"]["kind"] == "moto"
+    topic = "kill-under-load"
+    topology.create_topics({topic: 2})
+    bootstrap = topology.kafka_bootstrap()
+
+    async def scenario() -> set[bytes]:
+        stop = asyncio.Event()
+        producers = [asyncio.create_task(_produce_until(bootstrap, topic, name, stop)) for name in ("a", "b")]
+        await asyncio.sleep(2.0)
+        topology.kafka.kill()  # mid-stream: both producers have sends in flight
+        await asyncio.sleep(1.0)
+        await asyncio.get_running_loop().run_in_executor(None, lambda: (topology.kafka.start(),
+                                                                        topology.kafka.wait_ready(30)))
+        await asyncio.sleep(3.0)
+        stop.set()
+        return set().union(*await asyncio.gather(*producers))
+
+    acked = asyncio.run(scenario())
+    read = topic_backlog(bootstrap, topic, "nobody")
+    values = [value for records in read["records"].values() for _offset, value in records]
+    assert {v[:1] for v in acked} == {b"a", b"b"} and len(acked) > 20, len(acked)  # both really produced
+    missing = acked - set(values)
+    print(f"\nTansu SIGKILL under two producers (moto): {len(acked)} acknowledged, {len(missing)} missing, "
+          f"{len(values) - len(set(values))} read twice")
+    # (An offset handed out twice — s3rver's failure — shows up here as a lost record.  A record read twice
+    # is legal: a non-idempotent producer retries a send whose answer died with Tansu; measured: 1 of 639.)
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged records lost: {sorted(missing)[:10]}"

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict:
     clients: list[Probe] = []
     try:
         settings = {"producer_acks": args.acks, "incoming_partitions": args.partitions,
-                    "persisted_partitions": args.partitions}
+                    "persisted_partitions": args.partitions, **dict(args.setting)}
         brokers = start_brokers(topology, run_dir, args.brokers, settings, args.profile)
         subscribers, publishers = [], []
         for i in range(args.pairs):
@@ -219,6 +219,16 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def broker_setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--setting {text!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value  # a bare string
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=20)
@@ -231,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Tansu's storage (memory: no S3 server, shows the broker's own limits)")
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--setting", action="append", default=[], type=broker_setting, metavar="KEY=VALUE",
+                        help="a broker setting (JSON value), e.g. --setting kafka_fetch_max_wait_ms=100")
     args = parser.parse_args(argv)
     for name in ("pairs", "brokers", "partitions"):
         if getattr(args, name) < 1:

@@ -40,6 +40,10 @@ class BrokerConfig:
     persisted_topic: str = "tbmq.msg.persisted"
     persisted_partitions: int = 12
     poll_max_records: int = 500
+    # How long Tansu may hold a fetch.  Tansu gives up on a fetch at this deadline even when its S3 read is
+    # still under way, so a wait shorter than one S3 round trip starves the consumer (moto under load:
+    # 30 ms read ~1 record/s); Tansu also holds a fetch for the full wait when records arrive meanwhile.
+    kafka_fetch_max_wait_ms: int = 250
     # What a consumer does when processing a poll fails (TBMQ defaults: incoming skips at once,
     # persisted retries 3 times 1 s apart, then both commit anyway).
     incoming_failure_strategy: str = "skip"
@@ -80,6 +84,7 @@ class BrokerConfig:
         _int_range(src, "incoming_partitions", self.incoming_partitions, 1, 1000)
         _int_range(src, "persisted_partitions", self.persisted_partitions, 1, 1000)
         _int_range(src, "poll_max_records", self.poll_max_records, 1, 100000)
+        _int_range(src, "kafka_fetch_max_wait_ms", self.kafka_fetch_max_wait_ms, 1, 60000)
         for stage in ("incoming", "persisted"):
             _choice(src, f"{stage}_failure_strategy", getattr(self, f"{stage}_failure_strategy"),
                     FAILURE_STRATEGIES)

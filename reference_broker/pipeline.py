@@ -38,6 +38,7 @@ DEAD_AFTER_LEASES = 3  # a node silent this many leases is dead: its connected s
 
 
 ENSURE_TOPICS_ATTEMPTS = 5
+SLOW_STEP_S = 1.0  # a consumer batch (poll + process + commit) slower than this is logged
 
 
 async def ensure_topics(bootstrap: str, topics: dict[str, int]) -> None:
@@ -149,9 +150,8 @@ class LeasedConsumer:
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.broker.kafka_bootstrap, group_id=f"ordeal-broker-{self.topic}",
             enable_auto_commit=False, auto_offset_reset="earliest", request_timeout_ms=30000,
-            # Tansu holds a fetch for the full max wait even when records arrive meanwhile; every hop of
-            # the pipeline pays it, so keep it short (aiokafka's default is 500 ms)
-            fetch_max_wait_ms=30,
+            # see BrokerConfig.kafka_fetch_max_wait_ms: too short starves on S3, too long adds latency
+            fetch_max_wait_ms=config.kafka_fetch_max_wait_ms,
             max_poll_records=config.poll_max_records)
         await self.consumer.start()
         leases = self.broker.leases
@@ -169,6 +169,7 @@ class LeasedConsumer:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(leases.changed.wait(), 1.0)
                     continue
+                polled_at = time.monotonic()
                 try:
                     batch = await self.consumer.getmany(timeout_ms=100, max_records=config.poll_max_records)
                 except Exception as error:
@@ -179,12 +180,15 @@ class LeasedConsumer:
                     continue
                 records = [r for tp in sorted(batch, key=lambda t: t.partition) for r in batch[tp]]
                 offsets = {tp: recs[-1].offset + 1 for tp, recs in batch.items()}
+                started = time.monotonic()
                 if self.stage == "persisted" and config.has("commit_before_save"):
                     await self._commit(offsets)  # defect: the batch is lost if the node dies now
                     await self._process_with_strategy(records)
                 else:
                     await self._process_with_strategy(records)
+                    processed = time.monotonic()
                     await self._commit(offsets)
+                    self._log_if_slow(records, polled_at, started, processed)
                 if self.after_commit is not None:
                     try:
                         await self.after_commit()
@@ -194,6 +198,18 @@ class LeasedConsumer:
         finally:
             with contextlib.suppress(Exception):
                 await self.consumer.stop()
+
+    def _log_if_slow(self, records: list[Any], polled_at: float, started: float, processed: float) -> None:
+        # a stall anywhere in a hop shows up in the run's broker log: a slow step of ours, or records that
+        # reached this consumer late (Kafka: produce -> fetch)
+        now = time.monotonic()
+        stamps = [r.timestamp for r in records if r.timestamp and r.timestamp > 0]
+        age = time.time() - min(stamps) / 1000 if stamps else 0.0
+        if now - polled_at < SLOW_STEP_S and age < 2 * SLOW_STEP_S:
+            return
+        log.warning("%s: slow batch of %d records: poll %.1f s, process %.1f s, commit %.1f s, oldest record "
+                    "%.1f s old", self.topic, len(records), started - polled_at, processed - started,
+                    now - processed, age)
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
         # Fencing: commit only partitions whose lease this node still holds.  A node that was paused past

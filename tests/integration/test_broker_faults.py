@@ -5,6 +5,9 @@ printed (run with -s to see them)."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 import threading
 import time
 
@@ -19,6 +22,51 @@ brokers = test_broker_flow.brokers  # the fixture, shared with the flow tests
 
 DURABLE = {"incoming_failure_strategy": "retry_forever", "persisted_failure_strategy": "retry_forever",
            "incoming_failure_backoff_s": 0.3, "persisted_failure_backoff_s": 0.3, "producer_acks": "all"}
+
+
+async def _numbers_in_topic(bootstrap: str, topic: str, count: int) -> dict[int, int]:
+    """Message number -> how many records of the topic carry it (read from offset 0, no group)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", fetch_max_wait_ms=250)
+    await consumer.start()
+    counts: dict[int, int] = {}
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(count)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        # read until quiet: Tansu's end offsets lag behind acknowledged writes, so they cannot say "done"
+        deadline, quiet_since = time.monotonic() + 30, time.monotonic()
+        while time.monotonic() < deadline and (not counts or time.monotonic() - quiet_since < 3.0):
+            for records in (await consumer.getmany(timeout_ms=300)).values():
+                quiet_since = time.monotonic()
+                for record in records:
+                    number = int(base64.b64decode(json.loads(record.value)["payload"])[1:])
+                    counts[number] = counts.get(number, 0) + 1
+    finally:
+        await consumer.stop()
+    return counts
+
+
+def where_lost_messages_are(cluster, client: str, lost: set[int]) -> str:
+    """For a failing loss assertion: which hop the lost messages got to (incoming topic, persisted topic,
+    the subscriber's Redis queue), so the message says whose fault it is."""
+    bootstrap = cluster.topology.kafka_bootstrap()
+    settings = cluster.settings
+    incoming = asyncio.run(_numbers_in_topic(bootstrap, settings["incoming_topic"], settings["incoming_partitions"]))
+    persisted = asyncio.run(_numbers_in_topic(bootstrap, settings["persisted_topic"],
+                                              settings["persisted_partitions"]))
+    stored = set()
+    for member in cluster.redis.zrange(cluster.key(client, "messages"), 0, -1):
+        raw = cluster.redis.get(member)
+        if raw:
+            stored.add(int(base64.b64decode(json.loads(raw)["payload"])[1:]))
+    pick = lambda found: sorted(n for n in lost if n in found)[:20]  # noqa: E731
+    return (f"lost {len(lost)}: {sorted(lost)[:20]}; the incoming topic holds {len(incoming)} numbers, the "
+            f"persisted topic {len(persisted)}, Redis {len(stored)}; of the lost in the incoming topic {pick(incoming)}, in the "
+            f"persisted topic {pick(persisted)}, still stored in Redis {pick(stored)} "
+            f"(last packet id {cluster.redis.get(cluster.key(client, 'last_packet_id'))})")
 
 
 class Publisher(threading.Thread):
@@ -219,7 +267,7 @@ def test_broker_node_paused_beyond_its_lease_loses_nothing(brokers, pause_s):
           f"{len(set(seen))} unique, duplicates {len(seen) - len(set(seen))}, lost {len(lost)}, "
           f"last delivery {last - resumed_at:.1f} s after the resume (the publisher waits for each PUBACK)")
     assert len(acked) > 100
-    assert lost == set(), f"acknowledged but never delivered: {sorted(lost)[:20]}"
+    assert lost == set(), where_lost_messages_are(cluster, sub.client_id, lost)
     if pause_s > 6:
         assert "sessions reasserted" in cluster.log(0) and "is dead: released 1" in cluster.log(1)
         assert cluster.redis.hget(cluster.key(sub.client_id, "session"), "node") == b"broker-1"

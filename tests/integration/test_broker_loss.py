@@ -100,7 +100,7 @@ async def _two_producers_append_to_one_partition(bootstrap: str, topic: str, per
         for producer in producers:
             await producer.stop()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=30)
+                                auto_offset_reset="earliest", fetch_max_wait_ms=250)
     await consumer.start()
     try:
         partition = TopicPartition(topic, 0)

@@ -560,3 +560,30 @@ def test_pipeline_keeps_up_with_a_steady_publisher_on_s3_storage(brokers):
     got = {d.payload for d in sub.deliveries}
     assert len(got) == 150, (f"{150 - len(got)} of 150 not delivered within 10 s of the last PUBACK "
                              f"(the Kafka consumers are starving)")
+
+
+def test_limit_trims_unacknowledged_inflight_messages_first(brokers):
+    """Messages sent but not acknowledged when the subscriber went away are still in its ZSET with the
+    lowest scores, so the save script trims them first, exactly as TBMQ trims by ZSET rank.  The checkers
+    must not read them as "kept" because they were delivered before the disconnect (the p2p-limit-trim
+    trim_not_oldest witness: in-flight 27-30 received before the disconnect, 31-63 trimmed)."""
+    cluster = brokers(persisted_messages_limit=5)
+    sub = cluster.probe(version=5, auto_ack=False)
+    sub.connect(clean=False, session_expiry=3600)
+    sub.subscribe(FILTER, 1)
+    pub = cluster.probe(version=5)
+    pub.connect(clean=True)
+    for i in range(3):
+        pub.publish(TOPIC, b"m%03d" % i, 1)
+    assert payloads(sub.wait_for(3)) == [b"m000", b"m001", b"m002"]
+    sub.drop()                                          # never acknowledged: still stored
+    assert len(cluster.wait_stored(sub.client_id, 3)) == 3
+    for i in range(3, 10):
+        pub.publish(TOPIC, b"m%03d" % i, 1)
+    deadline = time.monotonic() + 15
+    while 10 not in cluster.stored_ids(sub.client_id) and time.monotonic() < deadline:
+        time.sleep(0.05)                                # packet id 10: the last message is saved
+    assert cluster.stored_ids(sub.client_id) == [6, 7, 8, 9, 10]
+    again = cluster.probe(sub.client_id, version=5)
+    assert again.connect(clean=False, session_expiry=3600) is True
+    assert payloads(again.settle(0.7)) == [b"m%03d" % i for i in range(5, 10)]

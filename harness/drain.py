@@ -92,3 +92,21 @@ class OutstandingDeliveries:
     @property
     def count(self) -> int:
         return len(self.owed)
+
+
+PIPELINE_EMPTY, PIPELINE_STALLED, KAFKA_UNREADABLE = "pipeline_empty", "pipeline_stalled", "kafka_unreadable"
+
+
+def pipeline_wait_decision(*, owed: int, in_kafka: int | None, previous: tuple[int, int] | None) -> str | None:
+    """After the drain gave up with deliveries owed (harness/run.py reads Kafka between waits): why the
+    wait ends now, or None to keep waiting.  ``owed``: deliveries still owed; ``in_kafka``: how many of
+    them Kafka still holds past the broker's committed offsets (None: unreadable); ``previous``: (owed,
+    in_kafka) at the last read.  Waiting makes sense only while the pipeline still holds owed records and
+    moves: a read showing neither fewer owed nor fewer waiting means it stalled."""
+    if in_kafka is None:
+        return KAFKA_UNREADABLE
+    if in_kafka == 0:
+        return PIPELINE_EMPTY
+    if previous is not None and owed >= previous[0] and in_kafka >= previous[1]:
+        return PIPELINE_STALLED
+    return None

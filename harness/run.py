@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.drain import PIPELINE_EMPTY, pipeline_wait_decision
 from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
 from harness.history_schema import Kind, Phase
@@ -327,15 +328,11 @@ def _wait_for_pipeline(topology: Any, run_dir: Path, executor: Any, drain: dict[
         owed = {(publisher, seq) for _client, publisher, seq in _snapshot(executor.outstanding.owed)}
         waiting = owed_in_backlog(_read_kafka_backlog(topology, run_dir), owed)
         reads.append({"at_s": round(time.monotonic() - began, 3), "owed": len(owed), "in_kafka": waiting})
-        if waiting is None:
-            ended_by = "kafka_unreadable"
-            break
-        if waiting == 0:
+        decision = pipeline_wait_decision(owed=len(owed), in_kafka=waiting, previous=previous)
+        if decision == PIPELINE_EMPTY:
             time.sleep(min(quiet_s, max(0.0, deadline - time.monotonic())))  # the last hop: Redis -> client
-            ended_by = "pipeline_empty"
-            break
-        if previous is not None and len(owed) >= previous[0] and waiting >= previous[1]:
-            ended_by = "pipeline_stalled"  # neither fewer owed nor fewer waiting in Kafka since the last read
+        if decision is not None:
+            ended_by = decision
             break
         previous = (len(owed), waiting)
         time.sleep(min(quiet_s, max(0.0, deadline - time.monotonic())))

@@ -105,3 +105,15 @@ def test_owed_records_still_in_kafka_are_counted_once_across_topics():
     assert owed_in_backlog({"in": incoming, "out": persisted}, owed) == 2  # p2 (both topics) and p3
     assert owed_in_backlog({"in": incoming, "out": {"error": "closed"}}, owed) == 1
     assert owed_in_backlog({"in": {"error": "closed"}}, owed) is None
+
+
+def test_the_pipeline_wait_goes_on_only_while_kafka_holds_owed_records_and_they_move():
+    from harness.drain import pipeline_wait_decision
+
+    assert pipeline_wait_decision(owed=5, in_kafka=None, previous=None) == "kafka_unreadable"
+    assert pipeline_wait_decision(owed=5, in_kafka=0, previous=None) == "pipeline_empty"  # lost or last hop
+    assert pipeline_wait_decision(owed=144, in_kafka=114, previous=None) is None  # first read: wait
+    assert pipeline_wait_decision(owed=69, in_kafka=36, previous=(144, 114)) is None  # moving
+    assert pipeline_wait_decision(owed=144, in_kafka=100, previous=(144, 114)) is None  # Kafka side moving
+    assert pipeline_wait_decision(owed=60, in_kafka=114, previous=(144, 114)) is None  # deliveries moving
+    assert pipeline_wait_decision(owed=144, in_kafka=114, previous=(144, 114)) == "pipeline_stalled"

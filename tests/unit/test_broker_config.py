@@ -106,3 +106,12 @@ def test_catalog_entries_are_complete():
         assert any(i.startswith(family) for i in invariants), family
     assert sum(1 for d in CATALOG.values() if "wrap" in d.what) >= 2
     assert all(d.what and d.invariant and d.where for d in CATALOG.values())
+
+
+def test_kafka_fetch_max_wait_defaults_above_an_s3_round_trip_and_is_validated():
+    # 30 ms starved the consumers on Tansu over moto (docs/reference-broker.md, Known bugs)
+    assert BrokerConfig().kafka_fetch_max_wait_ms == 250
+    assert BrokerConfig.from_mapping({"kafka_fetch_max_wait_ms": 100}).kafka_fetch_max_wait_ms == 100
+    with pytest.raises(ConfigError) as caught:
+        BrokerConfig.from_mapping({"kafka_fetch_max_wait_ms": 0}, source="s.toml [broker]")
+    assert "kafka_fetch_max_wait_ms" in str(caught.value) and "1..60000" in str(caught.value)

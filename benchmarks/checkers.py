@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -200,6 +201,7 @@ def main() -> None:
         generated = time.monotonic() - started
         scan = raw_scan_seconds(spark, run_dir)
         duck, duck_found = duckdb_seconds(run_dir)
+        load_before = os.getloadavg()[0]
         started = time.monotonic()
         report = check_runs([run_dir], spark=spark)[0]
         checked = time.monotonic() - started
@@ -207,6 +209,7 @@ def main() -> None:
         row = {"events": planted["rows"], "generate_s": round(generated, 1), "check_s": round(checked, 1),
                "raw_scan_s": round(scan, 1), "duckdb_s": round(duck, 1),
                "check_vs_scan": round(checked / scan, 1), "check_vs_duckdb": round(checked / duck, 1),
+               "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
                "planted": planted, "found": found, "duckdb_found": duck_found}
         results.append(row)
         print(json.dumps(row), flush=True)

@@ -15,7 +15,7 @@ from spark_checkers import CHECKER_VERSION
 from spark_checkers.explain import explain, loss_gaps
 from spark_checkers.invariants import INVARIANTS
 from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
-from spark_checkers.loader import RunInput, open_run
+from spark_checkers.loader import RunInput, local_run_dir, open_run
 from spark_checkers.timeline import Timeline, build_timeline
 from spark_checkers.verdicts import FAIL, UNKNOWN, InvariantResult, decide, exit_code
 
@@ -34,10 +34,11 @@ class RunOutcome:
 
 def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=None, quiet: bool = False) -> int:
     """Check one stored run, write report.json / junit.xml / report.html into it, return 0 / 1 / 2."""
-    report = check_runs([Path(run_dir)], spark_master=spark_master, spark=spark)[0]
+    run_dir = local_run_dir(run_dir)
+    report = check_runs([run_dir], spark_master=spark_master, spark=spark)[0]
     from spark_checkers.reports import write_reports
 
-    write_reports(Path(run_dir), report)
+    write_reports(run_dir, report)
     if not quiet:
         from spark_checkers.reports import print_table
 
@@ -45,18 +46,26 @@ def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=Non
     return report["exit_code"]
 
 
-def check_runs(run_dirs: list[Path], *, spark_master: str | None = None, spark=None) -> list[dict[str, Any]]:
-    """Check many stored runs in one Spark job; one report dict (the report.json content) per run."""
+def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, spark=None) -> list[dict[str, Any]]:
+    """Check many stored runs in one Spark job; one report dict (the report.json content) per run.  Never
+    raises for a checker failure (Spark cannot start, a job dies): those runs are unknown, with the reason."""
     started = time.monotonic()
     inputs = [open_run(d, run_id=f"run{i}") for i, d in enumerate(run_dirs)]
     outcomes: dict[str, RunOutcome] = {i.run_id: RunOutcome(fatal=list(i.fatal)) for i in inputs}
     readable = [i for i in inputs if i.readable]
-    master = None
+    master = spark_master
     if readable:
         from spark_checkers.session import spark_session
 
-        spark = spark or spark_session(spark_master)
-        master = spark.sparkContext.master
+        try:
+            spark = spark or spark_session(spark_master)
+            master = spark.sparkContext.master
+        except Exception as error:  # noqa: BLE001 - no Spark, no verdict: unknown, never a crash or a pass
+            for run in readable:
+                outcomes[run.run_id].fatal.append(f"checker error: Spark did not start (master "
+                                                  f"{spark_master or 'default'}): {_short(error)}")
+            readable = []
+    if readable:
         _evaluate_isolating(spark, readable, outcomes)
     elapsed = time.monotonic() - started
     return [_report(i, outcomes[i.run_id], master, elapsed) for i in inputs]
@@ -78,6 +87,15 @@ def _evaluate_isolating(spark, inputs: list[RunInput], outcomes: dict[str, RunOu
         _evaluate_isolating(spark, [run], outcomes)
 
 
+def _release(cached: list) -> None:
+    """Unpersist what the check materialised; a dead JVM cannot, and must not hide the first error."""
+    for df in cached:
+        try:
+            df.unpersist()
+        except Exception:  # noqa: BLE001, S110 - best effort: the verdict is already decided elsewhere
+            pass
+
+
 def _short(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
@@ -89,18 +107,22 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
     specs = [jobs.RunSpec(i.run_id, i.parts, i.guarantees) for i in inputs]
     total_bytes = sum(Path(p).stat().st_size for i in inputs for p in i.parts if "://" not in p)
     spark.conf.set("spark.sql.shuffle.partitions", str(jobs.shuffle_partitions(total_bytes)))
-    events = jobs.load_events(spark, specs)
-    small = jobs.collect_small(events)
-    topics, rows_read = jobs.collect_topics(events)
-    for run in inputs:
-        if rows_read.get(run.run_id, 0) != run.rows:
-            raise RuntimeError(f"{run.run_dir}: read {rows_read.get(run.run_id, 0)} rows from the history parts, "
-                               f"their footers say {run.rows}")
-    timelines = {i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees) for i in inputs}
-    violations, metrics, cached, parts = jobs.build(spark, specs, events, timelines, topics)
+    cached: list = []
     try:
+        events = jobs.cache_events(jobs.load_events(spark, specs), cached)
+        with jobs.timed("scan + topics"):
+            topics, rows_read = jobs.collect_topics(events)  # the first full scan: fills the cache
+        with jobs.timed("small rows"):
+            small = jobs.collect_small(events)
+        for run in inputs:
+            if rows_read.get(run.run_id, 0) != run.rows:
+                raise RuntimeError(f"{run.run_dir}: read {rows_read.get(run.run_id, 0)} rows from the history "
+                                   f"parts, their footers say {run.rows}")
+        timelines = {i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees) for i in inputs}
+        violations, metrics, parts = jobs.build(spark, specs, events, timelines, topics, cached)
         try:
-            counts, witnesses = jobs.collect_violations(violations)
+            with jobs.timed("violations"):
+                counts, witnesses = jobs.collect_violations(violations)
         except Exception as error:  # noqa: BLE001
             counts, witnesses = {}, {}
             # Why one by one: find which checker broke, keep the others' answers.
@@ -115,10 +137,10 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
                         outcomes[run.run_id].errors[names[0]] = _short(part_error)
             if not any(o.errors for o in outcomes.values()):
                 raise error
-        metric_rows = metrics.collect()
+        with jobs.timed("metrics"):
+            metric_rows = jobs.collect_metrics(metrics)
     finally:
-        for df in cached:
-            df.unpersist()
+        _release(cached)
     for run in inputs:
         outcome = outcomes[run.run_id]
         outcome.timeline = timelines[run.run_id]

@@ -10,9 +10,12 @@ row by row.
 
 from __future__ import annotations
 
+import os
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import reduce
-from pathlib import Path
+from urllib.parse import quote
 
 from harness.history_schema import EVENT_SCHEMA, Kind
 from spark_checkers.guarantees import Guarantees
@@ -22,6 +25,8 @@ from spark_checkers.topics import filter_matches
 WITNESS_CAP = 5
 LOSS_ROWS_CAP = 200  # lost messages collected per run and invariant, to build gap witnesses
 LOSS_INVARIANTS = ("durability.lost", "expiry.dropped_early", "limits.trimmed_under_limit", "limits.trim_not_oldest")
+# Columns no checker reads (wall clocks, payload size, retain): left out of the cached copy of the events.
+UNREAD_COLUMNS = ("t_wall_us", "send_wall_us", "payload_size", "retain")
 PUB_KINDS = (Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBLISH_INDETERMINATE)
 
 
@@ -44,16 +49,34 @@ def load_events(spark, runs: list[RunSpec]):
     """All runs' parts in one scan (Spark packs small files into few tasks); run_id from each row's file."""
     from pyspark.sql import functions as F
 
+    from spark_checkers.loader import spark_uri
+
     path_to_run: dict[str, str] = {}
     for run in runs:
         for part in run.parts:
-            path_to_run[part] = run.run_id
-            if "://" not in part:
-                path_to_run["file:" + str(Path(part).resolve())] = run.run_id
-    lookup = F.create_map(*[F.lit(x) for pair in path_to_run.items() for x in pair])
-    paths = [part for run in runs for part in run.parts]
+            uri = spark_uri(part)
+            # Spark names a file "file:/abs/path" or "file:///abs/path", percent-encoded: key every form.
+            encoded = quote(uri, safe="/:")
+            for name in (part, uri, encoded, uri.replace("file:///", "file:/", 1),
+                         encoded.replace("file:///", "file:/", 1)):
+                path_to_run[name] = run.run_id
+    paths = [spark_uri(part) for run in runs for part in run.parts]
     events = spark.read.schema(spark_schema()).parquet(*paths)
+    if len(runs) == 1:  # one run: a constant, no per-row lookup of the file path
+        return events.withColumn("run_id", F.lit(runs[0].run_id))
+    lookup = F.create_map(*[F.lit(x) for pair in path_to_run.items() for x in pair])
     return events.withColumn("run_id", lookup[F.col("_metadata.file_path")])
+
+
+def cache_events(events, cached: list):
+    """Read the Parquet once: every later step (small rows, topics, publishes, deliveries) scans this
+    in-memory columnar copy instead of decoding the files again.  Columns only small rows use are nearly all
+    null on the big rows and compress to almost nothing."""
+    from pyspark import StorageLevel
+
+    kept = events.drop(*UNREAD_COLUMNS).persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(kept)
+    return kept
 
 
 def shuffle_partitions(total_bytes: int) -> int:
@@ -246,32 +269,32 @@ class Rules:
         return [witness(self.df.filter(cond), inv, key, *cols) for inv, cond, key, cols in self.rules]
 
 
-def _freeze(df, cached: list):
-    """Materialise and cut the lineage: later plans start from here (Catalyst re-analyses whole plans on every
-    step, which costs seconds on these deep ones)."""
-    import os
-    import time
+def _freeze(df, cached: list, label: str):
+    """Materialise once (memory, spilling to disk), so every later rule and metric reads the result instead of
+    recomputing it.  A plain persist, not localCheckpoint: a lost block is recomputed from its lineage instead
+    of failing the check (a localCheckpoint block lost under load once failed a whole check)."""
+    from pyspark import StorageLevel
 
-    started = time.monotonic()
-    frozen = df.localCheckpoint(eager=True)
-    if os.environ.get("ORDEAL_CHECKER_TIMING"):
-        print(f"checkpoint {len(cached)}: {time.monotonic() - started:.2f} s")
-    cached.append(frozen)
+    with timed(f"materialise {label}"):
+        frozen = df.persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(frozen)
+        frozen.count()
     return frozen
 
 
-def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], topics: dict[str, list[str]]):
-    """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows."""
+def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], topics: dict[str, list[str]],
+          cached: list):
+    """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows.  Every
+    DataFrame it materialises is appended to ``cached`` (the caller unpersists them)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    cached: list = []
     runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
     runs_b, clients_b, match_b = F.broadcast(runs_df), F.broadcast(clients_df), F.broadcast(match_df)
-    pub = _freeze(publishes(events), cached)
+    pub = _freeze(publishes(events), cached, "publishes")
     slots = _freeze(delivery_slots(events, clients_df).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
-                    cached)
-    dsm = _freeze(deliveries_per_message(slots.drop("t_origin", "tol_us")), cached)
+                    cached, "slots")
+    dsm = _freeze(deliveries_per_message(slots.drop("t_origin", "tol_us")), cached, "per_message")
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
     tol = F.col("tol_us")
 
@@ -299,7 +322,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                       .when((F.col("min_hash") != F.col("pub_hash")) | (F.col("max_hash") != F.col("pub_hash")),
                             F.lit("body hash differs from the published one")))
     dp = _freeze(dp.select("*", prev_max.alias("prev_max"), phantom_reason.alias("phantom_reason"),
-                           deadline.alias("deadline")), cached)
+                           deadline.alias("deadline")), cached, "with_publish")
     t_first = F.col("first.t")
     rel_first = t_first - F.col("t_origin")
     base = ["client", "publisher", "pub_seq", F.col("first.t").alias("t"), F.col("first.packet_id").alias("packet_id"),
@@ -345,7 +368,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                   (F.col("first.conn") != F.col("prev_max.conn")).alias("across_reconnect"),
                   F.exists("fault_times", lambda x: (x >= F.col("prev_max.t")) & (x <= t_first)).alias("across_failover"))
 
-    cand = _freeze(owed_candidates(pub, dsm, runs_b, clients_b, match_b), cached)
+    cand = _freeze(owed_candidates(pub, dsm, runs_b, clients_b, match_b), cached, "owed_candidates")
     lost = cand.filter(F.col("owed") & ~F.col("delivered"))
     loss_cols = ["client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "t_origin", "expiry_s", "in_backlog",
                  F.col("k.d").alias("t_offline"), F.col("k.c").alias("t_reconnect"), "rank", "n_backlog", "limit",
@@ -367,7 +390,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     violations = reduce(lambda a, b: a.unionByName(b), [g.combined() for g in groups] + [lost_w])
     parts = [p for g in groups for p in g.separate()] + [lost_w]
     metrics = _metrics(pub, slots, dp, cand, lost, runs_b)
-    return violations, metrics, cached, parts
+    return violations, metrics, parts
 
 
 def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
@@ -386,16 +409,19 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     cand = (eligible.join(match_b, ["run_id", "topic"])
             .select("*", F.explode(F.array_distinct(F.transform(F.filter("subs", held), lambda x: x["client"])))
                     .alias("client")).drop("subs"))
-    cand = cand.join(runs_b, "run_id").join(clients_b.select("run_id", "client", "offline"), ["run_id", "client"], "left")
+    cand = cand.join(clients_b.select("run_id", "client", "offline"), ["run_id", "client"], "left")
+    t_arr = F.coalesce("t_ack", "t_invoke")
+    k = F.element_at(F.filter(F.coalesce("offline", F.array()), lambda i: i["c"] > t_arr), 1)
+    # Only what the rules and witnesses read travels through the two shuffles below (narrow rows).
+    cand = cand.select("run_id", "client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "expiry_s",
+                       "pub_node", t_arr.alias("t_arr"), k.alias("k"))
     got = dsm.select("run_id", "client", "publisher", "pub_seq", F.col("first.t").alias("t_first_delivery"),
                      "first_ack_t")
     cand = cand.join(got, ["run_id", "client", "publisher", "pub_seq"], "left")
-    # Why: both windows below are clustered by subscriber; one shuffle here serves them both.
-    cand = cand.repartition("run_id", "client")
-    t_arr = F.coalesce("t_ack", "t_invoke")
-    k = F.element_at(F.filter(F.coalesce("offline", F.array()), lambda i: i["c"] > t_arr), 1)
-    cand = cand.select("*", t_arr.alias("t_arr"), k.alias("k"),
-                       F.col("t_first_delivery").isNotNull().alias("delivered"))
+    # Why: both windows below are clustered by subscriber; one shuffle here serves them both (the broadcast
+    # join of the run table keeps that partitioning).
+    cand = cand.repartition("run_id", "client").join(runs_b, "run_id")
+    cand = cand.select("*", F.col("t_first_delivery").isNotNull().alias("delivered"))
     # In the backlog of offline window k: published while offline, or earlier but not acked before it began.
     in_backlog = F.col("k").isNotNull() & ((F.col("t_arr") >= F.col("k.d")) | F.col("first_ack_t").isNull()
                                            | (F.col("first_ack_t") > F.col("k.d")))
@@ -494,12 +520,13 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
         parts.append(lat.select("run_id", F.lit(f"latency_{name}_ms").alias("metric"),
                                 F.col("b").cast("string").alias("key"), F.col(name).cast("double").alias("value")))
     owed = cand.filter(F.col("owed"))
-    parts.append(owed.groupBy("run_id").agg(F.count(F.lit(1)).alias("v")).select(
-        "run_id", F.lit("count").alias("metric"), F.lit("owed").alias("key"), F.col("v").cast("double").alias("value")))
-    for flag in ("legally_trimmed", "expired_legally", "undeliverable"):
-        parts.append(cand.filter(F.col(flag)).groupBy("run_id").count().select(
-            "run_id", F.lit("count").alias("metric"), F.lit(flag).alias("key"),
-            F.col("count").cast("double").alias("value")))
+    # One scan of the candidates for the four counts; a zero count gives no row (as an empty group would).
+    flags = ("owed", "legally_trimmed", "expired_legally", "undeliverable")
+    flag_counts = cand.groupBy("run_id").agg(*[F.sum(F.col(f).cast("long")).alias(f) for f in flags])
+    parts.append(flag_counts.select("run_id", F.explode(F.map_from_arrays(
+        F.array(*[F.lit(f) for f in flags]), F.array(*flags))).alias("key", "value"))
+        .filter(F.col("value") > 0)
+        .select("run_id", F.lit("count").alias("metric"), "key", F.col("value").cast("double").alias("value")))
     changes = owed.select("run_id", "t_origin", "bucket_us", F.col("t_invoke").alias("t"), F.lit(1).alias("delta")).unionByName(
         owed.filter(F.col("delivered")).select("run_id", "t_origin", "bucket_us", F.col("t_first_delivery").alias("t"),
                                                F.lit(-1).alias("delta")))
@@ -514,6 +541,21 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
     parts.append(last_pid.select("run_id", F.lit("last_packet_id").alias("metric"), F.col("client").alias("key"),
                                  F.col("pid").cast("double").alias("value")))
     return reduce(lambda a, b: a.unionByName(b), parts)
+
+
+def collect_metrics(metrics) -> list:
+    return metrics.collect()
+
+
+@contextmanager
+def timed(label: str):
+    """With $ORDEAL_CHECKER_TIMING set, print how long a step took (the benchmark's profile)."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        if os.environ.get("ORDEAL_CHECKER_TIMING"):
+            print(f"  {label}: {time.monotonic() - started:.2f} s", flush=True)
 
 
 def collect_violations(violations):

@@ -10,6 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
 
@@ -34,8 +35,37 @@ class RunInput:
         return not self.fatal
 
 
+def local_run_dir(location: str | Path) -> Path:
+    """The run directory as a local path, from a path or a ``file://`` URI.
+
+    The checker process itself reads the manifest, the scenario and the Parquet footers (to diagnose a broken
+    history before Spark scans anything) and writes the reports next to them, so the run directory must be
+    on a file system this process can open: a local path, or a ``file://`` URI (on a Spark cluster, a mount
+    every executor sees under the same path).  Any other scheme is refused with this explanation."""
+    if isinstance(location, Path):
+        return location
+    parsed = urlparse(location)
+    if len(parsed.scheme) <= 1:  # no scheme (a plain path; one letter would be a Windows drive)
+        return Path(location)
+    if parsed.scheme != "file":
+        raise ValueError(f"{location}: run directories on {parsed.scheme}:// are not supported; the checker reads "
+                         "the manifest and scenario and writes the reports itself, so give a local path or a "
+                         "file:// URI (on a cluster: a shared mount every Spark executor sees at the same path)")
+    if parsed.netloc not in ("", "localhost"):
+        raise ValueError(f"{location}: file:// URI with host {parsed.netloc!r}; expected file:///absolute/path "
+                         "(the host part must be empty or localhost)")
+    return Path(unquote(parsed.path))
+
+
+def spark_uri(part: str) -> str:
+    """A part file as the absolute URI handed to Spark, so that no cluster resolves it against another
+    default file system (fs.defaultFS may be HDFS there).  Not percent-encoded: Hadoop takes the string as
+    is (``%20`` would name a different file)."""
+    return part if "://" in part else "file://" + str(Path(part).resolve())
+
+
 def open_run(run_dir: str | Path, run_id: str | None = None) -> RunInput:
-    run_dir = Path(run_dir)
+    run_dir = local_run_dir(run_dir)
     fatal: list[str] = []
     guarantees = None
     scenario_path = run_dir / "scenario.json"

@@ -17,17 +17,31 @@ def _run_dir(path: str) -> Path:
 
 
 @click.command(name="check")
-@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("run_dir")
 @click.option("--spark-master", default=None, metavar="URL",
               help="Spark master (default: $ORDEAL_SPARK_MASTER or local[2]), e.g. spark://host:7077.")
 def check(run_dir: str, spark_master: str | None) -> None:
     """Re-check a stored run: write report.json, junit.xml and report.html, print the verdict table and exit
-    0 (every invariant holds), 1 (a violation) or 2 (unknown: the checkers could not decide)."""
-    from spark_checkers.api import check_run
+    0 (every invariant holds), 1 (a violation) or 2 (unknown: the checkers could not decide).
 
-    code = check_run(_run_dir(run_dir), spark_master)
-    click.echo(f"reports: {Path(run_dir) / 'report.html'}  {Path(run_dir) / 'report.json'}  "
-               f"{Path(run_dir) / 'junit.xml'}")
+    RUN_DIR is a local path or a file:// URI (the checker reads the manifest and writes the reports itself;
+    on a cluster, put runs on a mount every executor sees at the same path)."""
+    from spark_checkers.api import check_run
+    from spark_checkers.loader import local_run_dir
+
+    try:
+        local = _run_dir(str(local_run_dir(run_dir)))
+    except (ValueError, click.ClickException) as error:
+        # Why exit 2: nothing was checked, so the verdict is unknown; 1 would claim a violation.
+        click.echo(f"Error: {error.format_message() if isinstance(error, click.ClickException) else error}",
+                   err=True)
+        sys.exit(2)
+    try:
+        code = check_run(local, spark_master)
+    except Exception as error:  # noqa: BLE001 - a crashed checker decides nothing: unknown, never pass or fail
+        click.echo(f"Error: the checker failed, verdict unknown: {type(error).__name__}: {error}", err=True)
+        sys.exit(2)
+    click.echo(f"reports: {local / 'report.html'}  {local / 'report.json'}  {local / 'junit.xml'}")
     sys.exit(code)
 
 

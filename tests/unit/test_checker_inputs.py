@@ -86,6 +86,27 @@ def test_corrupt_data_page_is_a_checker_error(spark, tmp_path):
     assert "checker error" in report["invariants"][0]["reason"] or "Parquet" in report["invariants"][0]["reason"]
 
 
+@pytest.mark.spark
+def test_a_spark_job_dying_mid_check_is_unknown_never_pass(spark, tmp_path, monkeypatch):
+    """A task failure while the intermediate tables are materialised (as a localCheckpoint once did under
+    load) must make every invariant unknown with the reason, and the next check must work again."""
+    from pyspark.sql import functions as F
+
+    from spark_checkers import jobs
+
+    original = jobs.publishes
+
+    def dying(events):
+        boom = F.when(F.col("pub_seq") > 0, F.raise_error(F.lit("injected task failure")))
+        return original(events).withColumn("boom", boom)
+
+    run = s.write_spec(tmp_path / "run", SPEC)
+    monkeypatch.setattr(jobs, "publishes", dying)
+    _all_unknown(check_runs([run], spark=spark), "injected task failure")
+    monkeypatch.setattr(jobs, "publishes", original)
+    assert check_runs([run], spark=spark)[0]["exit_code"] == 0
+
+
 @pytest.mark.parametrize("topic_filter,topic,expected", [
     ("europe/ua/kyiv/3/+", "europe/ua/kyiv/3/0", True),
     ("europe/ua/kyiv/3/+", "europe/ua/kyiv/31/0", False),

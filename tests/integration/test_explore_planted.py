@@ -56,9 +56,11 @@ def explored_rows(explored) -> list[dict]:
 def test_short_explore_finds_the_planted_defect(explored):
     result = explored["result"]
     assert result.exit_code == 1, result.output
-    # never a run started that could not finish: the last one ended inside the budget (+ its check's jitter)
-    assert explored["elapsed"] < BUDGET_S + 20, explored["elapsed"]
     rows = explored_rows(explored)
+    # never a run started that could not finish: the last one's run phase ended inside the budget, so the
+    # worst overrun is its check (ordeal/explore.py; 15-80 s idle, measured 100+ s at load average 16)
+    last_check_s = json.loads((Path(rows[-1]["run_dir"]) / "summary.json").read_text())["timings_s"].get("check_s", 0)
+    assert explored["elapsed"] < BUDGET_S + last_check_s + 20, (explored["elapsed"], last_check_s)
     assert [r["seed"] for r in rows] == list(range(FIRST_SEED, FIRST_SEED + len(rows)))
     assert all(r["exit_code"] == 1 and TARGET in r["failing"] for r in rows)
     summary = result.output.strip().splitlines()[-1]

@@ -117,3 +117,13 @@ def test_the_pipeline_wait_goes_on_only_while_kafka_holds_owed_records_and_they_
     assert pipeline_wait_decision(owed=144, in_kafka=100, previous=(144, 114)) is None  # Kafka side moving
     assert pipeline_wait_decision(owed=60, in_kafka=114, previous=(144, 114)) is None  # deliveries moving
     assert pipeline_wait_decision(owed=144, in_kafka=114, previous=(144, 114)) == "pipeline_stalled"
+
+
+def test_a_topic_read_empty_counts_as_unreadable_not_as_an_empty_pipeline():
+    from harness.kafka import owed_in_backlog
+
+    empty = {"records": {}, "committed": {0: 5}}
+    assert owed_in_backlog({"in": empty, "out": {"records": {0: []}, "committed": {}}}, {("p", 1)}) is None
+    from harness.kafka import backlog_summary
+
+    assert "no conclusion" in backlog_summary({"t": empty}, {("p", 1)})["t"]["error"]

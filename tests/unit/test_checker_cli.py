@@ -49,6 +49,7 @@ def test_local_run_dir_accepts_paths_and_file_uris(tmp_path):
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(900)  # Spark on a loaded 2-core machine
 def test_spark_that_cannot_start_is_unknown_exit_2(tmp_path):
     """A real Spark failure (an unparsable master URL, raised by the JVM) must end as unknown, exit 2."""
     run = s.write_spec(tmp_path / "run", s.Spec(pairs=1, messages=3))
@@ -63,6 +64,7 @@ def test_spark_that_cannot_start_is_unknown_exit_2(tmp_path):
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(900)  # Spark on a loaded 2-core machine
 def test_runs_given_as_file_uris_are_checked_in_one_batch(spark, tmp_path):
     """Parts handed to Spark as file:// URIs, two runs in one scan: each row still finds its own run."""
     spec = s.Spec(pairs=1, messages=6)

@@ -87,6 +87,7 @@ def test_corrupt_data_page_is_a_checker_error(spark, tmp_path):
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(900)  # Spark on a loaded 2-core machine
 def test_a_spark_job_dying_mid_check_is_unknown_never_pass(spark, tmp_path, monkeypatch):
     """A task failure while the intermediate tables are materialised (as a localCheckpoint once did under
     load) must make every invariant unknown with the reason, and the next check must work again."""

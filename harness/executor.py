@@ -64,7 +64,8 @@ class ExecutorSettings:
 
 class Executor:
     def __init__(self, plan: Plan, endpoints: Sequence[Endpoint], recorder: HistoryRecorder, *,
-                 settings: ExecutorSettings | None = None, stop: threading.Event | None = None):
+                 settings: ExecutorSettings | None = None, stop: threading.Event | None = None,
+                 before_reconnect: Callable[[str, str], None] | None = None):
         if not endpoints:
             raise ExecutorError("the target exposes no MQTT endpoint")
         self.plan = plan
@@ -72,6 +73,9 @@ class Executor:
         self.recorder = recorder
         self.settings = settings or ExecutorSettings()
         self.stop = stop or threading.Event()
+        # White box: called with (client id, why) just before a persistent session resumes (the queue is
+        # then at its largest; harness/snapshot.QueueSizeProbe records its size).
+        self.before_reconnect = before_reconnect
         self.loop = SelectorLoop()
         self.counters = Counters()
         self.max_lag_s = 0.0
@@ -210,10 +214,15 @@ class Executor:
         session = self.sessions[action.client_id]
         self._held_by_fault.pop(action.client_id, None)  # the plan takes the client back from a fault
         if action.action == CONNECT:
+            self._probe_before_resume(session, why)
             session.connect(clean_start=action.clean_start, node=action.node,
                             session_expiry_s=action.session_expiry_s, why=why)
         else:
             session.disconnect(abrupt=action.abrupt, why=why)
+
+    def _probe_before_resume(self, session: ClientSession, why: str) -> None:
+        if self.before_reconnect is not None and session.plan.persistent and session.paho is None:
+            self.before_reconnect(session.client_id, why)
 
     def settle(self) -> dict[str, int]:
         """Wait for outstanding publish outcomes; the rest become indeterminate.  Publishers then leave."""
@@ -239,6 +248,7 @@ class Executor:
         self._wait_for(lambda: all(s.paho is None for s in subscribers) and not self._writing(),
                        min(2.0, timeout_s))
         for session in subscribers:
+            self._probe_before_resume(session, "drain")
             session.connect(clean_start=False, node=session.node, session_expiry_s=session.plan.session_expiry_s,
                             why="drain")
         # Wait by harness/drain.py's rule: quiet for quiet_s with nothing owed, or for the longer
@@ -425,6 +435,9 @@ class Executor:
 
     def close(self) -> None:
         """Disconnect everyone cleanly (recorded) and release the sockets."""
+        closer = getattr(self.before_reconnect, "close", None)
+        if closer is not None:
+            closer()
         self._fail_client_faults("the executor closed before the client fault was played")
         for session in self.sessions.values():
             if session.paho is not None:

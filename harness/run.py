@@ -148,7 +148,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         outcome["notes"] += target.apply_presets(plan)
 
         executor = Executor(plan, target.endpoints(), recorder, stop=stop,
-                            settings=ExecutorSettings(client_bind_address=target.client_bind_address()))
+                            settings=ExecutorSettings(client_bind_address=target.client_bind_address()),
+                            before_reconnect=target.queue_size_probe())
         # Before any client connects: a bad schedule starts nothing.  Client faults are played by the executor.
         nemesis = make_nemesis(plan, target, recorder, client_player=executor.client_fault_player())
         reporter.phase("connecting clients")

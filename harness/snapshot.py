@@ -7,6 +7,11 @@ Keys (TBMQ-NOTES.md, reference_broker/store.py), all sharing the client id as ha
 ``snapshot_sessions`` records one ``session_snapshot`` row per subscriber after the drain: ZSET size, the
 last packet id, orphan payload keys (no ZSET member points at them) and dangling references (ZSET members
 whose payload key is gone), with the members, scores, TTLs and decoded identities in ``detail``.
+
+``QueueSizeProbe`` records a smaller ``session_snapshot`` row — the ZSET size only, ``detail.when =
+"before_reconnect"`` — just before a persistent subscriber comes back, so "more kept than the limit" is seen
+while the backlog is largest, not only after the drain emptied it.  Only the size: the other white-box
+counts are meaningful once nothing is in flight.
 """
 
 from __future__ import annotations
@@ -116,3 +121,41 @@ def snapshot_sessions(startup_nodes: Sequence[tuple[str, int]], prefix: str, cli
     finally:
         cluster.close()
     return count
+
+
+class QueueSizeProbe:
+    """``probe(client, why)``: record the size of the client's message ZSET right now (a ``session_snapshot``
+    row with only ``zset_size``).  Best effort and quick: one ZCARD with a 1 s timeout; when Redis does not
+    answer (a fault is running) nothing is recorded and the run goes on — the probe adds evidence, the
+    post-drain snapshot stays the one that must exist."""
+
+    def __init__(self, startup_nodes: Sequence[tuple[str, int]], prefix: str, recorder: HistoryRecorder):
+        self.startup_nodes = list(startup_nodes)
+        self.prefix = prefix
+        self.recorder = recorder
+        self._cluster: Any = None
+        self.recorded = 0
+        self.failed = 0
+
+    def __call__(self, client: str, why: str) -> None:
+        try:
+            if self._cluster is None:
+                from redis.cluster import ClusterNode, RedisCluster
+
+                self._cluster = RedisCluster(
+                    startup_nodes=[ClusterNode(h, p) for h, p in self.startup_nodes], decode_responses=True,
+                    socket_timeout=1.0, socket_connect_timeout=1.0)
+            size = int(self._cluster.zcard(messages_key(self.prefix, client)))
+        except Exception:  # noqa: BLE001 - any Redis trouble: no probe row, the run is not disturbed
+            self.failed += 1
+            return
+        self.recorder.record(Kind.SESSION_SNAPSHOT, client=client, zset_size=size,
+                             detail={"when": "before_reconnect", "why": why})
+        self.recorded += 1
+
+    def close(self) -> None:
+        if self._cluster is not None:
+            try:
+                self._cluster.close()
+            finally:
+                self._cluster = None

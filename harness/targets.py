@@ -144,6 +144,10 @@ class ExternalTarget:
     def snapshot(self, plan: Plan) -> int:
         return 0
 
+    def queue_size_probe(self):
+        """A black box: no Redis to look into."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {"kind": "external", "mqtt": {self.name: f"{self.host}:{self.port}"},
                 "nodes": [self.node.describe()] if self.node is not None else []}
@@ -225,6 +229,12 @@ class ReferenceTarget:
         if presets:
             preset_last_packet_ids(self.topology.redis_startup_nodes(), self._key_prefix(), presets)
         return []
+
+    def queue_size_probe(self):
+        """``probe(client, why)`` recording the client's message-queue size (harness/snapshot.QueueSizeProbe)."""
+        from harness.snapshot import QueueSizeProbe
+
+        return QueueSizeProbe(self.topology.redis_startup_nodes(), self._key_prefix(), self.recorder)
 
     def snapshot(self, plan: Plan) -> int:
         from harness.snapshot import snapshot_sessions

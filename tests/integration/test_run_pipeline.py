@@ -134,7 +134,12 @@ def test_reference_broker_smoke_with_white_box_snapshots(out_dir: Path):
     result = run_scenario(find_scenario("p2p-smoke"), 1, out_dir, check=False)
     assert result.exit_code == EXIT_PASS, result.summary
     rows = assert_history_consistent(result.run_dir)
-    snapshots = [r for r in rows if r["kind"] == Kind.SESSION_SNAPSHOT]
+    every_snapshot = [r for r in rows if r["kind"] == Kind.SESSION_SNAPSHOT]
+    probes = [r for r in every_snapshot if "before_reconnect" in (r["detail"] or "")]
+    snapshots = [r for r in every_snapshot if r not in probes]
+    # The queue-size probe before each resume (here: the drain's reconnect of every subscriber).
+    assert {r["client"] for r in probes} == {f"test_sub_client_{i}_0" for i in range(3)}
+    assert all(r["last_packet_id"] is None and r["zset_size"] >= 0 for r in probes)
     assert sorted(r["client"] for r in snapshots) == [f"test_sub_client_{i}_0" for i in range(3)]
     for snap in snapshots:  # everything was delivered and acknowledged: nothing stays in Redis
         assert snap["zset_size"] == 0 and snap["orphan_payloads"] == 0 and snap["dangling_refs"] == 0

@@ -127,3 +127,13 @@ def test_a_topic_read_empty_counts_as_unreadable_not_as_an_empty_pipeline():
     from harness.kafka import backlog_summary
 
     assert "no conclusion" in backlog_summary({"t": empty}, {("p", 1)})["t"]["error"]
+
+
+def test_a_read_short_of_the_committed_offsets_is_partial():
+    from harness.kafka import backlog_summary, owed_in_backlog, read_is_complete
+
+    short = {"records": {0: [(0, _record("p", 1)), (1, _record("p", 2))]}, "committed": {0: 5}}
+    assert not read_is_complete(short)  # the group committed offset 5, the read stopped at offset 1
+    assert owed_in_backlog({"t": short}, {("p", 2)}) is None
+    assert "no conclusion" in backlog_summary({"t": short}, {("p", 9)})["t"]["error"]
+    assert read_is_complete({"records": {0: [(0, _record("p", 1))]}, "committed": {0: 1, 1: None}})

@@ -25,7 +25,7 @@ from spark_checkers.topics import filter_matches
 WITNESS_CAP = 5
 LOSS_ROWS_CAP = 200  # lost messages collected per run and invariant, to build gap witnesses
 LOSS_INVARIANTS = ("durability.lost", "expiry.dropped_early", "limits.trimmed_under_limit", "limits.trim_not_oldest")
-# Columns no checker reads (wall clocks, payload size, retain): left out of the cached copy of the events.
+# Columns no checker reads (wall clocks, payload size, retain): not even decoded for the small rows.
 UNREAD_COLUMNS = ("t_wall_us", "send_wall_us", "payload_size", "retain")
 PUB_KINDS = (Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBLISH_INDETERMINATE)
 
@@ -66,17 +66,6 @@ def load_events(spark, runs: list[RunSpec]):
         return events.withColumn("run_id", F.lit(runs[0].run_id))
     lookup = F.create_map(*[F.lit(x) for pair in path_to_run.items() for x in pair])
     return events.withColumn("run_id", lookup[F.col("_metadata.file_path")])
-
-
-def cache_events(events, cached: list):
-    """Read the Parquet once: every later step (small rows, topics, publishes, deliveries) scans this
-    in-memory columnar copy instead of decoding the files again.  Columns only small rows use are nearly all
-    null on the big rows and compress to almost nothing."""
-    from pyspark import StorageLevel
-
-    kept = events.drop(*UNREAD_COLUMNS).persist(StorageLevel.MEMORY_AND_DISK)
-    cached.append(kept)
-    return kept
 
 
 def shuffle_partitions(total_bytes: int) -> int:

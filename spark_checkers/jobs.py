@@ -115,7 +115,9 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
             client_rows.append((run.run_id, client, timeline.connect_seqs.get(client, []),
                                 timeline.fresh_seqs.get(client, []),
                                 [(s, t) for s, t in timeline.disconnects.get(client, [])],
-                                list(timeline.offline.get(client, []))))
+                                list(timeline.offline.get(client, [])),
+                                [(row["seq"], row["t_mono_us"]) for row in timeline.connects.get(client, [])
+                                 if (row.get("reason_code") or 0) < 0x80]))
         for topic in topics.get(run.run_id, []):
             subs = [(s.client, s.t_from, s.t_to, s.granted_qos, s.persistent)
                     for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
@@ -132,7 +134,9 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         T.StructField("disconnects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
         T.StructField("offline", T.ArrayType(T.StructType([T.StructField("idx", N), T.StructField("d", L),
                                                            T.StructField("c", L),
-                                                           T.StructField("discarded", B)])))]))
+                                                           T.StructField("discarded", B)]))),
+        # Accepted connects (CONNACK reason < 0x80) as (seq, t): when each connection was established.
+        T.StructField("connects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)])))]))
     match_df = spark.createDataFrame(match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", S),
         T.StructField("subs", T.ArrayType(T.StructType([
@@ -300,7 +304,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     # Per (subscriber, message), with the publish it claims to be and its place in the stream.
     dp = (dsm.join(pub, ["run_id", "publisher", "pub_seq"], "left").join(runs_b, "run_id")
           .join(match_b, ["run_id", "topic"], "left")
-          .join(clients_b.select("run_id", "client", "disconnects"), ["run_id", "client"], "left"))
+          .join(clients_b.select("run_id", "client", "disconnects", "connects"), ["run_id", "client"], "left"))
     stream = Window.partitionBy("run_id", "client", "publisher", "first.topic").orderBy("first.seq").rowsBetween(
         Window.unboundedPreceding, -1)
     prev_max = F.max(F.struct(F.col("pub_seq"), F.col("first.packet_id").alias("packet_id"),
@@ -318,12 +322,15 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
             F.col("first.node").alias("node"), "t_invoke", "t_ack", "t_origin", "topic"]
     real = F.col("phantom_reason").isNull()
     msg_rules = Rules(dp)
-    # DUP = 1 on the first *observed* receipt is legal after a reconnect: the broker may have sent it on the
-    # connection that died before the client saw it (MQTT 3.1.1 §4.4 / MQTT 5 §4.4 resend on reconnect).
-    reconnected_since_publish = F.exists(F.coalesce("disconnects", F.array()), lambda d: (d["t"] > F.col("t_invoke"))
-                                         & (d["seq"] < F.col("first.seq")))
-    msg_rules.add("order.dup_flag", F.coalesce(F.col("first.dup"), F.lit(False)) & qos_pos & ~reconnected_since_publish,
-                  rel_first, *base, F.lit("DUP on a first delivery, no reconnect since the publish").alias("problem"))
+    # DUP = 1 on the first *observed* receipt is legal when the receiving connection was established after the
+    # publish: the broker may have sent it on an older connection the client had already lost (a disconnect the
+    # broker never saw, e.g. during a partition) and resends it on the new one (MQTT 3.1.1 §4.4 / MQTT 5 §4.4).
+    # Invoked after the current connection was established, it cannot have been sent before: DUP is illegal.
+    connected_since_publish = F.exists(F.coalesce("connects", F.array()), lambda c: (c["t"] > F.col("t_invoke"))
+                                       & (c["seq"] < F.col("first.seq")))
+    msg_rules.add("order.dup_flag", F.coalesce(F.col("first.dup"), F.lit(False)) & qos_pos & ~connected_since_publish,
+                  rel_first, *base,
+                  F.lit("DUP on a first delivery on a connection established before the publish").alias("problem"))
     msg_rules.add("durability.phantom", ~real, rel_first, *base, "phantom_reason", "min_hash", "max_hash", "pub_hash")
     msg_rules.add("durability.delivered_after_failed_publish", real & F.col("t_fail").isNotNull() & F.col("t_ack").isNull(),
                   rel_first, *base, "t_fail")

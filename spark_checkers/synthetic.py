@@ -325,6 +325,15 @@ def drop_delivery(rows: list[Row], client: str, publisher: str, pub_seq: int) ->
     return [r for r in rows if r is not target and r is not ack]
 
 
+def drop_ack(rows: list[Row], client: str, publisher: str, pub_seq: int) -> list[Row]:
+    """The subscriber never acknowledges that delivery: the message stays in flight (unacknowledged)."""
+    rows = _copy(rows)
+    ack = _ack_after(rows, find_delivery(rows, client, publisher, pub_seq))
+    if ack is None:
+        raise LookupError(f"the delivery of {publisher}#{pub_seq} to {client} has no ack to drop")
+    return [r for r in rows if r is not ack]
+
+
 IDENTITY_FIELDS = ("publisher", "pub_seq", "body_hash", "send_wall_us", "topic", "remaining_expiry_s")
 
 

@@ -95,6 +95,9 @@ class Executor:
         self._last_housekeeping = 0.0
         self._fault_requests: queue.Queue[tuple[Any, str, Future]] = queue.Queue()
         self._fault_waiters: list[_Waiter] = []
+        # Client faults whose client is reconnecting (lost its connection, e.g. to a killed broker node)
+        # at the fault's start: (spec, params, sessions, future, deadline), started once it is back.
+        self._deferred_drops: list[tuple[Any, dict[str, Any], list[ClientSession], Future, float]] = []
         self._held_by_fault: dict[str, str] = {}  # client id -> the client fault holding it offline
 
     def _expect_deliveries(self, publish: PublishPlan) -> None:
@@ -318,6 +321,14 @@ class Executor:
             except BaseException as error:  # noqa: BLE001 - handed to the nemesis, which records it
                 future.set_exception(error)
         now = time.monotonic()
+        for deferred in list(self._deferred_drops):
+            spec, params, sessions, future, deadline = deferred
+            if all(s.connected for s in sessions) or now >= deadline:
+                self._deferred_drops.remove(deferred)
+                try:
+                    self._drop_sessions(spec, params, sessions, future, may_defer=False)
+                except BaseException as error:  # noqa: BLE001 - handed to the nemesis
+                    future.set_exception(error)
         for waiter in list(self._fault_waiters):
             # Why poll: a socket closes / a CONNACK arrives on a later loop turn; answer when it did, or
             # with the evidence as it stands at the deadline (bit false: the fault did not take).
@@ -354,16 +365,23 @@ class Executor:
             self._reconnect_sessions(spec, params, sessions, rng, future)
 
     def _drop_sessions(self, spec: Any, params: dict[str, Any], sessions: list[ClientSession],
-                       future: Future) -> None:
+                       future: Future, may_defer: bool = True) -> None:
         from faults.base import Evidence, FaultNotApplicable
         from faults.client import socket_lost_check
 
         if not sessions:
             raise FaultNotApplicable(f"{spec.kind} {spec.id}: no subscriber is connected at its start")
-        offline = [s.client_id for s in sessions if s.paho is None or not s.connected]
+        offline = [s for s in sessions if s.paho is None or not s.connected]
+        # A client that lost its connection (a broker node was killed) and is reconnecting gets the fault
+        # once it is back, within the client-fault timeout; one the plan holds offline never will.
+        if offline and may_defer and all(s.want_connected for s in offline):
+            self._deferred_drops.append(
+                (spec, params, sessions, future, time.monotonic() + self.settings.client_fault_timeout_s))
+            return
         if offline:
-            raise FaultNotApplicable(f"{spec.kind} {spec.id}: client(s) {', '.join(offline)} not connected at "
-                                     "the fault's start; there is no socket to drop")
+            waited = "" if may_defer else f" (nor {self.settings.client_fault_timeout_s:g} s later)"
+            raise FaultNotApplicable(f"{spec.kind} {spec.id}: client(s) {', '.join(s.client_id for s in offline)} "
+                                     f"not connected at the fault's start{waited}; there is no socket to drop")
         abrupt = params.get("mode", "abrupt") == "abrupt"
         watched = []
         for session in sessions:
@@ -421,6 +439,10 @@ class Executor:
 
     def _fail_client_faults(self, reason: str) -> None:
         """The loop is going away: every waiting nemesis thread gets an error instead of a long timeout."""
+        for _spec, _params, _sessions, future, _deadline in self._deferred_drops:
+            if not future.done():
+                future.set_exception(RuntimeError(reason))
+        self._deferred_drops.clear()
         for waiter in self._fault_waiters:
             if not waiter.future.done():
                 waiter.future.set_exception(RuntimeError(reason))

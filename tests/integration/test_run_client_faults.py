@@ -212,6 +212,20 @@ def test_a_client_fault_that_cannot_apply_raises_never_skips(executor_for):
         executor.run_alongside(lambda: player(spec("f05", "client_flap", "nobody"), "apply"))
 
 
+def test_a_client_flap_waits_for_a_client_that_is_reconnecting(executor_for):
+    """chaos-mix: a flap due while its subscriber is still reconnecting after a broker-node kill is played
+    once the client is back (within the client-fault timeout), not refused."""
+    executor, _ = executor_for(1)
+    player = executor.client_fault_player()
+    session = executor.sessions["test_sub_client_0_0"]
+    session.disconnect(abrupt=True, why="test: the connection is lost")
+    session.want_connected = True  # as after a lost connection: the executor reconnects it after a backoff
+    assert not session.connected
+    applied = executor.run_alongside(lambda: player(spec("f06", "client_flap", "test_sub_client_0_0"), "apply"))
+    assert applied.bit, applied
+    assert applied.checks[0].observed["fd_closed"]
+
+
 def test_withheld_acks_are_resent_with_dup_after_an_abrupt_drop(tmp_path, mosquitto):
     """A subscriber that withholds its PUBACKs before an abrupt drop (scenario key withhold_acks_s): the
     withheld deliveries have no delivery_ack_sent row, and the resumed session resends each of them with

@@ -412,7 +412,7 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     cand = cand.select("run_id", "client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "expiry_s",
                        "pub_node", t_arr.alias("t_arr"), k.alias("k"))
     got = dsm.select("run_id", "client", "publisher", "pub_seq", F.col("first.t").alias("t_first_delivery"),
-                     "first_ack_t")
+                     F.col("t_last").alias("t_last_delivery"), "first_ack_t")
     cand = cand.join(got, ["run_id", "client", "publisher", "pub_seq"], "left")
     # Why: both windows below are clustered by subscriber; one shuffle here serves them both (the broadcast
     # join of the run table keeps that partitioning).
@@ -421,7 +421,11 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     # In the backlog of offline window k: published while offline, or earlier but not acked before it began.
     in_backlog = F.col("k").isNotNull() & ((F.col("t_arr") >= F.col("k.d")) | F.col("first_ack_t").isNull()
                                            | (F.col("first_ack_t") > F.col("k.d")))
-    cand = cand.select("*", in_backlog.alias("in_backlog"))
+    # Kept (limit rules): delivered at or after the reconnect, i.e. still in the queue when the backlog was read.
+    # A message delivered before the disconnect, never acked and not resent after it was legally trimmed (TBMQ
+    # trims by ZSET score, oldest first: old in-flight messages go first); "delivered" still clears it of loss.
+    kept = in_backlog & (F.col("t_last_delivery") >= F.col("k.c"))
+    cand = cand.select("*", in_backlog.alias("in_backlog"), F.coalesce(kept, F.lit(False)).alias("kept_after"))
     deadline = F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
     opportunity = F.when(F.col("in_backlog"), F.col("k.c")).otherwise(F.col("t_arr"))
     cand = cand.select("*", (deadline < opportunity + F.col("tol_us")).alias("expired_legally"),
@@ -445,12 +449,12 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     cand = cand.select(
         "*", F.count(F.lit(1)).over(whole).alias("n_backlog"),
         F.sum(F.col("delivered").cast("int")).over(whole).alias("n_backlog_delivered"),
-        F.sum((F.col("delivered") & F.col("settled")).cast("int")).over(whole).alias("n_settled_delivered"),
+        F.sum((F.col("kept_after") & F.col("settled")).cast("int")).over(whole).alias("n_settled_delivered"),
         F.sum(F.col("settled").cast("int")).over(whole).alias("n_settled"),
-        F.max(F.when(F.col("delivered") & ~F.col("legally_trimmed"), F.col("rank"))).over(whole).alias(
+        F.max(F.when(F.col("kept_after") & ~F.col("legally_trimmed"), F.col("rank"))).over(whole).alias(
             "max_rank_delivered_kept"),
-        # Delivered although older than the limit even if every in-pipeline message missed the queue.
-        F.max((F.col("delivered") & F.col("legally_trimmed") & F.col("settled")
+        # Kept although older than the limit even if every in-pipeline message missed the queue.
+        F.max((F.col("kept_after") & F.col("legally_trimmed") & F.col("settled")
                & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w"))).cast("int")).over(whole).alias(
             "trimmed_delivered"),
         (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))

@@ -73,6 +73,21 @@ def _resent_after_reconnect(rows):
     return s.set_delivery_field(rows, "sub-0", "pub-0", 4, dup=True)
 
 
+def _inflight_before_offline(rows):
+    """sub-0 never acks pub-0 #4 (delivered before its disconnect): #4 joins the backlog #4..#10 (limit 3), and
+    as the oldest (lowest ZSET score) it is trimmed first; the broker keeps #8..#10."""
+    return s.drop_ack(rows, "sub-0", "pub-0", 4)
+
+
+def _inflight_kept_newest_trimmed(rows):
+    """As above, but the broker resends the old in-flight #4 after the reconnect (DUP = 1, its packet id) and
+    trims the newest #10 instead."""
+    rows = _inflight_before_offline(rows)
+    first = _delivery(rows, "sub-0", "pub-0", 4)
+    rows = s.add_delivery(rows, first, _delivery(rows, "sub-0", "pub-0", 8)["t_mono_us"] - 30, dup=True)
+    return s.drop_delivery(rows, "sub-0", "pub-0", 10)
+
+
 # name -> (spec, mutation or None, failing invariants expected)
 CASES = {
     "clean": (BASE, None, set()),
@@ -146,6 +161,10 @@ CASES = {
     "in_pipeline_extras_arrive_live": (replace(LIMIT, trim_mode="none", pipeline_slack_ms=300), None, set()),
     "limit_plus_one_old_after_long_offline": (replace(LIMIT, trim_mode="none", pipeline_slack_ms=300,
                                                       offline=(s.Offline(0, 5, 12),)), None, {"limits.over_limit"}),
+    # Black-box limit: "kept" is delivered after the reconnect; an in-flight message delivered only before the
+    # disconnect and then trimmed (oldest first) was not kept.
+    "inflight_before_offline_trimmed": (LIMIT, _inflight_before_offline, set()),
+    "inflight_resent_newest_trimmed": (LIMIT, _inflight_kept_newest_trimmed, {"limits.trim_not_oldest"}),
     "immediate_drain_reconnect": (replace(LIMIT, trim_mode="none", pipeline_slack_ms=1000), None, set()),
 }
 UNKNOWN_CASES = {

@@ -142,7 +142,6 @@ class Broker:
                 if peer:
                     self.peers.addresses = {**self.peers.addresses, old_node: peer}
             self.peers.post(old_node, {"t": "kick", "c": client, "conn": session["conn"]})
-        await store.cancel_expiry(client)
         expired = False
         if session.get("disconnected_at") and session.get("expiry"):
             expired = int(session["disconnected_at"]) + int(session["expiry"]) * 1000 <= time.time() * 1000
@@ -156,10 +155,14 @@ class Broker:
         conn.filters = dict(subscription["filters"]) if subscription else {}
         if resumed:
             conn.inbound_qos2 = await store.inbound_qos2(client)
+        # Order matters if this node dies mid-CONNECT: listed in the node's client set first (so a dead
+        # node's sessions are released), the record replaced in one step (never missing), the pending expiry
+        # cancelled last (a session left disconnected must keep its expiry).
+        await store.add_node_client(self.node_id, client)
         await store.put_session(client, {
             "node": self.node_id, "conn": conn.conn_id, "persistent": int(conn.persistent),
             "expiry": conn.session_expiry or "", "protocol": conn.version, "connected_at": int(time.time() * 1000)})
-        await store.add_node_client(self.node_id, client)
+        await store.cancel_expiry(client)
         if subscription is not None:
             await self.save_subscriptions(conn)  # the node holding the connection changed
         return resumed

@@ -37,6 +37,9 @@ SCRIPT_NAMES = ("save", "read_backlog", "remove_one", "mark_released", "remove_a
 SAVE_DEFECTS = ("score_reset_at_wrap", "packet_id_wraps_to_zero", "last_packet_id_from_zset", "trim_newest",
                 "trim_off_by_one", "expiry_as_milliseconds")
 
+# DEL + HSET as one atomic step: nobody ever sees the hash missing in between
+REPLACE_HASH = "redis.call('DEL', KEYS[1]); return redis.call('HSET', KEYS[1], unpack(ARGV))"
+
 
 def lua_source(name: str) -> str:
     return (LUA_DIR / f"{name}.lua").read_text()
@@ -72,6 +75,7 @@ class SessionStore:
         self.prefix = config.key_prefix
         self.scripts = {name: redis.register_script(lua_source(name)) for name in SCRIPT_NAMES}
         self.save_defects = ",".join(d for d in config.defects if d in SAVE_DEFECTS)
+        self.replace_hash = redis.register_script(REPLACE_HASH)
 
     # ------------------------------------------------------------ key names
     def messages_key(self, client: str) -> str:
@@ -181,9 +185,11 @@ class SessionStore:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     async def put_session(self, client: str, fields: dict[str, Any]) -> None:
-        key = self.session_key(client)
-        await self.redis.delete(key)
-        await self.redis.hset(key, mapping={k: str(v) for k, v in fields.items()})
+        """Replace the session record in one step.  A DEL followed by an HSET left no record at all when
+        the node died in between (SIGKILL during a CONNECT), and the next node then answered a resuming
+        client with session present = 0 and dropped its subscriptions."""
+        flat = [str(x) for item in fields.items() for x in item]
+        await self.replace_hash(keys=[self.session_key(client)], args=flat)
 
     async def mark_disconnected(self, client: str, conn: str, expires_at_ms: int | None) -> bool:
         """Mark the session disconnected if ``conn`` still owns it; returns whether it did."""

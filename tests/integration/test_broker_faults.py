@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import socket
 import threading
 import time
+import uuid
 
 import pytest
 import test_broker_flow
-from test_broker_flow import FILTER, TOPIC
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from test_broker_flow import FILTER, TOPIC, RawClient, payloads
 
+from reference_broker import codec
 from reference_broker.probe import Probe
 
 pytestmark = pytest.mark.integration
@@ -296,3 +302,76 @@ def test_sessions_of_a_dead_node_are_released_and_expire(brokers):
     assert cluster.stored_ids(sub.client_id) == [] and cluster.payload_keys(sub.client_id) == set()
     assert cluster.redis.exists(cluster.key(survivor.client_id, "session"))   # the living are untouched
     assert "released 1 of its sessions" in cluster.log(1)
+
+
+class KillOnFirstWrite(threading.Thread):
+    """SIGKILLs a broker node the moment Redis reports the first write to one key (a keyspace
+    notification on the key's master), so the node dies in the middle of whatever step wrote it."""
+
+    def __init__(self, cluster, key: str, node) -> None:
+        super().__init__(daemon=True)
+        import redis
+
+        self.node = node
+        self.fired = threading.Event()
+        master = cluster.redis.get_node_from_key(key)
+        self.admin = redis.Redis(master.host, master.port)
+        self.old_setting = self.admin.config_get("notify-keyspace-events")["notify-keyspace-events"]
+        self.admin.config_set("notify-keyspace-events", "Kgh")   # keyspace events of generic and hash commands
+        self.sock = socket.create_connection((master.host, master.port), timeout=10)
+        channel = f"__keyspace@0__:{key}".encode()
+        self.sock.sendall(b"*2\r\n$9\r\nSUBSCRIBE\r\n$%d\r\n%s\r\n" % (len(channel), channel))
+        confirmation = b""
+        while b":1\r\n" not in confirmation:   # the subscribe reply ends with the channel count
+            confirmation += self.sock.recv(4096)
+
+    def run(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.sock.recv(4096):          # any notification: the key was just written
+                self.node.kill()
+                self.fired.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.admin.config_set("notify-keyspace-events", self.old_setting)
+        self.admin.close()
+
+
+def test_node_killed_during_a_resuming_connect_keeps_the_session(brokers):
+    """A persistent subscriber resumes its session on node 2, which is SIGKILLed while its CONNECT writes
+    the session record (chaos-mix seed 1: durability.session_lost).  Reconnecting to node 1 must still
+    find the session: session present = 1, the offline backlog and the subscription."""
+    cluster = brokers(count=2)
+    first, second = cluster.nodes
+    client_id = f"resume-{uuid.uuid4().hex[:6]}"
+    sub = cluster.probe(client_id, node=0, version=5)
+    sub.connect(clean=False, session_expiry=3600)
+    sub.subscribe(FILTER, 1)
+    sub.disconnect()
+    session_key = cluster.key(client_id, "session")
+    deadline = time.monotonic() + 5
+    while cluster.redis.hget(session_key, "conn") != b"" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pub = cluster.probe(node=0, version=4)
+    pub.connect(clean=True)
+    pub.publish(TOPIC, b"backlog", 1)
+    assert len(cluster.wait_stored(client_id, 1)) == 1
+
+    killer = KillOnFirstWrite(cluster, session_key, second)
+    try:
+        killer.start()
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = 3600
+        raw = RawClient(second.host, second.port)
+        raw.send(codec.Connect(codec.MQTT5, client_id, False, 30, properties))
+        assert killer.fired.wait(10), "node 2 never wrote the session record"
+        raw.close()
+    finally:
+        killer.close()
+    assert not second.is_alive()
+
+    resumed = cluster.probe(client_id, node=0, version=5)
+    assert resumed.connect(clean=False, session_expiry=3600) is True, "session present = 0: session lost"
+    assert payloads(resumed.wait_for(1)) == [b"backlog"]
+    pub.publish(TOPIC, b"after", 1)                     # the subscription survived too
+    assert payloads(resumed.wait_for(2)) == [b"backlog", b"after"]

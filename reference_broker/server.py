@@ -189,11 +189,9 @@ class Broker:
                 if conn.session_expiry is not None:
                     expires_at = int(time.time() * 1000) + conn.session_expiry * 1000
                 await self.store.mark_disconnected(client, conn.conn_id, expires_at)
-            else:
-                session = await self.store.get_session(client)
-                if session.get("conn") == conn.conn_id:
-                    await self.store.put_subscription(client, None)
-                    await self.store.delete_session(client)
+            elif await self.store.delete_session_if_owned(client, conn.conn_id) and client not in self.connections:
+                # (a newer connection of the client on this node handles the subscription itself)
+                await self.store.put_subscription(client, None)
         except Exception as error:
             log.warning("%s: could not record the disconnect: %r", client, error)
 

@@ -39,6 +39,12 @@ SAVE_DEFECTS = ("score_reset_at_wrap", "packet_id_wraps_to_zero", "last_packet_i
 
 # DEL + HSET as one atomic step: nobody ever sees the hash missing in between
 REPLACE_HASH = "redis.call('DEL', KEYS[1]); return redis.call('HSET', KEYS[1], unpack(ARGV))"
+# compare-and-act on the connection that owns the session: a newer CONNECT (this or another node) may have
+# written its own record since the old connection's last look, and must not lose it
+MARK_DISCONNECTED_IF_OWNED = ("if redis.call('HGET', KEYS[1], 'conn') ~= ARGV[1] then return 0 end "
+                              "redis.call('HSET', KEYS[1], 'conn', '', 'disconnected_at', ARGV[2]) return 1")
+DELETE_IF_OWNED = ("if redis.call('HGET', KEYS[1], 'conn') ~= ARGV[1] then return 0 end "
+                   "redis.call('DEL', KEYS[1]) return 1")
 
 
 def lua_source(name: str) -> str:
@@ -76,6 +82,8 @@ class SessionStore:
         self.scripts = {name: redis.register_script(lua_source(name)) for name in SCRIPT_NAMES}
         self.save_defects = ",".join(d for d in config.defects if d in SAVE_DEFECTS)
         self.replace_hash = redis.register_script(REPLACE_HASH)
+        self.mark_disconnected_if_owned = redis.register_script(MARK_DISCONNECTED_IF_OWNED)
+        self.delete_if_owned = redis.register_script(DELETE_IF_OWNED)
 
     # ------------------------------------------------------------ key names
     def messages_key(self, client: str) -> str:
@@ -193,13 +201,19 @@ class SessionStore:
 
     async def mark_disconnected(self, client: str, conn: str, expires_at_ms: int | None) -> bool:
         """Mark the session disconnected if ``conn`` still owns it; returns whether it did."""
-        session = await self.get_session(client)
-        if session.get("conn") != conn:
+        owned = await self.mark_disconnected_if_owned(keys=[self.session_key(client)],
+                                                      args=[conn, int(time.time() * 1000)])
+        if not int(owned):
             return False
-        await self.redis.hset(self.session_key(client), mapping={
-            "conn": "", "disconnected_at": str(int(time.time() * 1000))})
         if expires_at_ms is not None:
             await self.redis.zadd(self.shared_key("session_expiry"), {client: expires_at_ms})
+        return True
+
+    async def delete_session_if_owned(self, client: str, conn: str) -> bool:
+        """Delete the session record only if ``conn`` still owns it; returns whether it did."""
+        if not int(await self.delete_if_owned(keys=[self.session_key(client)], args=[conn])):
+            return False
+        await self.redis.zrem(self.shared_key("session_expiry"), client)
         return True
 
     async def delete_session(self, client: str) -> None:

@@ -398,11 +398,7 @@ def test_mqtt5_session_expiry_removes_everything(brokers):
 
 def test_receive_maximum_limits_inflight(brokers):
     cluster = brokers()
-    sub = cluster.probe(version=5, auto_ack=False, receive_maximum=3)
-    sub.connect(clean=False, session_expiry=600)
-    sub.subscribe(FILTER, 1)
-    pub = cluster.probe(version=5)
-    pub.connect(clean=True)
+    sub, pub = persistent_subscriber_and_publisher(cluster, 5, 600, auto_ack=False, receive_maximum=3)
     for i in range(8):
         pub.publish(TOPIC, b"r%d" % i, 1)
     got = sub.settle(0.7)
@@ -499,16 +495,25 @@ def test_unsubscribe_stops_delivery(brokers):
     assert payloads(sub.settle(0.8)) == [b"before", b"still-subscribed"]
 
 
+def persistent_subscriber_and_publisher(cluster, version=4, session_expiry=None, **subscriber_options):
+    """A persistent subscriber on FILTER (QoS 1) and a clean-session publisher, both connected."""
+    sub = cluster.probe(version=version, **subscriber_options)
+    if session_expiry is None:
+        sub.connect(clean=False)
+    else:
+        sub.connect(clean=False, session_expiry=session_expiry)
+    sub.subscribe(FILTER, 1)
+    pub = cluster.probe(version=version)
+    pub.connect(clean=True)
+    return sub, pub
+
+
 def test_live_stream_to_persistent_subscriber_has_no_duplicates(brokers):
     """300 messages streamed live to a persistent subscriber, no faults: each once, in order, DUP never
     set.  (The delivery loop must not resend a message whose PUBACK is being processed -- a race found by
     benchmarks/broker_p2p.py under load; this test guards the general rule, it rarely hits that race.)"""
     cluster = brokers()
-    sub = cluster.probe(version=4)
-    sub.connect(clean=False)
-    sub.subscribe(FILTER, 1)
-    pub = cluster.probe(version=4)
-    pub.connect(clean=True)
+    sub, pub = persistent_subscriber_and_publisher(cluster)
     infos = [pub.publish(TOPIC, b"L%04d" % i, 1, timeout=0) for i in range(300)]
     for info in infos:
         info.wait_for_publish(15)
@@ -545,11 +550,7 @@ def test_pipeline_keeps_up_with_a_steady_publisher_on_s3_storage(brokers):
     in the paused-node test 70-140 of 150 messages not delivered within 30 s).  Fails with
     ``kafka_fetch_max_wait_ms=30`` on this machine; the default (250 ms) keeps up."""
     cluster = brokers()
-    sub = cluster.probe(version=4)
-    sub.connect(clean=False)
-    sub.subscribe(FILTER, 1)
-    pub = cluster.probe(version=4)
-    pub.connect(clean=True)
+    sub, pub = persistent_subscriber_and_publisher(cluster)
     for i in range(150):
         pub.publish(TOPIC, b"S%04d" % i, 1)
         time.sleep(0.02)
@@ -568,11 +569,7 @@ def test_limit_trims_unacknowledged_inflight_messages_first(brokers):
     must not read them as "kept" because they were delivered before the disconnect (the p2p-limit-trim
     trim_not_oldest witness: in-flight 27-30 received before the disconnect, 31-63 trimmed)."""
     cluster = brokers(persisted_messages_limit=5)
-    sub = cluster.probe(version=5, auto_ack=False)
-    sub.connect(clean=False, session_expiry=3600)
-    sub.subscribe(FILTER, 1)
-    pub = cluster.probe(version=5)
-    pub.connect(clean=True)
+    sub, pub = persistent_subscriber_and_publisher(cluster, 5, 3600, auto_ack=False)
     for i in range(3):
         pub.publish(TOPIC, b"m%03d" % i, 1)
     assert payloads(sub.wait_for(3)) == [b"m000", b"m001", b"m002"]

@@ -21,21 +21,15 @@ PATTERNS = ("p2p", "fan-in")
 QOS_KEYS = {"qos0": 0, "qos1": 1, "qos2": 2}
 PROTOCOL_KEYS = {"mqtt311": 4, "mqtt5": 5}
 RECONNECT_NODES = ("same", "other", "any")
-APPENDFSYNC = ("always", "everysec", "no")
-KAFKA_STORAGE = ("s3rver", "moto", "memory")
-
-# The fault kinds the nemesis implements (faults/catalog.py registers them; see known_fault_kinds()).
-# A scenario naming any kind not registered there is rejected on load, never silently run without it.
-FAULT_KINDS: tuple[str, ...] = ()
 
 
 def known_fault_kinds() -> tuple[str, ...]:
-    """The nemesis' catalog when faults/ is importable, else FAULT_KINDS (empty)."""
-    try:
-        from faults.catalog import FAULT_KINDS as catalog
-    except ImportError:
-        return FAULT_KINDS
-    return tuple(sorted(catalog))
+    """The fault kinds the nemesis implements (faults/catalog.py registers them).  A scenario naming any
+    other kind is rejected on load, never silently run without it."""
+    from faults.catalog import FAULT_KINDS
+
+    return tuple(sorted(FAULT_KINDS))
+
 
 # The invariant vocabulary of docs/architecture.md (scenarios' checks.allowed uses these ids).
 INVARIANT_IDS: tuple[str, ...] = (
@@ -71,19 +65,6 @@ class ScenarioInfo:
     duration_s: float
     drain_quiet_s: float
     drain_timeout_s: float
-
-
-@dataclass(frozen=True)
-class TopologySpec:
-    """Sizes of the local topology when harness.topology_config is not importable (its from_mapping
-    validates [topology] otherwise, and the scenario keeps that normalised mapping)."""
-
-    redis_masters: int = 3
-    redis_replicas_per_master: int = 1
-    redis_appendfsync: str = "everysec"
-    redis_node_timeout_ms: int = 1000
-    kafka_storage: str = "moto"
-    broker_nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -426,7 +407,8 @@ def _read_info(s: _Section) -> ScenarioInfo:
 
 
 def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
-    """Validated by the topology's own TopologyConfig when it is importable, else by TopologySpec."""
+    """Validated by the topology's own TopologyConfig (harness/topology_config.py); the scenario keeps its
+    normalised mapping."""
     if table is not None and not isinstance(table, dict):
         raise ScenarioError(f"{source}: [topology] must be a table, got {table!r}")
     mapping = dict(table or {})
@@ -434,30 +416,12 @@ def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
     if isinstance(mapping["broker_nodes"], int) and mapping["broker_nodes"] < 1:
         raise ScenarioError(f"{source}: [topology] broker_nodes = {mapping['broker_nodes']!r}: the reference "
                             "target needs at least 1 broker node")
-    try:
-        from harness.topology_config import TopologyConfig
-    except ImportError:
-        return asdict(_read_topology_fallback(_Section(source, "topology", mapping)))
+    from harness.topology_config import TopologyConfig
+
     try:
         return TopologyConfig.from_mapping(mapping, source=f"{source} [topology]").to_dict()
     except ValueError as error:
         raise ScenarioError(str(error)) from error
-
-
-def _read_topology_fallback(s: _Section) -> TopologySpec:
-    d = TopologySpec()
-    spec = TopologySpec(
-        redis_masters=s.integer("redis_masters", d.redis_masters, minimum=3, maximum=16),
-        redis_replicas_per_master=s.integer("redis_replicas_per_master", d.redis_replicas_per_master,
-                                            minimum=0, maximum=3),
-        redis_appendfsync=s.string("redis_appendfsync", d.redis_appendfsync, choices=APPENDFSYNC),
-        redis_node_timeout_ms=s.integer("redis_node_timeout_ms", d.redis_node_timeout_ms, minimum=100,
-                                        maximum=60000),
-        kafka_storage=s.string("kafka_storage", d.kafka_storage, choices=KAFKA_STORAGE),
-        broker_nodes=s.integer("broker_nodes", d.broker_nodes, minimum=1, maximum=8),
-    )
-    s.finish()
-    return spec
 
 
 def _read_target(s: _Section) -> TargetSpec:
@@ -500,10 +464,8 @@ def _read_broker(source: str, table: Any) -> Mapping[str, Any]:
         return {}
     if not isinstance(table, dict):
         raise ScenarioError(f"{source}: [broker] must be a table, got {table!r}")
-    try:  # the reference broker validates its own configuration when it has landed
-        from reference_broker.config import BrokerConfig
-    except ImportError:
-        return dict(table)
+    from reference_broker.config import BrokerConfig  # the reference broker validates its own configuration
+
     try:
         BrokerConfig.from_mapping(table, source=f"{source} [broker]")
     except (ValueError, TypeError) as error:
@@ -598,11 +560,9 @@ def fill_placeholders(value: Any, subscriber: str) -> Any:
 
 def full_fault_params(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """Every parameter of the kind with defaults filled (plan.json holds the full parameters)."""
-    try:
-        import faults.catalog  # noqa: F401  (registers every kind)
-        from faults.base import normalise_params
-    except ImportError:
-        return dict(params)
+    import faults.catalog  # noqa: F401  (registers every kind)
+    from faults.base import normalise_params
+
     return normalise_params(kind, params)
 
 
@@ -665,11 +625,9 @@ def _read_faults(s: _Section) -> FaultSpec:
 def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fixed: dict[str, Any],
                          drawn: dict[str, list[Any]]) -> None:
     """Every target and every drawn parameter value must make a valid fault (faults/catalog.py decides)."""
-    try:
-        from faults.base import FaultSpecError, kind_info
-        from faults.catalog import validate_spec
-    except ImportError:  # no nemesis: known_fault_kinds() is then empty and the mix was refused already
-        return
+    from faults.base import FaultSpecError, kind_info
+    from faults.catalog import validate_spec
+
     info = kind_info(kind)
     if info.target in ("node", "client") and not selectors:
         raise s.fail(f"targets.{kind}", [], f"fault kind {kind!r} needs a target; give a list of selectors")
@@ -697,12 +655,10 @@ def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: F
     Kafka stand-in acknowledged: the run would blame the broker under test for the stand-in's loss, so the
     scenario is refused here, before a run directory exists (faults/process.py refuses it again at run time
     for plans that bypass this file)."""
+    from faults.targets import kafka_role_of
+    from harness.topology_config import TopologyConfig
+
     if not topology:
-        return
-    try:
-        from faults.targets import kafka_role_of
-        from harness.topology_config import TopologyConfig
-    except ImportError:
         return
     config = TopologyConfig.from_mapping(topology, source=f"{source} [topology]")
     for kind in LOG_LOSING_KINDS:

@@ -33,18 +33,10 @@ from redis.exceptions import AskError, NoScriptError, ResponseError
 from reference_broker.config import BrokerConfig
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
-SCRIPT_NAMES = ("save", "read_backlog", "remove_one", "mark_released", "remove_all", "lease")
+SCRIPT_NAMES = ("save", "read_backlog", "remove_one", "mark_released", "remove_all", "lease", "replace_session",
+                "mark_disconnected", "delete_session_if_owned")
 SAVE_DEFECTS = ("score_reset_at_wrap", "packet_id_wraps_to_zero", "last_packet_id_from_zset", "trim_newest",
                 "trim_off_by_one", "expiry_as_milliseconds")
-
-# DEL + HSET as one atomic step: nobody ever sees the hash missing in between
-REPLACE_HASH = "redis.call('DEL', KEYS[1]); return redis.call('HSET', KEYS[1], unpack(ARGV))"
-# compare-and-act on the connection that owns the session: a newer CONNECT (this or another node) may have
-# written its own record since the old connection's last look, and must not lose it
-MARK_DISCONNECTED_IF_OWNED = ("if redis.call('HGET', KEYS[1], 'conn') ~= ARGV[1] then return 0 end "
-                              "redis.call('HSET', KEYS[1], 'conn', '', 'disconnected_at', ARGV[2]) return 1")
-DELETE_IF_OWNED = ("if redis.call('HGET', KEYS[1], 'conn') ~= ARGV[1] then return 0 end "
-                   "redis.call('DEL', KEYS[1]) return 1")
 
 
 def lua_source(name: str) -> str:
@@ -81,9 +73,6 @@ class SessionStore:
         self.prefix = config.key_prefix
         self.scripts = {name: redis.register_script(lua_source(name)) for name in SCRIPT_NAMES}
         self.save_defects = ",".join(d for d in config.defects if d in SAVE_DEFECTS)
-        self.replace_hash = redis.register_script(REPLACE_HASH)
-        self.mark_disconnected_if_owned = redis.register_script(MARK_DISCONNECTED_IF_OWNED)
-        self.delete_if_owned = redis.register_script(DELETE_IF_OWNED)
 
     # ------------------------------------------------------------ key names
     def messages_key(self, client: str) -> str:
@@ -193,16 +182,14 @@ class SessionStore:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     async def put_session(self, client: str, fields: dict[str, Any]) -> None:
-        """Replace the session record in one step.  A DEL followed by an HSET left no record at all when
-        the node died in between (SIGKILL during a CONNECT), and the next node then answered a resuming
-        client with session present = 0 and dropped its subscriptions."""
+        """Replace the session record in one step (lua/replace_session.lua says why)."""
         flat = [str(x) for item in fields.items() for x in item]
-        await self.replace_hash(keys=[self.session_key(client)], args=flat)
+        await self.scripts["replace_session"](keys=[self.session_key(client)], args=flat)
 
     async def mark_disconnected(self, client: str, conn: str, expires_at_ms: int | None) -> bool:
         """Mark the session disconnected if ``conn`` still owns it; returns whether it did."""
-        owned = await self.mark_disconnected_if_owned(keys=[self.session_key(client)],
-                                                      args=[conn, int(time.time() * 1000)])
+        owned = await self.scripts["mark_disconnected"](keys=[self.session_key(client)],
+                                                        args=[conn, int(time.time() * 1000)])
         if not int(owned):
             return False
         if expires_at_ms is not None:
@@ -211,7 +198,7 @@ class SessionStore:
 
     async def delete_session_if_owned(self, client: str, conn: str) -> bool:
         """Delete the session record only if ``conn`` still owns it; returns whether it did."""
-        if not int(await self.delete_if_owned(keys=[self.session_key(client)], args=[conn])):
+        if not int(await self.scripts["delete_session_if_owned"](keys=[self.session_key(client)], args=[conn])):
             return False
         await self.redis.zrem(self.shared_key("session_expiry"), client)
         return True

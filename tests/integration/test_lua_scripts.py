@@ -9,7 +9,7 @@ import uuid
 import pytest
 from redis.cluster import ClusterNode, RedisCluster
 
-from reference_broker.store import lua_source
+from reference_broker.store import SCRIPT_NAMES, lua_source
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +25,7 @@ def redis(topology):
 
 @pytest.fixture(scope="module")
 def scripts(redis):
-    return {name: redis.register_script(lua_source(name))
-            for name in ("save", "read_backlog", "remove_one", "mark_released", "remove_all", "lease")}
+    return {name: redis.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
 
 class Queue:
@@ -232,3 +231,19 @@ def test_lease_acquire_renew_release(redis, scripts):
     assert scripts["lease"](keys=[key], args=["a", 5000, "0"]) == [0]
     assert scripts["lease"](keys=[key], args=["b", 5000, "1"]) == [1]
     redis.delete(key)
+
+
+def test_session_record_scripts_act_only_for_the_owning_connection(redis, scripts):
+    key = f"{{c-{uuid.uuid4().hex[:8]}}}_session"
+    redis.hset(key, mapping={"conn": "old", "stale": "x"})
+    assert scripts["replace_session"](keys=[key], args=["conn", "new", "node", "n1"]) == 2
+    assert redis.hgetall(key) == {b"conn": b"new", b"node": b"n1"}  # replaced, not merged
+    # the old connection's close must leave the newer record alone
+    assert scripts["mark_disconnected"](keys=[key], args=["old", 1000]) == 0
+    assert scripts["delete_session_if_owned"](keys=[key], args=["old"]) == 0
+    assert redis.hget(key, "conn") == b"new"
+    assert scripts["mark_disconnected"](keys=[key], args=["new", 1000]) == 1
+    assert redis.hgetall(key) == {b"conn": b"", b"node": b"n1", b"disconnected_at": b"1000"}
+    redis.hset(key, "conn", "newer")
+    assert scripts["delete_session_if_owned"](keys=[key], args=["newer"]) == 1
+    assert not redis.exists(key)

@@ -5,7 +5,6 @@ printed (run with -s to see them)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -30,39 +29,21 @@ DURABLE = {"incoming_failure_strategy": "retry_forever", "persisted_failure_stra
            "incoming_failure_backoff_s": 0.3, "persisted_failure_backoff_s": 0.3, "producer_acks": "all"}
 
 
-async def _numbers_in_topic(bootstrap: str, topic: str, count: int) -> dict[int, int]:
-    """Message number -> how many records of the topic carry it (read from offset 0, no group)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+def _numbers_in_topics(bootstrap: str, topics: list[str]) -> list[set[int]]:
+    """The message numbers each topic holds (read from offset 0 to its end by harness/kafka.py)."""
+    from harness.kafka import topics_backlog
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=250)
-    await consumer.start()
-    counts: dict[int, int] = {}
-    try:
-        partitions = [TopicPartition(topic, p) for p in range(count)]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        # read until quiet: Tansu's end offsets lag behind acknowledged writes, so they cannot say "done"
-        deadline, quiet_since = time.monotonic() + 30, time.monotonic()
-        while time.monotonic() < deadline and (not counts or time.monotonic() - quiet_since < 3.0):
-            for records in (await consumer.getmany(timeout_ms=300)).values():
-                quiet_since = time.monotonic()
-                for record in records:
-                    number = int(base64.b64decode(json.loads(record.value)["payload"])[1:])
-                    counts[number] = counts.get(number, 0) + 1
-    finally:
-        await consumer.stop()
-    return counts
+    reads = topics_backlog(bootstrap, {topic: f"ordeal-broker-{topic}" for topic in topics})
+    return [{int(base64.b64decode(json.loads(value)["payload"])[1:])
+             for records in reads[topic].get("records", {}).values() for _offset, value in records}
+            for topic in topics]
 
 
 def where_lost_messages_are(cluster, client: str, lost: set[int]) -> str:
     """For a failing loss assertion: which hop the lost messages got to (incoming topic, persisted topic,
     the subscriber's Redis queue), so the message says whose fault it is."""
-    bootstrap = cluster.topology.kafka_bootstrap()
-    settings = cluster.settings
-    incoming = asyncio.run(_numbers_in_topic(bootstrap, settings["incoming_topic"], settings["incoming_partitions"]))
-    persisted = asyncio.run(_numbers_in_topic(bootstrap, settings["persisted_topic"],
-                                              settings["persisted_partitions"]))
+    incoming, persisted = _numbers_in_topics(cluster.topology.kafka_bootstrap(),
+                                             [cluster.settings["incoming_topic"], cluster.settings["persisted_topic"]])
     stored = set()
     for member in cluster.redis.zrange(cluster.key(client, "messages"), 0, -1):
         raw = cluster.redis.get(member)

@@ -49,7 +49,7 @@ def free_port() -> int:
 def mosquitto(tmp_path: Path):
     """A Mosquitto on a free loopback port, logging every connection event to a file; killed by PID."""
     if MOSQUITTO is None:
-        pytest.skip("mosquitto is not installed")
+        pytest.fail("mosquitto is not installed: run scripts/bootstrap.sh (as root it installs it with apt-get)")
     port = free_port()
     config = tmp_path / "mosquitto.conf"
     log = tmp_path / "mosquitto.log"

@@ -9,12 +9,10 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from faults.nemesis import schedule_from_slots
 from ordeal.scenario import ScenarioError, default_scenarios_dir, load_scenario, parse_scenario
 from properties.generate import _online_intervals, make_plan, plans
 from properties.plan import Plan
-
-catalog = pytest.importorskip("faults.catalog")
-from faults.nemesis import schedule_from_slots  # noqa: E402
 
 FAULT_SCENARIOS = sorted(p for p in default_scenarios_dir().glob("*.toml") if load_scenario(p).faults.mix)
 

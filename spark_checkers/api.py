@@ -140,7 +140,7 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
             if not any(o.errors for o in outcomes.values()):
                 raise error
         with jobs.timed("metrics"):
-            metric_rows = jobs.collect_metrics(metrics)
+            metric_rows = metrics.collect()
     finally:
         _release(cached)
     for run in inputs:

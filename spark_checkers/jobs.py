@@ -372,7 +372,6 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
                          (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
                          F.to_json(F.struct(*loss_cols)).alias("witness"))
-    # Black box: more of one backlog delivered after the reconnect than the limit allows.
     # Black box: more of one settled backlog (acked before reconnect - slack) delivered than the limit allows.
     over = cand.filter(F.col("in_backlog") & (F.col("rank") == 1))
     over_rules = Rules(over)
@@ -448,7 +447,6 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
         "n_pipeline_w"))
     cand = cand.select(
         "*", F.count(F.lit(1)).over(whole).alias("n_backlog"),
-        F.sum(F.col("delivered").cast("int")).over(whole).alias("n_backlog_delivered"),
         F.sum((F.col("kept_after") & F.col("settled")).cast("int")).over(whole).alias("n_settled_delivered"),
         F.sum(F.col("settled").cast("int")).over(whole).alias("n_settled"),
         F.max(F.when(F.col("kept_after") & ~F.col("legally_trimmed"), F.col("rank"))).over(whole).alias(
@@ -541,10 +539,6 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
     parts.append(last_pid.select("run_id", F.lit("last_packet_id").alias("metric"), F.col("client").alias("key"),
                                  F.col("pid").cast("double").alias("value")))
     return reduce(lambda a, b: a.unionByName(b), parts)
-
-
-def collect_metrics(metrics) -> list:
-    return metrics.collect()
 
 
 @contextmanager

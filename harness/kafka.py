@@ -206,20 +206,7 @@ def backlog_summary(reads: Mapping[str, Mapping[str, Any]], acked: set[tuple[str
     broker acknowledged without producing) and how many sit unconsumed (``acked_unconsumed``)."""
     summary: dict[str, Any] = {}
     for topic, read in reads.items():
-        present: set[tuple[str, int]] = set()
-        waiting: set[tuple[str, int]] = set()
-        held = unconsumed = 0
-        for partition, records in read["records"].items():
-            committed = read["committed"].get(partition)
-            for offset, value in records:
-                held += 1
-                identity = record_identity(value)
-                beyond = committed is None or offset >= committed
-                unconsumed += beyond
-                if identity is not None:
-                    present.add(identity)
-                    if beyond:
-                        waiting.add(identity)
+        held, unconsumed, present, waiting = _scan(read)
         if not read_is_complete(read):  # acknowledged publishes exist: a short read says nothing
             summary[topic] = {"records": held, "error": "read short of the committed offsets (Kafka too slow "
                                                         "or unreadable): no conclusion"}
@@ -240,7 +227,7 @@ def owed_in_backlog(reads: Mapping[str, Mapping[str, Any]], owed: set[tuple[str,
         return None
     waiting: set[tuple[str, int]] = set()
     for read in readable:
-        waiting.update(_unconsumed(read))
+        waiting |= _scan(read)[3]
     return len(waiting & owed)
 
 
@@ -257,12 +244,21 @@ def read_is_complete(read: Mapping[str, Any]) -> bool:
     return True
 
 
-def _unconsumed(read: Mapping[str, Any]) -> list[tuple[str, int]]:
-    found = []
+def _scan(read: Mapping[str, Any]) -> tuple[int, int, set[tuple[str, int]], set[tuple[str, int]]]:
+    """One pass over a topic read: (records held, records past the group's committed offset, identities
+    present, identities not yet consumed)."""
+    present: set[tuple[str, int]] = set()
+    waiting: set[tuple[str, int]] = set()
+    held = unconsumed = 0
     for partition, records in read["records"].items():
         committed = read["committed"].get(partition)
         for offset, value in records:
+            held += 1
+            beyond = committed is None or offset >= committed
+            unconsumed += beyond
             identity = record_identity(value)
-            if identity is not None and (committed is None or offset >= committed):
-                found.append(identity)
-    return found
+            if identity is not None:
+                present.add(identity)
+                if beyond:
+                    waiting.add(identity)
+    return held, unconsumed, present, waiting

@@ -182,7 +182,7 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         _raise_if_stopped(stop)
         if outcome["drain"].get("ended_by") == "outstanding_quiet" and getattr(target, "topology", None) is not None:
             reporter.phase("waiting for the Kafka backlog")
-            outcome["drain"] = executor.run_alongside(lambda: _wait_for_pipeline(
+            outcome["drain"], outcome["kafka_reads"] = executor.run_alongside(lambda: _wait_for_pipeline(
                 target.topology, run_dir, executor, outcome["drain"], scenario.scenario.drain_quiet_s,
                 deadline=mark + scenario.scenario.drain_timeout_s, stop=stop))
             _raise_if_stopped(stop)
@@ -196,12 +196,14 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         snapshots = target.snapshot(plan) if target.white_box else 0
         timings["snapshot_s"] = round(time.monotonic() - mark, 3)
         recorder.phase(Phase.SNAPSHOT_DONE, sessions=snapshots, white_box=target.white_box)
-        if (outcome["drain"] or {}).get("outstanding") and getattr(target, "topology", None) is not None:
+        if ((outcome["drain"] or {}).get("outstanding") and not outcome.get("kafka_reads")
+                and getattr(target, "topology", None) is not None):
             # Deliveries still owed: say whether Kafka still holds them (pipeline too slow for the drain)
-            # or never had them (lost by the Kafka stand-in, or acknowledged without a produce).
+            # or never had them (lost by the Kafka stand-in, or acknowledged without a produce).  After a
+            # pipeline wait its last read says it already (a read of a long log takes 8-25 s).
             reporter.phase("reading the Kafka backlog")
             mark = time.monotonic()
-            outcome["kafka_reads"] = _read_kafka_backlog(target.topology, run_dir)
+            outcome["kafka_reads"] = _read_kafka_backlog(target.topology, _broker_topics(run_dir))
             timings["kafka_backlog_s"] = round(time.monotonic() - mark, 3)
     except KeyboardInterrupt:
         close_reason = "the run was interrupted (SIGINT/SIGTERM) before it finished"
@@ -312,22 +314,26 @@ def check_runs_later(run_dirs: list[Path | str], spark_master: str | None = None
 
 
 def _wait_for_pipeline(topology: Any, run_dir: Path, executor: Any, drain: dict[str, Any], quiet_s: float, *,
-                       deadline: float, stop: threading.Event) -> dict[str, Any]:
+                       deadline: float, stop: threading.Event) -> tuple[dict[str, Any], dict[str, Any]]:
     """The drain gave up on owed deliveries after its outstanding quiet.  If Kafka still holds owed records
     that the broker's consumer groups have not committed, the pipeline is behind (measured: 30-50 s on a
     loaded 2-core machine after a Redis failover or a Kafka restart), not finished: keep the sockets served
     (run_alongside) while that backlog shrinks, up to the drain timeout.  Ends when nothing owed is left in
     Kafka (then one more quiet_s for the last hop), when a read shows no progress (the pipeline stalled:
     the checkers then report what is missing), or at the deadline (reason "timeout": unknown, since late
-    is not lost).  Returns the drain_end details with a "pipeline_wait" record."""
+    is not lost).  Returns the drain_end details with a "pipeline_wait" record, and the last Kafka read
+    while deliveries were still owed ({} if none: nothing left to explain)."""
     from harness.kafka import owed_in_backlog
 
     began = time.monotonic()
     reads: list[dict[str, Any]] = []
+    last_read: dict[str, Any] = {}
+    topics = _broker_topics(run_dir)
     ended_by, previous = "deadline", None
     while time.monotonic() < deadline and not stop.is_set():
         owed = {(publisher, seq) for _client, publisher, seq in _snapshot(executor.outstanding.owed)}
-        waiting = owed_in_backlog(_read_kafka_backlog(topology, run_dir), owed)
+        last_read = _read_kafka_backlog(topology, topics)
+        waiting = owed_in_backlog(last_read, owed)
         reads.append({"at_s": round(time.monotonic() - began, 3), "owed": len(owed), "in_kafka": waiting})
         decision = pipeline_wait_decision(owed=len(owed), in_kafka=waiting, previous=previous)
         if decision == PIPELINE_EMPTY:
@@ -345,7 +351,7 @@ def _wait_for_pipeline(topology: Any, run_dir: Path, executor: Any, drain: dict[
     if ended_by == "deadline" and reads and result["outstanding"]:
         # Kafka still held owed records at the last read and they were moving: late or lost is undecided
         result["reason"] = result["ended_by"] = "timeout"
-    return result
+    return result, (last_read if result["outstanding"] else {})
 
 
 def _snapshot(items: set) -> set:
@@ -357,18 +363,26 @@ def _snapshot(items: set) -> set:
             continue
 
 
-def _read_kafka_backlog(topology: Any, run_dir: Path) -> dict[str, Any]:
-    """Both broker topics read to their end, with the broker's committed offsets (harness/kafka.py);
+def _broker_topics(run_dir: Path) -> list[str]:
+    """The reference broker's incoming and persisted topics, from the run's node config (its "broker" table;
+    the broker's defaults where the scenario set none)."""
+    from reference_broker.config import BrokerConfig
+
+    try:
+        broker = json.loads((run_dir / "broker-config.json").read_text()).get("broker", {})
+    except (OSError, ValueError, AttributeError):
+        broker = {}
+    defaults = BrokerConfig()
+    return [broker.get("incoming_topic", defaults.incoming_topic), broker.get("persisted_topic", defaults.persisted_topic)]
+
+
+def _read_kafka_backlog(topology: Any, topics: list[str]) -> dict[str, Any]:
+    """The broker's topics read to their end, with the broker's committed offsets (harness/kafka.py);
     {"error": ...} when Kafka cannot be read (a diagnostic must never break the run)."""
     from harness.kafka import topics_backlog
 
     if getattr(topology, "kafka", None) is None:
         return {}
-    try:
-        config = json.loads((run_dir / "broker-config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
-    topics = [config.get("incoming_topic", "tbmq.msg.all"), config.get("persisted_topic", "tbmq.msg.persisted")]
     try:
         return topics_backlog(topology.kafka_bootstrap(), {topic: f"ordeal-broker-{topic}" for topic in topics})
     except Exception as error:  # noqa: BLE001 - reported, never fatal

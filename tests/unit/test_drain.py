@@ -137,3 +137,14 @@ def test_a_read_short_of_the_committed_offsets_is_partial():
     assert owed_in_backlog({"t": short}, {("p", 2)}) is None
     assert "no conclusion" in backlog_summary({"t": short}, {("p", 9)})["t"]["error"]
     assert read_is_complete({"records": {0: [(0, _record("p", 1))]}, "committed": {0: 1, 1: None}})
+
+
+def test_the_broker_topics_come_from_the_node_configs_broker_table(tmp_path):
+    import json
+
+    from harness.run import _broker_topics
+
+    assert _broker_topics(tmp_path) == ["tbmq.msg.all", "tbmq.msg.persisted"]  # no config: the defaults
+    (tmp_path / "broker-config.json").write_text(json.dumps(
+        {"broker": {"incoming_topic": "in.x"}, "kafka_bootstrap": "127.0.0.1:9092", "redis_startup_nodes": []}))
+    assert _broker_topics(tmp_path) == ["in.x", "tbmq.msg.persisted"]

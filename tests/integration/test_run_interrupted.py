@@ -69,6 +69,27 @@ def _processes_mentioning(run_dir: Path) -> set[int]:
     return found
 
 
+def _sigkill(process: subprocess.Popen) -> None:
+    """SIGKILL the ordeal process alone (what it started must die with it) and reap it; its process group
+    too if it somehow survives."""
+    try:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _leftovers_killed(pids: set[int], run_dir: Path) -> set[int]:
+    """The processes of ``pids`` or naming ``run_dir`` still alive after a grace period, each SIGKILLed so
+    the test leaves nothing behind even when it fails on them."""
+    leftover = _wait_gone(pids) | _processes_mentioning(run_dir)
+    for pid in leftover:
+        os.kill(pid, signal.SIGKILL)
+    return leftover
+
+
 def _wait_gone(pids: set[int], timeout: float = 15.0) -> set[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,15 +107,9 @@ def test_sigkill_mid_run_leaves_incomplete_readable_history_and_no_processes(out
         run_dir = _wait_for_workload(out_dir, process)
         pids = _node_pids(run_dir) | _processes_mentioning(run_dir)
         assert len(pids) > len(_node_pids(run_dir)) or scenario == "p2p-smoke", "the broker itself is seen"
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    leftover = _wait_gone(pids) | _processes_mentioning(run_dir)
-    for pid in leftover:  # never leave them behind, even when the test fails
-        os.kill(pid, signal.SIGKILL)
+        _sigkill(process)
+    leftover = _leftovers_killed(pids, run_dir)
     assert not leftover, f"processes outlived the killed run: {leftover}"
     manifest = read_manifest(run_dir / "history")
     assert manifest["complete"] is False

@@ -13,7 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_run_interrupted import _processes_mentioning, _wait_for_workload, _wait_gone
+from test_run_interrupted import (
+    _leftovers_killed,
+    _processes_mentioning,
+    _sigkill,
+    _wait_for_workload,
+    _wait_gone,
+)
 from test_run_pipeline import out_dir  # noqa: F401  (same directory: fixture re-use)
 
 from harness import netns
@@ -58,11 +64,14 @@ allowed = ["duplicates.redelivered_after_ack"]
 """
 
 
+def _users_environment() -> dict[str, str]:
+    """Started like a user would: without the test session's namespace marker, so `ordeal` isolates itself."""
+    return {k: v for k, v in os.environ.items() if k not in (netns.MARKER, "SPARK_LOCAL_IP")}
+
+
 def _ordeal_run(scenario: Path, out: Path, *extra: str) -> subprocess.Popen:
-    # Started like a user would: outside the test session's namespace marker, so `ordeal run` isolates itself.
-    environment = {k: v for k, v in os.environ.items() if k not in (netns.MARKER, "SPARK_LOCAL_IP")}
     return subprocess.Popen([sys.executable, "-m", "ordeal.cli", "run", str(scenario), "--seed", "3",
-                             "--out", str(out), *extra], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                             "--out", str(out), *extra], cwd=ROOT, env=_users_environment(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
 
 
@@ -132,15 +141,9 @@ def test_sigkill_of_isolated_ordeal_leaves_no_process(tiny_partition, out_dir): 
         pids = _descendants(process.pid) | _processes_mentioning(run_dir)
         # unshare, the run, 3 Redis nodes, Tansu, its S3 store, the broker: host PIDs, seen from outside
         assert len(pids) >= 7, pids
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    leftover = _wait_gone(pids) | _processes_mentioning(run_dir)
-    for pid in leftover:  # never leave them behind, even when the test fails
-        os.kill(pid, signal.SIGKILL)
+        _sigkill(process)
+    leftover = _leftovers_killed(pids, run_dir)
     assert not leftover, f"processes outlived the killed isolated run: {leftover}"
 
 
@@ -183,12 +186,11 @@ def test_replay_runs_in_its_own_namespace_and_leaves_no_process_nor_namespace(ti
     stored.mkdir()
     (stored / "scenario.toml").write_text(TINY_PARTITION)
     (stored / "plan.json").write_text(make_plan(load_scenario(tiny_partition), 3).to_json())
-    environment = {k: v for k, v in os.environ.items() if k not in (netns.MARKER, "SPARK_LOCAL_IP")}
     ours = _net_namespace("self")
     stdout_path, stderr_path = tmp_path / "stdout", tmp_path / "stderr"
     with stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
         process = subprocess.Popen([sys.executable, "-m", "ordeal.cli", "replay", str(stored), "--out", str(out_dir),
-                                    "--no-check"], cwd=ROOT, env=environment, stdout=stdout, stderr=stderr,
+                                    "--no-check"], cwd=ROOT, env=_users_environment(), stdout=stdout, stderr=stderr,
                                    start_new_session=True)
     seen_pids: set[int] = set()
     seen_namespaces: set[str] = set()

@@ -179,7 +179,12 @@ def delivery_slots(events, clients_df):
     rows = events.filter(F.col("kind").isin(Kind.DELIVERY, Kind.DELIVERY_ACK_SENT)).select(
         "run_id", "client", "seq", F.col("t_mono_us").alias("t"), "kind", "packet_id", "publisher", "pub_seq",
         "body_hash", "topic", "qos", "dup", "remaining_expiry_s", "node")
-    rows = rows.join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs")),
+    # Why one repartition by subscriber: every later step on the delivery side (packet-id slots, per message,
+    # stream order, the owed candidates and their queue ranks) is keyed by (run, subscriber, ...).  The rows
+    # move once; every later window, aggregate and join only sorts within its partition.  By client alone: with
+    # one run, run_id is a constant the optimiser folds out of every key, and (constant, client) would then
+    # match no later key; the client column is in every later key, one run or many.
+    rows = rows.repartition("client").join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs")),
                      ["run_id", "client"], "left")
     rows = rows.withColumn("conn", F.size(F.filter(F.coalesce("connect_seqs", F.array()), lambda x: x < F.col("seq"))))
     rows = rows.withColumn("epoch", F.size(F.filter(F.coalesce("fresh_seqs", F.array()), lambda x: x < F.col("seq"))))
@@ -201,7 +206,8 @@ def delivery_slots(events, clients_df):
             .withColumn("resend", slot_in_use & same_identity)
             .withColumn("reused", slot_in_use & ~same_identity)
             .withColumn("acked", F.col("next_kind") == Kind.DELIVERY_ACK_SENT)
-            .drop("connect_seqs", "fresh_seqs"))
+            # Materialised next: only what later steps read (each string column costs to cache).
+            .drop("connect_seqs", "fresh_seqs", "kind", "prev_kind", "next_kind", "epoch", "prev_epoch"))
 
 
 def deliveries_per_message(slots):
@@ -278,8 +284,12 @@ def _freeze(df, cached: list, label: str):
 def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], topics: dict[str, list[str]],
           cached: list):
     """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows.  Every
-    DataFrame it materialises is appended to ``cached`` (the caller unpersists them)."""
-    from pyspark.sql import Window
+    DataFrame it materialises is appended to ``cached`` (the caller unpersists them).
+
+    Three tables are materialised: the publishes (one row per message), the deliveries with their packet-id
+    slots (moved once, by subscriber), and one row per (subscriber, message) that either matched one of the
+    subscriber's filters or was delivered to it.  The last serves the per-message rules and the owed
+    candidates alike; it is built without moving the deliveries again."""
     from pyspark.sql import functions as F
 
     runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
@@ -287,7 +297,12 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     pub = _freeze(publishes(events), cached, "publishes")
     slots = _freeze(delivery_slots(events, clients_df).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
                     cached, "slots")
-    dsm = _freeze(deliveries_per_message(slots.drop("t_origin", "tol_us")), cached, "per_message")
+    # Sorted by the join key within each subscriber's partition, so every later join with it only merges.
+    dsm = _freeze(with_stream_neighbour(deliveries_per_message(slots.drop("t_origin", "tol_us")))
+                  .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "per_message")
+    claims = subscriber_claims(pub, slots, match_b)
+    table = _freeze(per_subscriber_message(claims, dsm, runs_b, clients_b), cached, "per_subscriber_message")
+    dp = delivered_messages(table, dsm, pub, runs_b)
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
     tol = F.col("tol_us")
 
@@ -301,27 +316,23 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     slot_rules.add("order.dup_flag", F.col("resend") & ~F.coalesce("dup", F.lit(False)), rel, *ident,
                    F.lit("resend without DUP").alias("problem"))
 
-    # Per (subscriber, message), with the publish it claims to be and its place in the stream.
-    dp = (dsm.join(pub, ["run_id", "publisher", "pub_seq"], "left").join(runs_b, "run_id")
+    # Per (subscriber, message), with the publish it claims to be and its place in the stream.  The per-run and
+    # per-client arrays are looked up here, by broadcast, rather than stored with every materialised row.
+    dr = (dp.join(runs_b.select("run_id", "fault_times"), "run_id")
           .join(match_b, ["run_id", "topic"], "left")
           .join(clients_b.select("run_id", "client", "disconnects", "connects"), ["run_id", "client"], "left"))
-    stream = Window.partitionBy("run_id", "client", "publisher", "first.topic").orderBy("first.seq").rowsBetween(
-        Window.unboundedPreceding, -1)
-    prev_max = F.max(F.struct(F.col("pub_seq"), F.col("first.packet_id").alias("packet_id"),
-                              F.col("first.conn").alias("conn"), F.col("first.t").alias("t"))).over(stream)
     deadline = F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
     phantom_reason = (F.when(F.col("publisher").isNull() | F.col("pub_seq").isNull(), F.lit("payload identity unreadable"))
                       .when(F.col("n_invoke").isNull() | (F.col("n_invoke") == 0), F.lit("never published"))
                       .when((F.col("min_hash") != F.col("pub_hash")) | (F.col("max_hash") != F.col("pub_hash")),
                             F.lit("body hash differs from the published one")))
-    dp = _freeze(dp.select("*", prev_max.alias("prev_max"), phantom_reason.alias("phantom_reason"),
-                           deadline.alias("deadline")), cached, "with_publish")
+    dr = dr.select("*", phantom_reason.alias("phantom_reason"), deadline.alias("deadline"))
     t_first = F.col("first.t")
     rel_first = t_first - F.col("t_origin")
     base = ["client", "publisher", "pub_seq", F.col("first.t").alias("t"), F.col("first.packet_id").alias("packet_id"),
             F.col("first.node").alias("node"), "t_invoke", "t_ack", "t_origin", "topic"]
     real = F.col("phantom_reason").isNull()
-    msg_rules = Rules(dp)
+    msg_rules = Rules(dr)
     # DUP = 1 on the first *observed* receipt is legal when the receiving connection was established after the
     # publish: the broker may have sent it on an older connection the client had already lost (a disconnect the
     # broker never saw, e.g. during a partition) and resends it on the new one (MQTT 3.1.1 §4.4 / MQTT 5 §4.4).
@@ -364,7 +375,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                   (F.col("first.conn") != F.col("prev_max.conn")).alias("across_reconnect"),
                   F.exists("fault_times", lambda x: (x >= F.col("prev_max.t")) & (x <= t_first)).alias("across_failover"))
 
-    cand = _freeze(owed_candidates(pub, dsm, runs_b, clients_b, match_b), cached, "owed_candidates")
+    cand = table.filter(F.col("is_cand"))
     lost = cand.filter(F.col("owed") & ~F.col("delivered"))
     loss_cols = ["client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "t_origin", "expiry_s", "in_backlog",
                  F.col("k.d").alias("t_offline"), F.col("k.c").alias("t_reconnect"), "rank", "n_backlog", "limit",
@@ -388,83 +399,109 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     return violations, metrics, parts
 
 
-def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
-    """Every (subscriber, message) the broker owed or might have legally dropped, and why."""
+def with_stream_neighbour(dsm):
+    """Per (subscriber, message): the highest message of the same (publisher, topic) stream delivered first
+    before it (the order rule compares against it).  Over every delivered message, phantoms included."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    stream = Window.partitionBy("run_id", "client", "publisher", "first.topic").orderBy("first.seq").rowsBetween(
+        Window.unboundedPreceding, -1)
+    prev_max = F.max(F.struct(F.col("pub_seq"), F.col("first.packet_id").alias("packet_id"),
+                              F.col("first.conn").alias("conn"), F.col("first.t").alias("t"))).over(stream)
+    return dsm.select("*", prev_max.alias("prev_max"))
+
+
+def subscriber_claims(pub, slots, match_b):
+    """One row per (message, client whose filters match its topic), partitioned by client: the publish and
+    whether the client was owed it (``is_cand``: a persistent subscription held at publish time, and a publish
+    that was acked, or indeterminate and then seen by someone)."""
+    from pyspark.sql import functions as F
+
     key = ["run_id", "publisher", "pub_seq"]
-    published = pub.filter((F.col("n_invoke") > 0) & (F.coalesce("pub_qos", F.lit(0)) > 0))
-    # Indeterminate publishes are few: find which were seen without shuffling every delivery.
-    indeterminate = published.filter(F.col("t_ack").isNull() & F.col("t_indet").isNotNull())
-    seen = dsm.select(*key).join(indeterminate.select(*key), key, "left_semi").distinct()
-    eligible = published.filter(F.col("t_ack").isNotNull()).unionByName(indeterminate.join(seen, key, "left_semi"))
+    published = pub.filter(F.col("n_invoke") > 0)
+    qos_published = F.coalesce("pub_qos", F.lit(0)) > 0
+    # Indeterminate publishes are few: find which were seen without moving every delivery.
+    indeterminate = published.filter(qos_published & F.col("t_ack").isNull() & F.col("t_indet").isNotNull())
+    seen = (slots.select(*key).join(F.broadcast(indeterminate.select(*key)), key, "left_semi").distinct()
+            .select(*key, F.lit(True).alias("seen_indeterminate")))
+    eligible = qos_published & (F.col("t_ack").isNotNull()
+                                | (F.col("t_indet").isNotNull() & F.coalesce("seen_indeterminate", F.lit(False))))
     held = lambda x: (x["persistent"] & (x["granted"] > 0) & (x["t_from"] < F.col("t_invoke"))  # noqa: E731
                       & (x["t_to"].isNull() | (F.col("t_invoke") < x["t_to"])))
-    cand = (eligible.join(match_b, ["run_id", "topic"])
-            .select("*", F.explode(F.array_distinct(F.transform(F.filter("subs", held), lambda x: x["client"])))
-                    .alias("client")).drop("subs"))
-    cand = cand.join(clients_b.select("run_id", "client", "offline"), ["run_id", "client"], "left")
+    claims = (published.join(match_b, ["run_id", "topic"])
+              .select("*", F.array_distinct(F.transform(F.filter("subs", held), lambda x: x["client"])).alias("held_by"),
+                      F.explode(F.array_distinct(F.transform("subs", lambda x: x["client"]))).alias("client"))
+              .drop("subs")
+              .join(F.broadcast(seen), key, "left"))
+    claims = claims.select("*", (eligible & F.array_contains("held_by", F.col("client"))).alias("is_cand"))
+    return claims.drop("held_by", "seen_indeterminate").repartition("client")  # as the deliveries: by client
+
+
+def per_subscriber_message(claims, dsm, runs_b, clients_b):
+    """Claims joined to what each subscriber got (co-partitioned by subscriber: no rows move), and for the owed
+    candidates (``is_cand``) the queue they were in and why each may have been legally dropped."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    got = dsm.select(*SUBSCRIBER_MESSAGE, "n_deliveries", F.col("first.t").alias("t_first"), "t_last", "first_ack_t")
+    t = claims.join(got, list(SUBSCRIBER_MESSAGE), "left")
+    t = t.join(runs_b.drop("fault_times"), "run_id").join(clients_b.select("run_id", "client", "offline"),
+                                                          ["run_id", "client"], "left")
     t_arr = F.coalesce("t_ack", "t_invoke")
     k = F.element_at(F.filter(F.coalesce("offline", F.array()), lambda i: i["c"] > t_arr), 1)
-    # Only what the rules and witnesses read travels through the two shuffles below (narrow rows).
-    cand = cand.select("run_id", "client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "expiry_s",
-                       "pub_node", t_arr.alias("t_arr"), k.alias("k"))
-    got = dsm.select("run_id", "client", "publisher", "pub_seq", F.col("first.t").alias("t_first_delivery"),
-                     F.col("t_last").alias("t_last_delivery"), "first_ack_t")
-    cand = cand.join(got, ["run_id", "client", "publisher", "pub_seq"], "left")
-    # Why: both windows below are clustered by subscriber; one shuffle here serves them both (the broadcast
-    # join of the run table keeps that partitioning).
-    cand = cand.repartition("run_id", "client").join(runs_b, "run_id")
-    cand = cand.select("*", F.col("t_first_delivery").isNotNull().alias("delivered"))
+    t = t.select("*", t_arr.alias("t_arr"), k.alias("k"), F.col("t_first").isNotNull().alias("delivered")).drop("offline")
     # In the backlog of offline window k: published while offline, or earlier but not acked before it began.
     in_backlog = F.col("k").isNotNull() & ((F.col("t_arr") >= F.col("k.d")) | F.col("first_ack_t").isNull()
                                            | (F.col("first_ack_t") > F.col("k.d")))
     # Kept (limit rules): delivered at or after the reconnect, i.e. still in the queue when the backlog was read.
     # A message delivered before the disconnect, never acked and not resent after it was legally trimmed (TBMQ
     # trims by ZSET score, oldest first: old in-flight messages go first); "delivered" still clears it of loss.
-    kept = in_backlog & (F.col("t_last_delivery") >= F.col("k.c"))
-    cand = cand.select("*", in_backlog.alias("in_backlog"), F.coalesce(kept, F.lit(False)).alias("kept_after"))
+    kept = in_backlog & (F.col("t_last") >= F.col("k.c"))
+    t = t.select("*", in_backlog.alias("in_backlog"), F.coalesce(kept, F.lit(False)).alias("kept_after"))
     deadline = F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
     opportunity = F.when(F.col("in_backlog"), F.col("k.c")).otherwise(F.col("t_arr"))
-    cand = cand.select("*", (deadline < opportunity + F.col("tol_us")).alias("expired_legally"),
-                       (F.col("in_backlog") & ((F.col("k.c") >= NEVER) | F.col("k.discarded"))).alias("undeliverable"),
-                       F.when(F.col("in_backlog"), F.col("k.idx")).otherwise(F.lit(-1)).alias("backlog"))
+    t = t.select("*", (deadline < opportunity + F.col("tol_us")).alias("expired_legally"),
+                 (F.col("in_backlog") & ((F.col("k.c") >= NEVER) | F.col("k.discarded"))).alias("undeliverable"),
+                 F.when(F.col("in_backlog"), F.col("k.idx")).otherwise(F.lit(-1)).alias("backlog"))
+    # Every window below is partitioned by is_cand too: rows that were never owed (another session's filter,
+    # a failed publish) share the subscriber's partition but must not take part in its queue or stream.
     # Why rank newest-first: while offline the broker keeps only the newest `limit` of the backlog.
-    queue = Window.partitionBy("run_id", "client", "backlog").orderBy(
+    queue = Window.partitionBy("run_id", "client", "is_cand", "backlog").orderBy(
         F.col("t_arr").desc(), F.col("publisher").desc(), F.col("pub_seq").desc())
-    whole = Window.partitionBy("run_id", "client", "backlog")
-    cand = cand.select("*", F.row_number().over(queue).alias("rank"))
+    whole = Window.partitionBy("run_id", "client", "is_cand", "backlog")
+    t = t.select("*", F.row_number().over(queue).alias("rank"))
     trimmed = F.col("in_backlog") & (F.col("rank") > F.col("limit"))
-    cand = cand.select("*", trimmed.alias("legally_trimmed"))
+    t = t.select("*", trimmed.alias("legally_trimmed"))
     # Black-box limit rules count only the settled backlog: acked before reconnect - slack.  A message acked
     # later may still be on its way (Kafka -> Redis) when the backlog is read and arrive live; and a window
     # shorter than the slack (the drain's own disconnect + reconnect) is no offline period with a backlog.
     immediate = (F.col("k.c") - F.col("k.d")) < F.col("slack_us")
     settled = F.col("in_backlog") & ~immediate & (F.col("t_arr") < F.col("k.c") - F.col("slack_us"))
-    cand = cand.select("*", settled.alias("settled"), (F.col("in_backlog") & immediate).alias("immediate"))
-    cand = cand.select("*", F.sum((F.col("in_backlog") & ~F.col("settled")).cast("int")).over(whole).alias(
-        "n_pipeline_w"))
-    cand = cand.select(
-        "*", F.count(F.lit(1)).over(whole).alias("n_backlog"),
+    t = t.select("*", settled.alias("settled"), (F.col("in_backlog") & immediate).alias("immediate"))
+    t = t.select(
+        "*", F.sum((F.col("in_backlog") & ~F.col("settled")).cast("int")).over(whole).alias("n_pipeline_w"),
+        F.count(F.lit(1)).over(whole).alias("n_backlog"),
         F.sum((F.col("kept_after") & F.col("settled")).cast("int")).over(whole).alias("n_settled_delivered"),
         F.sum(F.col("settled").cast("int")).over(whole).alias("n_settled"),
         F.max(F.when(F.col("kept_after") & ~F.col("legally_trimmed"), F.col("rank"))).over(whole).alias(
-            "max_rank_delivered_kept"),
+            "max_rank_delivered_kept"))
+    t = t.select(
+        "*",
         # Kept although older than the limit even if every in-pipeline message missed the queue.
         F.max((F.col("kept_after") & F.col("legally_trimmed") & F.col("settled")
                & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w"))).cast("int")).over(whole).alias(
             "trimmed_delivered"),
         (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
-    before = Window.partitionBy("run_id", "client", "publisher").orderBy("pub_seq").rowsBetween(
+    before = Window.partitionBy("run_id", "client", "is_cand", "publisher").orderBy("pub_seq").rowsBetween(
         Window.unboundedPreceding, -1)
     # Why descending with a growing frame: an "unbounded following" frame is re-aggregated for every row
     # (quadratic per stream); reversed, the nearest later delivery is a running last().
-    after = Window.partitionBy("run_id", "client", "publisher").orderBy(F.col("pub_seq").desc()).rowsBetween(
+    after = Window.partitionBy("run_id", "client", "is_cand", "publisher").orderBy(F.col("pub_seq").desc()).rowsBetween(
         Window.unboundedPreceding, -1)
     delivered_seq = F.when(F.col("delivered"), F.col("pub_seq"))
-    cand = cand.select("*", F.last(delivered_seq, ignorenulls=True).over(before).alias("prev_delivered"),
-                       F.last(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"))
+    t = t.select("*", F.last(delivered_seq, ignorenulls=True).over(before).alias("prev_delivered"),
+                 F.last(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"))
     in_b = F.col("in_backlog")
     cause = (F.when(in_b & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
                     F.lit("limits.trim_not_oldest"))
@@ -477,46 +514,74 @@ def owed_candidates(pub, dsm, runs_b, clients_b, match_b):
     position = (F.when(F.col("prev_delivered").isNull() & F.col("next_delivered").isNull(), F.lit("whole"))
                 .when(F.col("prev_delivered").isNull(), F.lit("prefix"))
                 .when(F.col("next_delivered").isNull(), F.lit("suffix")).otherwise(F.lit("middle")))
-    return cand.select("*", cause.alias("cause"), position.alias("position"))
+    # Sorted by the join key: the per-message rules read the publish from here by a merge join.
+    return t.select("*", cause.alias("cause"), position.alias("position")).sortWithinPartitions(*SUBSCRIBER_MESSAGE)
+
+
+SUBSCRIBER_MESSAGE = ("run_id", "client", "publisher", "pub_seq")
+PUBLISH_COLUMNS = ("topic", "n_invoke", "t_invoke", "pub_qos", "expiry_s", "pub_hash", "pub_node", "t_ack", "t_fail",
+                   "t_indet")
+DELIVERED_COLUMNS = (
+    "run_id", "client", "publisher", "pub_seq", "topic", "n_invoke", "t_invoke", "pub_qos", "expiry_s", "pub_hash",
+    "pub_node", "t_ack", "t_fail", "t_indet", "n_deliveries", "first", "t_last", "min_hash", "max_hash", "qos",
+    "first_ack_seq", "first_ack_t", "n_resends", "n_after_ack", "redelivery", "implied_deadline", "any_unacked",
+    "prev_max", "limit", "ttl_us", "tol_us", "bucket_us", "t_origin", "slack_us")
+
+
+def delivered_messages(table, dsm, pub, runs_b):
+    """One row per (subscriber, message) delivered, with the publish it claims to be.  Nearly all find it in the
+    per-subscriber table (a merge join, no rows move); a delivery no claim matches (never published, unreadable
+    identity, or a topic none of the subscriber's filters match) is looked up in the publishes, and only when
+    the counts say such deliveries exist."""
+    from pyspark.sql import functions as F
+
+    claimed = table.filter(F.col("n_deliveries").isNotNull()).select(*SUBSCRIBER_MESSAGE, *PUBLISH_COLUMNS)
+    matched = dsm.join(claimed, list(SUBSCRIBER_MESSAGE)).join(runs_b.drop("fault_times"), "run_id")
+    if claimed.count() == dsm.count():
+        return matched.select(*DELIVERED_COLUMNS)
+    unmatched = (dsm.join(claimed.select(*SUBSCRIBER_MESSAGE), list(SUBSCRIBER_MESSAGE), "left_anti")
+                 .join(pub, ["run_id", "publisher", "pub_seq"], "left")
+                 .join(runs_b.drop("fault_times"), "run_id"))
+    return matched.select(*DELIVERED_COLUMNS).unionByName(unmatched.select(*DELIVERED_COLUMNS))
 
 
 def _metrics(pub, slots, dp, cand, lost, runs_b):
-    """Small metric rows: (run_id, metric, key, value) — counts, per-bucket series, loss breakdown."""
+    """Small metric rows: (run_id, metric, key, value) — counts, per-bucket series, loss breakdown.  Each big
+    table is aggregated once, per time bucket; the run totals are sums over those few bucket rows (their
+    exchange is reused, so the big table is not read again)."""
     from pyspark.sql import functions as F
 
     def bucket(col):
         return ((col - F.col("t_origin")) / F.col("bucket_us")).cast("long")
 
+    def rows(df, metric: str, key, value):
+        return df.select("run_id", F.lit(metric).alias("metric"), key.cast("string").alias("key"),
+                         value.cast("double").alias("value"))
+
+    def totals(per_bucket, names: tuple[str, ...]):
+        summed = per_bucket.groupBy("run_id").agg(*[F.sum(n).alias(n) for n in names])
+        return summed.select("run_id", F.explode(F.map_from_arrays(
+            F.array(*[F.lit(n) for n in names]), F.array(*[F.col(n).cast("double") for n in names]))).alias("key", "value")
+        ).select("run_id", F.lit("count").alias("metric"), "key", "value")
+
     parts = []
-    p = pub.join(runs_b, "run_id")
-    parts.append(p.groupBy("run_id").agg(
+    # Publishes: per bucket of the ack time (null: never acked), every count in the same pass.
+    by_ack = pub.join(runs_b, "run_id").groupBy("run_id", bucket(F.col("t_ack")).alias("b")).agg(
         F.count(F.lit(1)).alias("published"), F.count("t_ack").alias("acked"),
         F.sum((F.col("t_fail").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("failed"),
-        F.sum((F.col("t_indet").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("indeterminate"),
-    ).select("run_id", F.explode(F.map_from_arrays(
-        F.array(*[F.lit(x) for x in ("published", "acked", "failed", "indeterminate")]),
-        F.array("published", "acked", "failed", "indeterminate"))).alias("key", "value"))
-        .select("run_id", F.lit("count").alias("metric"), "key", F.col("value").cast("double").alias("value")))
-    parts.append(p.filter(F.col("t_ack").isNotNull()).groupBy("run_id", bucket(F.col("t_ack")).alias("b"))
-                 .count().select("run_id", F.lit("acked_per_bucket").alias("metric"),
-                                 F.col("b").cast("string").alias("key"), F.col("count").cast("double").alias("value")))
-    d = dp
-    parts.append(d.groupBy("run_id").agg(
+        F.sum((F.col("t_indet").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("indeterminate"))
+    parts.append(totals(by_ack, ("published", "acked", "failed", "indeterminate")))
+    parts.append(rows(by_ack.filter(F.col("b").isNotNull()), "acked_per_bucket", F.col("b"), F.col("acked")))
+    # Deliveries: per bucket of the first delivery.
+    latency_ms = (F.col("first.t") - F.col("t_invoke")) / 1000
+    by_first = dp.groupBy("run_id", bucket(F.col("first.t")).alias("b")).agg(
         F.count(F.lit(1)).alias("delivered_messages"), F.sum("n_deliveries").alias("deliveries"),
         F.sum("n_resends").alias("inflight_resends"), F.sum("n_after_ack").alias("redeliveries_after_ack"),
-    ).select("run_id", F.explode(F.map_from_arrays(
-        F.array(*[F.lit(x) for x in ("delivered_messages", "deliveries", "inflight_resends", "redeliveries_after_ack")]),
-        F.array("delivered_messages", "deliveries", "inflight_resends", "redeliveries_after_ack"))).alias("key", "value"))
-        .select("run_id", F.lit("count").alias("metric"), "key", F.col("value").cast("double").alias("value")))
-    db = d.withColumn("b", bucket(F.col("first.t"))).withColumn("latency_ms", (F.col("first.t") - F.col("t_invoke")) / 1000)
-    parts.append(db.groupBy("run_id", "b").agg(F.count(F.lit(1)).alias("n")).select(
-        "run_id", F.lit("delivered_per_bucket").alias("metric"), F.col("b").cast("string").alias("key"),
-        F.col("n").cast("double").alias("value")))
-    lat = db.filter(F.col("latency_ms").isNotNull()).groupBy("run_id", "b").agg(
-        F.percentile_approx("latency_ms", 0.5).alias("p50"), F.percentile_approx("latency_ms", 0.99).alias("p99"))
-    for name in ("p50", "p99"):
-        parts.append(lat.select("run_id", F.lit(f"latency_{name}_ms").alias("metric"),
-                                F.col("b").cast("string").alias("key"), F.col(name).cast("double").alias("value")))
+        F.percentile_approx(latency_ms, 0.5).alias("p50"), F.percentile_approx(latency_ms, 0.99).alias("p99"))
+    parts.append(totals(by_first, ("delivered_messages", "deliveries", "inflight_resends", "redeliveries_after_ack")))
+    parts.append(rows(by_first, "delivered_per_bucket", F.col("b"), F.col("delivered_messages")))
+    for name in ("p50", "p99"):  # a bucket whose deliveries all lack a publish time has no latency
+        parts.append(rows(by_first.filter(F.col(name).isNotNull()), f"latency_{name}_ms", F.col("b"), F.col(name)))
     owed = cand.filter(F.col("owed"))
     # One scan of the candidates for the four counts; a zero count gives no row (as an empty group would).
     flags = ("owed", "legally_trimmed", "expired_legally", "undeliverable")
@@ -525,19 +590,17 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
         F.array(*[F.lit(f) for f in flags]), F.array(*flags))).alias("key", "value"))
         .filter(F.col("value") > 0)
         .select("run_id", F.lit("count").alias("metric"), "key", F.col("value").cast("double").alias("value")))
-    changes = owed.select("run_id", "t_origin", "bucket_us", F.col("t_invoke").alias("t"), F.lit(1).alias("delta")).unionByName(
-        owed.filter(F.col("delivered")).select("run_id", "t_origin", "bucket_us", F.col("t_first_delivery").alias("t"),
-                                               F.lit(-1).alias("delta")))
-    parts.append(changes.groupBy("run_id", bucket(F.col("t")).alias("b")).agg(F.sum("delta").alias("v")).select(
-        "run_id", F.lit("unseen_delta_per_bucket").alias("metric"), F.col("b").cast("string").alias("key"),
-        F.col("v").cast("double").alias("value")))
-    parts.append(lost.groupBy("run_id", "cause", "position").count().select(
-        "run_id", F.lit("loss_position").alias("metric"), F.concat_ws("|", "cause", "position").alias("key"),
-        F.col("count").cast("double").alias("value")))
+    # Owed-but-unseen changes: +1 at the publish, -1 at the first delivery (one pass over the owed rows).
+    change = F.explode(F.array(F.struct(F.col("t_invoke").alias("t"), F.lit(1).alias("delta")),
+                               F.when(F.col("delivered"), F.struct(F.col("t_first").alias("t"), F.lit(-1).alias("delta")))))
+    changes = owed.select("run_id", "t_origin", "bucket_us", change.alias("c")).filter(F.col("c").isNotNull())
+    parts.append(rows(changes.groupBy("run_id", bucket(F.col("c.t")).alias("b")).agg(F.sum("c.delta").alias("v")),
+                      "unseen_delta_per_bucket", F.col("b"), F.col("v")))
+    parts.append(rows(lost.groupBy("run_id", "cause", "position").count(), "loss_position",
+                      F.concat_ws("|", "cause", "position"), F.col("count")))
     last_pid = slots.filter(F.col("packet_id").isNotNull()).groupBy("run_id", "client").agg(
         F.max_by("packet_id", "seq").alias("pid"))
-    parts.append(last_pid.select("run_id", F.lit("last_packet_id").alias("metric"), F.col("client").alias("key"),
-                                 F.col("pid").cast("double").alias("value")))
+    parts.append(rows(last_pid, "last_packet_id", F.col("client"), F.col("pid")))
     return reduce(lambda a, b: a.unionByName(b), parts)
 
 

@@ -27,6 +27,10 @@ def spark_session(master: str | None = None, app_name: str = "ordeal-checkers"):
         .config("spark.driver.memory", os.environ.get("ORDEAL_SPARK_DRIVER_MEMORY", "3g"))
         .config("spark.sql.shuffle.partitions", os.environ.get("ORDEAL_SPARK_SHUFFLE_PARTITIONS", "8"))
         .config("spark.sql.adaptive.enabled", "true")
+        # The delivery side is partitioned by (run, subscriber) once; joins and windows keyed by (run, subscriber,
+        # ...) may then use that partitioning as it is, and a cached table keeps it (no re-shuffles).
+        .config("spark.sql.requireAllClusterKeysForCoPartition", "false")
+        .config("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "false")
         .config("spark.sql.ansi.enabled", "false")  # out-of-range array lookups give null, not an error
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions", "-XX:+UseParallelGC")

@@ -171,7 +171,14 @@ def publishes(events):
     )
 
 
-def delivery_slots(events, clients_df):
+def subscriber_partitioning(runs: list[RunSpec]) -> tuple[str, ...]:
+    """The key the delivery side is moved by, once.  With one run, run_id is a constant the optimiser folds out
+    of every later key, and (constant, client) would match none of them: the client alone.  With many runs,
+    the client alone would put every run's "sub-0" in one partition: (run_id, client), both real columns."""
+    return ("client",) if len(runs) == 1 else ("run_id", "client")
+
+
+def delivery_slots(events, clients_df, by: tuple[str, ...] = ("run_id", "client")):
     """Deliveries with what their packet-id slot says: the previous use of the slot, resend, reuse, acked."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -181,10 +188,8 @@ def delivery_slots(events, clients_df):
         "body_hash", "topic", "qos", "dup", "remaining_expiry_s", "node")
     # Why one repartition by subscriber: every later step on the delivery side (packet-id slots, per message,
     # stream order, the owed candidates and their queue ranks) is keyed by (run, subscriber, ...).  The rows
-    # move once; every later window, aggregate and join only sorts within its partition.  By client alone: with
-    # one run, run_id is a constant the optimiser folds out of every key, and (constant, client) would then
-    # match no later key; the client column is in every later key, one run or many.
-    rows = rows.repartition("client").join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs")),
+    # move once; every later window, aggregate and join only sorts within its partition.
+    rows = rows.repartition(*by).join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs")),
                      ["run_id", "client"], "left")
     rows = rows.withColumn("conn", F.size(F.filter(F.coalesce("connect_seqs", F.array()), lambda x: x < F.col("seq"))))
     rows = rows.withColumn("epoch", F.size(F.filter(F.coalesce("fresh_seqs", F.array()), lambda x: x < F.col("seq"))))
@@ -295,12 +300,13 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
     runs_b, clients_b, match_b = F.broadcast(runs_df), F.broadcast(clients_df), F.broadcast(match_df)
     pub = _freeze(publishes(events), cached, "publishes")
-    slots = _freeze(delivery_slots(events, clients_df).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
+    by = subscriber_partitioning(runs)
+    slots = _freeze(delivery_slots(events, clients_df, by).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
                     cached, "slots")
     # Sorted by the join key within each subscriber's partition, so every later join with it only merges.
     dsm = _freeze(with_stream_neighbour(deliveries_per_message(slots.drop("t_origin", "tol_us")))
                   .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "per_message")
-    claims = subscriber_claims(pub, slots, match_b)
+    claims = subscriber_claims(pub, slots, match_b, by)
     table = _freeze(per_subscriber_message(claims, dsm, runs_b, clients_b), cached, "per_subscriber_message")
     dp = delivered_messages(table, dsm, pub, runs_b)
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
@@ -412,7 +418,7 @@ def with_stream_neighbour(dsm):
     return dsm.select("*", prev_max.alias("prev_max"))
 
 
-def subscriber_claims(pub, slots, match_b):
+def subscriber_claims(pub, slots, match_b, by: tuple[str, ...] = ("run_id", "client")):
     """One row per (message, client whose filters match its topic), partitioned by client: the publish and
     whether the client was owed it (``is_cand``: a persistent subscription held at publish time, and a publish
     that was acked, or indeterminate and then seen by someone)."""
@@ -435,7 +441,7 @@ def subscriber_claims(pub, slots, match_b):
               .drop("subs")
               .join(F.broadcast(seen), key, "left"))
     claims = claims.select("*", (eligible & F.array_contains("held_by", F.col("client"))).alias("is_cand"))
-    return claims.drop("held_by", "seen_indeterminate").repartition("client")  # as the deliveries: by client
+    return claims.drop("held_by", "seen_indeterminate").repartition(*by)  # as the deliveries
 
 
 def per_subscriber_message(claims, dsm, runs_b, clients_b):
@@ -450,7 +456,7 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                                                           ["run_id", "client"], "left")
     t_arr = F.coalesce("t_ack", "t_invoke")
     k = F.element_at(F.filter(F.coalesce("offline", F.array()), lambda i: i["c"] > t_arr), 1)
-    t = t.select("*", t_arr.alias("t_arr"), k.alias("k"), F.col("t_first").isNotNull().alias("delivered")).drop("offline")
+    t = t.select("*", t_arr.alias("t_arr"), k.alias("k"), F.col("t_first").isNotNull().alias("delivered"))
     # In the backlog of offline window k: published while offline, or earlier but not acked before it began.
     in_backlog = F.col("k").isNotNull() & ((F.col("t_arr") >= F.col("k.d")) | F.col("first_ack_t").isNull()
                                            | (F.col("first_ack_t") > F.col("k.d")))
@@ -492,7 +498,9 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
         F.max((F.col("kept_after") & F.col("legally_trimmed") & F.col("settled")
                & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w"))).cast("int")).over(whole).alias(
             "trimmed_delivered"),
-        (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
+        # Each backlog's size, for every row of the subscriber (read below for messages carried into the next).
+        F.collect_set(F.when(F.col("in_backlog"), F.struct(F.col("backlog").alias("b"), F.col("n_backlog").alias("n"))))
+        .over(Window.partitionBy("run_id", "client", "is_cand")).alias("backlog_sizes"))
     before = Window.partitionBy("run_id", "client", "is_cand", "publisher").orderBy("pub_seq").rowsBetween(
         Window.unboundedPreceding, -1)
     # Why descending with a growing frame: an "unbounded following" frame is re-aggregated for every row
@@ -501,7 +509,26 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
         Window.unboundedPreceding, -1)
     delivered_seq = F.when(F.col("delivered"), F.col("pub_seq"))
     t = t.select("*", F.last(delivered_seq, ignorenulls=True).over(before).alias("prev_delivered"),
-                 F.last(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"))
+                 F.last(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"),
+                 F.min(F.when(F.col("delivered"), F.col("t_first"))).over(after).alias("later_first_t"))
+    # Carried into the next backlog: a message kept in backlog k but not yet delivered when the subscriber went
+    # offline again is still in its queue and may be legally trimmed (as the oldest) or stranded there.  Only
+    # when nothing later of the same stream was delivered in between: had the broker sent anything newer, the
+    # queue order says this one went first (or was gone).  One window on; a chain beyond is not followed.
+    # The lookups run only for kept, undelivered backlog rows (a loss or a carry-over: few).
+    k_next = F.element_at(F.filter("offline", lambda i: i["idx"] == F.col("k.idx") + 1), 1)
+    n_next = F.element_at(F.filter("backlog_sizes", lambda x: x["b"] == F.col("k.idx") + 1), 1)["n"]
+    waiting = F.col("in_backlog") & ~F.col("delivered") & ~F.col("legally_trimmed")
+    t = t.select("*", F.when(waiting, F.struct(k_next.alias("k"), F.coalesce(n_next, F.lit(0)).alias("n_backlog")))
+                 .alias("next_backlog")).drop("offline", "backlog_sizes")
+    carried = (F.col("next_backlog.k").isNotNull()
+               & (F.col("later_first_t").isNull() | (F.col("later_first_t") >= F.col("next_backlog.k.d"))))
+    t = t.select("*", F.coalesce(carried, F.lit(False)).alias("carried"))
+    trimmed_later = F.col("carried") & (F.col("next_backlog.n_backlog") >= F.col("limit"))
+    stranded_later = F.col("carried") & ((F.col("next_backlog.k.c") >= NEVER) | F.col("next_backlog.k.discarded"))
+    t = (t.withColumn("legally_trimmed", F.col("legally_trimmed") | trimmed_later)
+         .withColumn("undeliverable", F.col("undeliverable") | stranded_later))
+    t = t.select("*", (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
     in_b = F.col("in_backlog")
     cause = (F.when(in_b & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
                     F.lit("limits.trim_not_oldest"))

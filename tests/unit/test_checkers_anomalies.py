@@ -88,6 +88,16 @@ def _inflight_kept_newest_trimmed(rows):
     return s.drop_delivery(rows, "sub-0", "pub-0", 10)
 
 
+TWO_WINDOWS = replace(LIMIT, messages=20, offline=(s.Offline(0, 5, 11), s.Offline(0, 12, 18)))
+
+
+def _unsent_between_windows(rows, *seqs):
+    """sub-0 gets none of pub-0 ``seqs`` in its 100 ms online between the two offline windows."""
+    for seq in seqs:
+        rows = s.drop_delivery(rows, "sub-0", "pub-0", seq)
+    return rows
+
+
 # name -> (spec, mutation or None, failing invariants expected)
 CASES = {
     "clean": (BASE, None, set()),
@@ -166,6 +176,11 @@ CASES = {
     "inflight_before_offline_trimmed": (LIMIT, _inflight_before_offline, set()),
     "inflight_resent_newest_trimmed": (LIMIT, _inflight_kept_newest_trimmed, {"limits.trim_not_oldest"}),
     "immediate_drain_reconnect": (replace(LIMIT, trim_mode="none", pipeline_slack_ms=1000), None, set()),
+    # Carried into the next backlog: pub-0 #10 (kept in the first backlog) and the live #11 were not yet sent
+    # when sub-0 went offline again; the second backlog (#11..#17, limit 3) trims the oldest: both legally.
+    "kept_unsent_then_trimmed_in_next_backlog": (TWO_WINDOWS, lambda r: _unsent_between_windows(r, 10, 11), set()),
+    # ... but the broker did send the newer #11 in between: #10 was not waiting in the queue, it was lost.
+    "kept_skipped_while_newer_sent": (TWO_WINDOWS, lambda r: _unsent_between_windows(r, 10), {"durability.lost"}),
 }
 UNKNOWN_CASES = {
     # A fault that did not bite (or has no proof that it did): the run did not test what it claimed.

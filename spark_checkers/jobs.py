@@ -512,10 +512,11 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                  F.last(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"),
                  F.min(F.when(F.col("delivered"), F.col("t_first"))).over(after).alias("later_first_t"))
     # Carried into the next backlog: a message kept in backlog k but not yet delivered when the subscriber went
-    # offline again is still in its queue and may be legally trimmed (as the oldest) or stranded there.  Only
-    # when nothing later of the same stream was delivered in between: had the broker sent anything newer, the
-    # queue order says this one went first (or was gone).  One window on; a chain beyond is not followed.
-    # The lookups run only for kept, undelivered backlog rows (a loss or a carry-over: few).
+    # offline again is still in its queue and may be legally trimmed there (as the oldest).  Only when nothing
+    # later of the same stream was delivered in between: had the broker sent anything newer, the queue order
+    # says this one went first (or was gone).  One window on; a chain beyond is not followed.  Carried into a
+    # window that never closes it is NOT excused: the broker had the whole online period (at the end, the
+    # drain's quiet period) to deliver it.  The lookups run only for kept, undelivered backlog rows (few).
     k_next = F.element_at(F.filter("offline", lambda i: i["idx"] == F.col("k.idx") + 1), 1)
     n_next = F.element_at(F.filter("backlog_sizes", lambda x: x["b"] == F.col("k.idx") + 1), 1)["n"]
     waiting = F.col("in_backlog") & ~F.col("delivered") & ~F.col("legally_trimmed")
@@ -525,9 +526,7 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                & (F.col("later_first_t").isNull() | (F.col("later_first_t") >= F.col("next_backlog.k.d"))))
     t = t.select("*", F.coalesce(carried, F.lit(False)).alias("carried"))
     trimmed_later = F.col("carried") & (F.col("next_backlog.n_backlog") >= F.col("limit"))
-    stranded_later = F.col("carried") & ((F.col("next_backlog.k.c") >= NEVER) | F.col("next_backlog.k.discarded"))
-    t = (t.withColumn("legally_trimmed", F.col("legally_trimmed") | trimmed_later)
-         .withColumn("undeliverable", F.col("undeliverable") | stranded_later))
+    t = t.withColumn("legally_trimmed", F.col("legally_trimmed") | trimmed_later)
     t = t.select("*", (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
     in_b = F.col("in_backlog")
     cause = (F.when(in_b & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness.history_schema import Phase
+from harness.history_schema import Kind, Phase
 from spark_checkers import synthetic as s
 from spark_checkers.api import check_runs
 
@@ -98,6 +98,14 @@ def _unsent_between_windows(rows, *seqs):
     return rows
 
 
+def _unsent_then_gone(rows, *seqs):
+    """As above, and sub-0 never comes back from its second offline window."""
+    rows = _unsent_between_windows(rows, *seqs)
+    back = max(r["t_mono_us"] for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == "sub-0")
+    gone = (Kind.CONNECT, Kind.DELIVERY, Kind.DELIVERY_ACK_SENT)
+    return [r for r in rows if not (r.get("client") == "sub-0" and r["kind"] in gone and r["t_mono_us"] >= back)]
+
+
 # name -> (spec, mutation or None, failing invariants expected)
 CASES = {
     "clean": (BASE, None, set()),
@@ -181,6 +189,10 @@ CASES = {
     "kept_unsent_then_trimmed_in_next_backlog": (TWO_WINDOWS, lambda r: _unsent_between_windows(r, 10, 11), set()),
     # ... but the broker did send the newer #11 in between: #10 was not waiting in the queue, it was lost.
     "kept_skipped_while_newer_sent": (TWO_WINDOWS, lambda r: _unsent_between_windows(r, 10), {"durability.lost"}),
+    # Carried into a window that never closes and holds fewer than the limit (#11..#13, limit 5): nothing
+    # trimmed #10, and the broker had the online period to send it: still lost.
+    "kept_unsent_then_subscriber_gone": (replace(TWO_WINDOWS, limit=5, messages=13),
+                                         lambda r: _unsent_then_gone(r, 10, 11), {"durability.lost"}),
 }
 UNKNOWN_CASES = {
     # A fault that did not bite (or has no proof that it did): the run did not test what it claimed.

@@ -28,6 +28,15 @@ LOSS_INVARIANTS = ("durability.lost", "expiry.dropped_early", "limits.trimmed_un
 # Columns no checker reads (wall clocks, payload size, retain): not even decoded for the small rows.
 UNREAD_COLUMNS = ("t_wall_us", "send_wall_us", "payload_size", "retain")
 PUB_KINDS = (Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBLISH_INDETERMINATE)
+# Column groups of the per-(subscriber, message) tables: the key, what ``publishes`` gives per message, what
+# ``deliveries_per_message`` (+ stream neighbour) gives per delivered message, the per-run scalars.
+SUBSCRIBER_MESSAGE = ("run_id", "client", "publisher", "pub_seq")
+PUBLISH_COLUMNS = ("topic", "n_invoke", "t_invoke", "pub_qos", "expiry_s", "pub_hash", "pub_node", "t_ack", "t_fail",
+                   "t_indet")
+DELIVERY_COLUMNS = ("n_deliveries", "first", "t_last", "min_hash", "max_hash", "qos", "first_ack_seq", "first_ack_t",
+                    "n_resends", "n_after_ack", "redelivery", "implied_deadline", "any_unacked", "prev_max")
+RUN_SCALARS = ("limit", "ttl_us", "tol_us", "bucket_us", "t_origin", "slack_us")
+DELIVERED_COLUMNS = (*SUBSCRIBER_MESSAGE, *PUBLISH_COLUMNS, *DELIVERY_COLUMNS, *RUN_SCALARS)
 
 
 @dataclass(frozen=True)
@@ -178,7 +187,7 @@ def subscriber_partitioning(runs: list[RunSpec]) -> tuple[str, ...]:
     return ("client",) if len(runs) == 1 else ("run_id", "client")
 
 
-def delivery_slots(events, clients_df, by: tuple[str, ...] = ("run_id", "client")):
+def delivery_slots(events, clients_df, by: tuple[str, ...]):
     """Deliveries with what their packet-id slot says: the previous use of the slot, resend, reuse, acked."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -291,10 +300,10 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows.  Every
     DataFrame it materialises is appended to ``cached`` (the caller unpersists them).
 
-    Three tables are materialised: the publishes (one row per message), the deliveries with their packet-id
-    slots (moved once, by subscriber), and one row per (subscriber, message) that either matched one of the
-    subscriber's filters or was delivered to it.  The last serves the per-message rules and the owed
-    candidates alike; it is built without moving the deliveries again."""
+    Four tables are materialised: the publishes (one row per message), the deliveries with their packet-id
+    slots (moved once, by subscriber), one row per delivered (subscriber, message), and one narrow row per
+    (subscriber, message) that matched one of the subscriber's filters.  The last serves the owed candidates
+    and the publish lookup of the per-message rules alike; none of them moves the deliveries again."""
     from pyspark.sql import functions as F
 
     runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
@@ -308,7 +317,8 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                   .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "per_message")
     claims = subscriber_claims(pub, slots, match_b, by)
     table = _freeze(per_subscriber_message(claims, dsm, runs_b, clients_b), cached, "per_subscriber_message")
-    dp = delivered_messages(table, dsm, pub, runs_b)
+    with timed("publish lookup of deliveries"):
+        dp = delivered_messages(table, dsm, pub, runs_b)
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
     tol = F.col("tol_us")
 
@@ -327,12 +337,11 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     dr = (dp.join(runs_b.select("run_id", "fault_times"), "run_id")
           .join(match_b, ["run_id", "topic"], "left")
           .join(clients_b.select("run_id", "client", "disconnects", "connects"), ["run_id", "client"], "left"))
-    deadline = F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
     phantom_reason = (F.when(F.col("publisher").isNull() | F.col("pub_seq").isNull(), F.lit("payload identity unreadable"))
                       .when(F.col("n_invoke").isNull() | (F.col("n_invoke") == 0), F.lit("never published"))
                       .when((F.col("min_hash") != F.col("pub_hash")) | (F.col("max_hash") != F.col("pub_hash")),
                             F.lit("body hash differs from the published one")))
-    dr = dr.select("*", phantom_reason.alias("phantom_reason"), deadline.alias("deadline"))
+    dr = dr.select("*", phantom_reason.alias("phantom_reason"), expiry_deadline().alias("deadline"))
     t_first = F.col("first.t")
     rel_first = t_first - F.col("t_origin")
     base = ["client", "publisher", "pub_seq", F.col("first.t").alias("t"), F.col("first.packet_id").alias("packet_id"),
@@ -405,6 +414,13 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     return violations, metrics, parts
 
 
+def expiry_deadline():
+    """When a message expires: its MQTT 5 expiry interval after the publish, else the broker's default TTL."""
+    from pyspark.sql import functions as F
+
+    return F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
+
+
 def with_stream_neighbour(dsm):
     """Per (subscriber, message): the highest message of the same (publisher, topic) stream delivered first
     before it (the order rule compares against it).  Over every delivered message, phantoms included."""
@@ -418,7 +434,7 @@ def with_stream_neighbour(dsm):
     return dsm.select("*", prev_max.alias("prev_max"))
 
 
-def subscriber_claims(pub, slots, match_b, by: tuple[str, ...] = ("run_id", "client")):
+def subscriber_claims(pub, slots, match_b, by: tuple[str, ...]):
     """One row per (message, client whose filters match its topic), partitioned by client: the publish and
     whether the client was owed it (``is_cand``: a persistent subscription held at publish time, and a publish
     that was acked, or indeterminate and then seen by someone)."""
@@ -465,9 +481,8 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     # trims by ZSET score, oldest first: old in-flight messages go first); "delivered" still clears it of loss.
     kept = in_backlog & (F.col("t_last") >= F.col("k.c"))
     t = t.select("*", in_backlog.alias("in_backlog"), F.coalesce(kept, F.lit(False)).alias("kept_after"))
-    deadline = F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
     opportunity = F.when(F.col("in_backlog"), F.col("k.c")).otherwise(F.col("t_arr"))
-    t = t.select("*", (deadline < opportunity + F.col("tol_us")).alias("expired_legally"),
+    t = t.select("*", (expiry_deadline() < opportunity + F.col("tol_us")).alias("expired_legally"),
                  (F.col("in_backlog") & ((F.col("k.c") >= NEVER) | F.col("k.discarded"))).alias("undeliverable"),
                  F.when(F.col("in_backlog"), F.col("k.idx")).otherwise(F.lit(-1)).alias("backlog"))
     # Every window below is partitioned by is_cand too: rows that were never owed (another session's filter,
@@ -524,9 +539,8 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                  .alias("next_backlog")).drop("offline", "backlog_sizes")
     carried = (F.col("next_backlog.k").isNotNull()
                & (F.col("later_first_t").isNull() | (F.col("later_first_t") >= F.col("next_backlog.k.d"))))
-    t = t.select("*", F.coalesce(carried, F.lit(False)).alias("carried"))
-    trimmed_later = F.col("carried") & (F.col("next_backlog.n_backlog") >= F.col("limit"))
-    t = t.withColumn("legally_trimmed", F.col("legally_trimmed") | trimmed_later)
+    trimmed_later = F.coalesce(carried & (F.col("next_backlog.n_backlog") >= F.col("limit")), F.lit(False))
+    t = t.withColumn("legally_trimmed", F.col("legally_trimmed") | trimmed_later).drop("next_backlog", "later_first_t")
     t = t.select("*", (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
     in_b = F.col("in_backlog")
     cause = (F.when(in_b & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
@@ -542,16 +556,6 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                 .when(F.col("next_delivered").isNull(), F.lit("suffix")).otherwise(F.lit("middle")))
     # Sorted by the join key: the per-message rules read the publish from here by a merge join.
     return t.select("*", cause.alias("cause"), position.alias("position")).sortWithinPartitions(*SUBSCRIBER_MESSAGE)
-
-
-SUBSCRIBER_MESSAGE = ("run_id", "client", "publisher", "pub_seq")
-PUBLISH_COLUMNS = ("topic", "n_invoke", "t_invoke", "pub_qos", "expiry_s", "pub_hash", "pub_node", "t_ack", "t_fail",
-                   "t_indet")
-DELIVERED_COLUMNS = (
-    "run_id", "client", "publisher", "pub_seq", "topic", "n_invoke", "t_invoke", "pub_qos", "expiry_s", "pub_hash",
-    "pub_node", "t_ack", "t_fail", "t_indet", "n_deliveries", "first", "t_last", "min_hash", "max_hash", "qos",
-    "first_ack_seq", "first_ack_t", "n_resends", "n_after_ack", "redelivery", "implied_deadline", "any_unacked",
-    "prev_max", "limit", "ttl_us", "tol_us", "bucket_us", "t_origin", "slack_us")
 
 
 def delivered_messages(table, dsm, pub, runs_b):

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import click
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.scenario import ScenarioError, load_scenario
 from ordeal.commands.run import enter_isolation, isolation_option
-from ordeal.scenario import ScenarioError, load_scenario
 
 
 class InputError(click.ClickException):

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import click
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 from harness import netns
-from ordeal.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 
 
 def _scenario_path(name_or_path: str) -> Path:

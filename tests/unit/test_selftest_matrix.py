@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ordeal.scenario import parse_scenario
+from contracts.scenario import parse_scenario
 from ordeal.selftest import (
     CAUGHT,
     EXIT_FAIL,

@@ -137,7 +137,7 @@ def parse_matrix(document: Mapping[str, Any], *, source: str, root: Path = REPO_
     if catalog is None:
         from reference_broker.defects import CATALOG as catalog
     if invariant_ids is None:
-        from spark_checkers.invariants import IDS as invariant_ids
+        from contracts.invariants import IDS as invariant_ids
     unknown_tables = sorted(set(document) - {"entry", "false_alarm", "blackbox"})
     if unknown_tables:
         raise MatrixError(f"{source}: unknown table(s) {', '.join(unknown_tables)}; allowed: entry, false_alarm, "

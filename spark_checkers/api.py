@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.invariants import INVARIANTS
 from spark_checkers import CHECKER_VERSION
 from spark_checkers.explain import explain, loss_gaps
-from spark_checkers.invariants import INVARIANTS
 from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
 from spark_checkers.loader import RunInput, local_run_dir, open_run
 from spark_checkers.timeline import Timeline, build_timeline

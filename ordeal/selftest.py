@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contracts.versions import read_json
+
 TIERS = ("smoke", "full")
 ROLES = ("defect", "correct", "false_alarm", "blackbox")
 # outcome of one judged run
@@ -471,7 +473,7 @@ def rejudge(out: Path, matrix: Matrix) -> SelftestResult:
                   tuple(row["expect"]))
         report = None
         if row["run_dir"] and (Path(row["run_dir"]) / "report.json").is_file():
-            report = json.loads((Path(row["run_dir"]) / "report.json").read_text())
+            report = read_json(Path(row["run_dir"]) / "report.json")
         result.rows.append(judge(job, report, run_s=row["run_s"], run_dir=row["run_dir"], replay=row["replay"],
                                  run_error=row["reason"] if report is None else ""))
     result.rows = discount_shared_failures(result.rows)

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from contracts.versions import read_json
+
 REPORT_JSON, JUNIT_XML, REPORT_HTML = "report.json", "junit.xml", "report.html"
 
 
@@ -22,7 +24,7 @@ def render_from_report(run_dir: Path, report: dict[str, Any] | None = None) -> d
     if report is None:
         path = run_dir / REPORT_JSON
         try:
-            report = json.loads(path.read_text())
+            report = read_json(path)  # refuses an unknown schema_version, naming the file
         except FileNotFoundError as error:
             raise FileNotFoundError(f"{path} is missing: run 'ordeal check {run_dir}' first") from error
         if not isinstance(report, dict) or "invariants" not in report:

@@ -41,3 +41,13 @@ def test_the_page_is_self_contained():
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page), "no network resource"
     assert "<link" not in page and "@import" not in page
     assert "No violations." not in page and "durability.phantom — fail" in page
+
+
+def test_an_unknown_report_without_details_or_witnesses_renders():
+    report = _report()
+    report["verdict"], report["exit_code"] = "unknown", 2
+    report["invariants"] = [{"id": "meta.history_complete", "title": "t", "verdict": "unknown", "count": 0,
+                             "witnesses": [], "reason": "manifest says schema_version 9"}]
+    del report["faults"], report["counts"]
+    page = render_html(report)
+    assert "meta.history_complete — unknown" in page and "manifest says schema_version 9" in page

@@ -293,7 +293,7 @@ class Connection:
             if packet.prop("SubscriptionIdentifier") is not None:
                 raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, "PUBLISH from a client carries a Subscription "
                                         "Identifier [MQTT-3.3.4-6]")
-            if packet.prop("TopicAlias") is not None:  # Topic Alias Maximum = 0 ([MQTT-3.2.2-17])
+            if packet.prop("TopicAlias") is not None:  # Topic Alias Maximum = 0 (§3.2.2.3.8, §3.3.2.3.4)
                 raise ProtocolViolation(codec.RC_TOPIC_ALIAS_INVALID, "PUBLISH with a Topic Alias")
         if packet.qos == 2 and packet.packet_id in self.inbound_qos2:
             self.send(Ack(codec.PUBREC, packet.packet_id))  # already produced: exactly once

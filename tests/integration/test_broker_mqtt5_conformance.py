@@ -325,6 +325,25 @@ def test_mqtt_3_2_2_13_will_retain_refused_with_connack_0x9a(brokers):
         client.close()
 
 
+@pytest.mark.parametrize("connect_props, reason", [
+    ({"AuthenticationMethod": "SCRAM-SHA-1"}, codec.RC_BAD_AUTHENTICATION_METHOD),
+    ({"ReceiveMaximum": 0}, codec.RC_PROTOCOL_ERROR),
+    ({"MaximumPacketSize": 0}, codec.RC_PROTOCOL_ERROR),
+    ({"ReceiveMaximum": 1, "MaximumPacketSize": 128}, codec.RC_SUCCESS),
+], ids=["enhanced-auth-0x8c", "receive-maximum-0", "maximum-packet-size-0", "near-miss-1-and-128"])
+def test_mqtt_3_1_2_11_connect_properties_the_broker_refuses(brokers, connect_props, reason):
+    """No enhanced authentication (§4.12): CONNACK 0x8C; Receive Maximum 0 or Maximum Packet Size 0 are
+    protocol errors (§3.1.2.11.3, §3.1.2.11.4): CONNACK 0x82; then the connection is closed."""
+    cluster = brokers()
+    client = raw(cluster)
+    ack = raw_connect(client, **connect_props)
+    assert isinstance(ack, codec.ConnAck) and ack.reason_code == reason
+    if reason:
+        with pytest.raises(ConnectionError):
+            client.receive(timeout=3.0)
+    client.close()
+
+
 def test_mqtt_3_3_4_6_publish_from_client_with_subscription_identifier_is_protocol_error(brokers):
     cluster = brokers()
     client = raw(cluster)
@@ -360,7 +379,7 @@ def test_mqtt_3_2_2_3_13_shared_subscription_disconnect_0x9e(brokers):
     assert old.receive().reason_codes == [0x80, 1]
 
 
-def test_mqtt_2_2_2_2_property_length_not_matching_the_properties_is_malformed(brokers):
+def test_mqtt_2_2_2_1_property_length_not_matching_the_properties_is_malformed(brokers):
     """A CONNECT whose property length says 1 but holds a 3-byte property (Receive Maximum) is not accepted;
     a PUBLISH whose property length runs past its property gets DISCONNECT 0x81.  The well-formed twins are
     accepted."""

@@ -6,8 +6,9 @@ sending QoS 1 at ``--rate`` msg/s.  The run has two phases of ``--duration`` sec
   1. quiet: only the well-behaved traffic;
   2. flood: the same traffic while ``--flooders`` separate processes open connection after connection and
      send malformed or abusive input (garbage instead of CONNECT, a property length that lies, a PUBLISH with
-     a wildcard topic, a remaining length of 200 MB, RETAIN = 1, QoS 2 publishes past the server's Receive
-     Maximum without PUBREL, an over-long topic), each connection until the broker closes it.
+     a wildcard topic, a remaining length of 200 MB, RETAIN = 1, 5,000 QoS 2 publishes never released (the
+     server's Receive Maximum is 1,000), an over-long topic), each connection until the broker closes it (or
+     5 s pass), ``--flood-rounds`` times over; the same input for every broker, however fast it answers.
 The flood runs in other processes so that it does not take the GIL from the well-behaved clients' threads.
 
     .venv/bin/python benchmarks/broker_abuse.py --duration 20
@@ -40,6 +41,7 @@ from reference_broker import codec  # noqa: E402
 from reference_broker.probe import Probe  # noqa: E402
 
 PAYLOAD_SIZE = 62
+QOS2_FLOOD = 5000  # QoS 2 PUBLISHes without PUBREL on one connection (the server's Receive Maximum is 1000)
 
 
 # ------------------------------------------------------------------ the flood (runs in other processes)
@@ -55,9 +57,14 @@ def _publish_v5(topic: str, payload: bytes, qos: int, pid: int | None, retain: b
     return codec.encode(codec.Publish(topic, payload, qos, retain, False, pid, Properties(PacketTypes.PUBLISH)), 5)
 
 
+_QOS2_BLOB: list[bytes] = []
+
+
 def abusive_inputs(index: int) -> list[tuple[str, list[bytes]]]:
     """(kind, packets) of one flood connection; ``index`` makes client ids unique."""
     cid = f"flood-{index}"
+    if not _QOS2_BLOB:  # built once per process: encoding 5,000 packets each time would load the CPU we measure
+        _QOS2_BLOB.append(b"".join(_publish_v5("abuse/q2", b"x" * 40, 2, pid) for pid in range(1, QOS2_FLOOD + 1)))
     connect = _connect_v5(cid)
     bad_props_connect = bytearray(_connect_v5(cid))
     bad_props_connect[12] = 1  # property length 1, but no property follows within it: 0 real bytes
@@ -71,19 +78,19 @@ def abusive_inputs(index: int) -> list[tuple[str, list[bytes]]]:
         ("remaining_length_200MB", [connect, bytes([0x30, 0x80, 0x80, 0x80, 0x64])]),
         ("publish_retain", [connect, _publish_v5("abuse/r", b"x" * 40, 1, 1, retain=True)]),
         ("topic_too_long", [connect, _publish_v5("a" * 5000, b"x", 1, 1)]),
-        ("qos2_past_receive_maximum", [connect, b"".join(_publish_v5("abuse/q2", b"x" * 40, 2, pid)
-                                                            for pid in range(1, 1102))]),
+        ("qos2_never_released", [connect, _QOS2_BLOB[0]]),
     ]
 
 
-def flood_worker(host: str, port: int, worker: int, stop_at: float, queue) -> None:
+def flood_worker(host: str, port: int, worker: int, rounds: int, queue) -> None:
+    """``rounds`` times every abusive input, each on a connection of its own, one after the other (the
+    well-behaved phase lasts until every worker is done)."""
     counts: dict[str, int] = {}
     packets = connections = 0
-    n = 0
-    while time.time() < stop_at:
-        inputs = abusive_inputs(worker * 1_000_000 + n)
-        kind, sent = inputs[n % len(inputs)]
-        n += 1
+    started = time.monotonic()
+    kinds = len(abusive_inputs(0))
+    for n in range(rounds * kinds):
+        kind, sent = abusive_inputs(worker * 1_000_000 + n)[n % kinds]
         try:
             sock = socket.create_connection((host, port), timeout=5)
         except OSError:
@@ -94,7 +101,7 @@ def flood_worker(host: str, port: int, worker: int, stop_at: float, queue) -> No
         try:
             for data in sent:
                 sock.sendall(data)
-            packets += len(sent) if kind != "qos2_past_receive_maximum" else 1 + 1101
+            packets += len(sent) if kind != "qos2_never_released" else 1 + QOS2_FLOOD
             sock.settimeout(5)
             outcome = "open after 5 s"
             while True:
@@ -110,7 +117,8 @@ def flood_worker(host: str, port: int, worker: int, stop_at: float, queue) -> No
             sock.close()
         key = f"{kind}: {outcome}"
         counts[key] = counts.get(key, 0) + 1
-    queue.put({"connections": connections, "packets": packets, "outcomes": counts})
+    queue.put({"connections": connections, "packets": packets, "outcomes": counts,
+               "seconds": time.monotonic() - started})
 
 
 # ------------------------------------------------------------------ the well-behaved clients
@@ -120,7 +128,8 @@ def payload(pair: int, seq: int) -> bytes:
 
 
 def well_behaved_phase(publishers: list[Probe], subscribers: list[Probe], rate: float, duration: float,
-                       phase: int) -> dict:
+                       phase: int, until=lambda: True) -> dict:
+    """Publish for ``duration`` seconds and as long as ``until()`` is false (the flood lasts)."""
     for sub in subscribers:
         sub.clear()
     sent = [0] * len(publishers)
@@ -129,7 +138,7 @@ def well_behaved_phase(publishers: list[Probe], subscribers: list[Probe], rate: 
     def publish_loop(index: int) -> None:
         client = publishers[index].client
         period, next_at, seq = 1.0 / rate, time.monotonic(), 0
-        while time.monotonic() < stop_at:
+        while time.monotonic() < stop_at or not until():
             client.publish(f"europe/ua/kyiv/{index}/0", payload(phase * 1000 + index, seq), 1)
             seq += 1
             sent[index] = seq
@@ -194,21 +203,30 @@ def run(args: argparse.Namespace) -> dict:
         clients = subscribers + publishers
         time.sleep(1.0)
         broker_procs = process_tree([broker.pid])
+        per_node = {n.name: process_tree([n.pid]) for n in [*topology.nodes(), broker] if n.pid}
         cpu0 = cpu_seconds(broker_procs)
+        node_cpu0 = {name: cpu_seconds(procs) for name, procs in per_node.items()}
         quiet = well_behaved_phase(publishers, subscribers, args.rate, args.duration, 1)
         quiet["broker_cpu_s"] = round(cpu_seconds(broker_procs) - cpu0, 1)
+        quiet["cpu_s_by_node"] = {name: round(cpu_seconds(procs) - node_cpu0[name], 1)
+                                  for name, procs in per_node.items()}
 
         context = multiprocessing.get_context("spawn")
         queue = context.Queue()
-        stop_at = time.time() + args.duration
-        workers = [context.Process(target=flood_worker, args=(host, port, w, stop_at, queue), daemon=True)
+        workers = [context.Process(target=flood_worker, args=(host, port, w, args.flood_rounds, queue), daemon=True)
                    for w in range(args.flooders)]
         cpu0 = cpu_seconds(broker_procs)
+        node_cpu0 = {name: cpu_seconds(procs) for name, procs in per_node.items()}
+        flood_started = time.monotonic()
         for worker in workers:
             worker.start()
-        flood = well_behaved_phase(publishers, subscribers, args.rate, args.duration, 2)
+        flood = well_behaved_phase(publishers, subscribers, args.rate, args.duration, 2,
+                                   until=lambda: not any(w.is_alive() for w in workers))
         flood["broker_cpu_s"] = round(cpu_seconds(broker_procs) - cpu0, 1)
-        reports = [queue.get(timeout=60) for _ in workers]
+        flood["cpu_s_by_node"] = {name: round(cpu_seconds(procs) - node_cpu0[name], 1)
+                                  for name, procs in per_node.items()}
+        flood["phase_s"] = round(time.monotonic() - flood_started, 1)
+        reports = [queue.get(timeout=600) for _ in workers]
         for worker in workers:
             worker.join(10)
             if worker.is_alive():
@@ -217,7 +235,9 @@ def run(args: argparse.Namespace) -> dict:
         for report in reports:
             for key, value in report["outcomes"].items():
                 outcomes[key] = outcomes.get(key, 0) + value
-        flood["flood"] = {"processes": args.flooders, "connections": sum(r["connections"] for r in reports),
+        flood["flood"] = {"processes": args.flooders, "rounds": args.flood_rounds,
+                          "seconds": round(max(r["seconds"] for r in reports), 1),
+                          "connections": sum(r["connections"] for r in reports),
                           "packets": sum(r["packets"] for r in reports), "outcomes": dict(sorted(outcomes.items()))}
         alive = broker.is_alive()
         return {"pairs": args.pairs, "rate_per_publisher": args.rate, "duration_s": args.duration,
@@ -240,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=10.0, help="well-behaved messages per second per publisher")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of each phase")
     parser.add_argument("--flooders", type=int, default=4, help="flood processes")
+    parser.add_argument("--flood-rounds", type=int, default=3,
+                        help="rounds over the abusive inputs per flood process (same input for every broker)")
     parser.add_argument("--kafka-storage", default="s3", choices=["s3", "s3rver", "moto", "memory"])
     parser.add_argument("--broker-checkout", default=None,
                         help="run the broker (python -m reference_broker) from this checkout instead of this one")

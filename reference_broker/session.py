@@ -128,6 +128,7 @@ class Connection:
             self.send(Disconnect(reason_code))
         self.flush()
         self.closed = True
+        self.produce_room.set()  # a reader held back by back-pressure wakes up and sees the close
         with contextlib.suppress(Exception):
             self.writer.close()
 
@@ -149,11 +150,11 @@ class Connection:
                 return
             keep_alive = connect.keep_alive
             timeout = keep_alive * 1.5 if keep_alive else None
-            limit = self.config.receive_maximum
+            limit = self.config.max_pending_publishes
             while not self.closed:
                 # Back-pressure: while this client's publishes wait for Kafka, its socket is not read (TCP
-                # pushes back on the client), so one client's flood cannot queue unbounded work ahead of
-                # everyone else's.
+                # pushes back on the client), so one client's flood cannot queue its backlog in the shared
+                # producer ahead of everyone else's messages (measured: benchmarks/broker_abuse.py).
                 while self.produces_pending >= limit and not self.closed:
                     self.produce_room.clear()
                     await self.produce_room.wait()

@@ -451,7 +451,7 @@ def test_mqtt_3_1_2_4_discarded_session_state_is_not_reused(brokers, version):
     sub = cluster.probe(client_id, version=version)
     sub.connect(clean=False, session_expiry=600 if version == 5 else None)
     sub.subscribe(FILTER, 1)
-    old_gen = cluster.redis.hget(cluster.key(client_id, "session"), "gen").decode()
+    old_gen = (cluster.redis.hget(cluster.key(client_id, "session"), "gen") or b"").decode()
     sub.disconnect()
     pub = cluster.probe(version=version)
     pub.connect(clean=True)

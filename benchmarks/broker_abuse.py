@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.broker_p2p import cpu_seconds, percentile, process_tree  # noqa: E402
+from benchmarks.broker_p2p import broker_setting, cpu_seconds, percentile, process_tree  # noqa: E402
 from harness.node import ProcessNode  # noqa: E402
 from harness.topology import LocalTopology  # noqa: E402
 from harness.topology_config import TopologyConfig  # noqa: E402
@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> dict:
     clients: list[Probe] = []
     try:
         config = run_dir / "broker-config.json"
-        config.write_text(json.dumps({"broker": {"incoming_partitions": 4, "persisted_partitions": 4},
+        settings = {"incoming_partitions": 4, "persisted_partitions": 4, **dict(args.setting)}
+        config.write_text(json.dumps({"broker": settings,
                                       "redis_startup_nodes": [f"{h}:{p}" for h, p in topology.redis_startup_nodes()],
                                       "kafka_bootstrap": topology.kafka_bootstrap()}))
         host, port = topology.addresses.allocate(1883)
@@ -241,7 +242,7 @@ def run(args: argparse.Namespace) -> dict:
                           "packets": sum(r["packets"] for r in reports), "outcomes": dict(sorted(outcomes.items()))}
         alive = broker.is_alive()
         return {"pairs": args.pairs, "rate_per_publisher": args.rate, "duration_s": args.duration,
-                "kafka_storage": args.kafka_storage, "broker_checkout": str(checkout),
+                "kafka_storage": args.kafka_storage, "broker_checkout": str(checkout), "settings": settings,
                 "quiet": quiet, "with_flood": flood, "broker_alive_after": alive, "run_dir": str(run_dir)}
     finally:
         for client in clients:
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka-storage", default="s3", choices=["s3", "s3rver", "moto", "memory"])
     parser.add_argument("--broker-checkout", default=None,
                         help="run the broker (python -m reference_broker) from this checkout instead of this one")
+    parser.add_argument("--setting", action="append", default=[], type=broker_setting, metavar="KEY=VALUE",
+                        help="a broker setting (JSON value), e.g. --setting max_pending_publishes=32")
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.flooders < 1 or args.rate <= 0 or args.duration <= 0:
         parser.error("--pairs, --flooders, --rate and --duration must be positive")

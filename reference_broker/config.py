@@ -56,7 +56,7 @@ class BrokerConfig:
     # Sessions and delivery
     max_inflight: int = 1000
     # Limits the server declares in CONNACK and enforces (docs/reference-broker.md, "Limits under abuse")
-    receive_maximum: int = 1000           # QoS 1/2 PUBLISHes a client may have unacknowledged (0x93 beyond)
+    receive_maximum: int = 100            # QoS 1/2 PUBLISHes a client may have unacknowledged (0x93 beyond)
     max_packet_size: int = 1048576        # bytes, whole packet; larger -> DISCONNECT / CONNACK 0x95
     max_topic_length: int = 1024          # bytes of a topic name or filter; longer -> 0x90 / SUBACK 0x8F
     # Back-pressure: a connection's socket is not read while this many of its publishes wait for Kafka, so one

@@ -281,7 +281,7 @@ def test_mqtt_3_2_2_3_connack_declares_what_the_broker_does_not_support(brokers)
     p = client.connack_properties
     assert (p.RetainAvailable, p.SharedSubscriptionAvailable, p.SubscriptionIdentifierAvailable,
             p.TopicAliasMaximum) == (0, 0, 0, 0)
-    assert (p.ReceiveMaximum, p.MaximumPacketSize) == (1000, 1048576)
+    assert (p.ReceiveMaximum, p.MaximumPacketSize) == (100, 1048576)
     assert not hasattr(p, "WildcardSubscriptionAvailable") and not hasattr(p, "MaximumQoS")
 
 

@@ -228,7 +228,11 @@ class _Reader:
         except MalformedPacket:
             raise
         except Exception as error:  # paho raises KeyError/IndexError/MQTTException/struct.error on bad input
-            raise MalformedPacket(f"bad properties: {error!r}") from None
+            text = str(error)
+            # a value out of its range (Receive Maximum 0, ...) or a property given twice is a protocol error
+            code = RC_PROTOCOL_ERROR if "must be in the range" in text or "more than once" in text else \
+                RC_MALFORMED_PACKET
+            raise MalformedPacket(f"bad properties: {error!r}", code) from None
         if used != header + length or len(props.pack()) != header + length:
             raise MalformedPacket(f"properties do not fill their declared length {length}")
         self.pos = start + header + length

@@ -144,6 +144,9 @@ class Connection:
             except MalformedPacket as error:
                 if error.reason_code == codec.RC_UNSUPPORTED_PROTOCOL_VERSION:
                     self.writer.write(codec.encode(ConnAck(False, 0x01), codec.MQTT311))
+                elif body[:7] == b"\x00\x04MQTT\x05":
+                    # an MQTT 5 CONNECT: the CONNACK may carry the reason before the close (§3.2.2.2)
+                    self.writer.write(codec.encode(ConnAck(False, error.reason_code), MQTT5))
                 raise
             await self.handle_connect(connect)
             if self.closed:
@@ -248,8 +251,6 @@ class Connection:
         """The MQTT 5 CONNACK reason code for a CONNECT this broker must refuse, or None."""
         if connect.will_topic is not None and connect.will_retain:
             return codec.RC_RETAIN_NOT_SUPPORTED  # [MQTT-3.2.2-13]: Retain Available = 0
-        if connect.prop("ReceiveMaximum") == 0 or connect.prop("MaximumPacketSize") == 0:
-            return codec.RC_PROTOCOL_ERROR  # §3.1.2.11.3 / §3.1.2.11.4: 0 is a protocol error
         if connect.prop("AuthenticationMethod") is not None:
             return codec.RC_BAD_AUTHENTICATION_METHOD  # no enhanced authentication (§4.12)
         if connect.will_topic is not None and len(connect.will_topic.encode()) > self.config.max_topic_length:

@@ -158,12 +158,14 @@ class Broker:
         # Order matters if this node dies mid-CONNECT: listed in the node's client set first (so a dead
         # node's sessions are released), the record replaced in one step (never missing; a new session
         # discards the old one's queue in that same step), the pending expiry cancelled last (a session left
-        # disconnected must keep its expiry).
+        # disconnected must keep its expiry).  Without a record and without clean start there is no old state
+        # to discard (save.lua stores nothing for a session that has no record), and a preset
+        # last_packet_id (harness/snapshot.py, the wrap scenarios) must survive.
         await store.add_node_client(self.node_id, client)
         await store.put_session(client, {
             "node": self.node_id, "conn": conn.conn_id, "persistent": int(conn.persistent),
             "expiry": conn.session_expiry or "", "protocol": conn.version, "connected_at": int(time.time() * 1000),
-            "gen": conn.session_gen}, discard=not resumed)
+            "gen": conn.session_gen}, discard=not resumed and (bool(session) or clean_start))
         await store.cancel_expiry(client)
         if not resumed:
             await store.put_subscription(client, None)  # the old session's subscriptions end with it

@@ -74,6 +74,7 @@ class Connection:
         self.closed = False
         self.taken_over = False
         self.wake = asyncio.Event()
+        self.read_from_cursor = False            # the last read started after a cursor, not at the start
         self.inflight: OrderedDict[int, tuple[str, str]] = OrderedDict()  # pid -> (kind, score)
         self.live_queue: deque[dict[str, Any]] = deque()
         self.live_dropped = 0
@@ -381,8 +382,7 @@ class Connection:
             if packet.reason_code >= 0x80:  # the subscriber refused it: the flow ends here
                 if stored:
                     await self._with_retry(store.remove_one, pid)
-                self.inflight.pop(pid, None)
-                self.wake.set()
+                self._flow_ended(pid)
                 return
             if stored:
                 await self._with_retry(store.mark_released, pid)
@@ -394,8 +394,19 @@ class Connection:
         # not yet removed would be sent again.
         if stored and not self.config.has("puback_not_removing"):
             await self._with_retry(store.remove_one, pid)
-        self.inflight.pop(pid, None)
-        self.wake.set()
+        self._flow_ended(pid)
+
+    def _flow_ended(self, pid: int) -> None:
+        """A delivery left the in-flight window.  Wake the delivery loop only if that can send something: the
+        window was full, live messages wait for room, or the window is now empty after a read from a cursor
+        (a read from the start then finds messages scored below it, after a wrap).  Otherwise the next hint
+        wakes it -- an unconditional wake cost one empty Redis read per delivered message (a third of the
+        broker's Redis commands in benchmarks/broker_p2p.py)."""
+        was_full = len(self.inflight) >= self.window
+        if self.inflight.pop(pid, None) is None:
+            return
+        if was_full or self.live_queue or (not self.inflight and self.read_from_cursor):
+            self.wake.set()
 
     async def _with_retry(self, operation, packet_id: int) -> None:
         """Ack bookkeeping rides through a Redis failover; if it still fails, the message stays stored
@@ -479,6 +490,7 @@ class Connection:
                             # every sent message is acknowledged and removed; scores restart below the
                             # cursor once the ZSET emptied (after a wrap), so read from the start again
                             cursor = "-inf"
+                        self.read_from_cursor = cursor != "-inf"
                         entries = await store.read(self.client_id, cursor, room)
                         for entry in entries:
                             cursor = str(int(entry.score))

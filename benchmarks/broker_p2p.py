@@ -42,7 +42,7 @@ def payload(pair: int, seq: int) -> bytes:
 
 
 def start_brokers(topology: LocalTopology, run_dir: Path, count: int, settings: dict,
-                  profile: bool) -> list[ProcessNode]:
+                  profile: bool, checkout: Path | None = None) -> list[ProcessNode]:
     config = run_dir / "broker-config.json"
     config.write_text(json.dumps({"broker": settings,
                                   "redis_startup_nodes": [f"{h}:{p}" for h, p in topology.redis_startup_nodes()],
@@ -56,7 +56,7 @@ def start_brokers(topology: LocalTopology, run_dir: Path, count: int, settings: 
         argv += ["-m", "reference_broker", "--config", str(config), "--node-id", f"broker-{index}",
                  "--listen", f"{host}:{port}"]
         node = ProcessNode(f"broker-{index}", "broker", host, port, argv, log_path=run_dir / f"broker-{index}.log",
-                           data_dir=run_dir / f"broker-{index}", cwd=Path.cwd())
+                           data_dir=run_dir / f"broker-{index}", cwd=checkout or Path.cwd())
         node.start()
         nodes.append(node)
     for node in nodes:
@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> dict:
     try:
         settings = {"producer_acks": args.acks, "incoming_partitions": args.partitions,
                     "persisted_partitions": args.partitions, **dict(args.setting)}
-        brokers = start_brokers(topology, run_dir, args.brokers, settings, args.profile)
+        checkout = Path(args.broker_checkout).resolve() if args.broker_checkout else None
+        brokers = start_brokers(topology, run_dir, args.brokers, settings, args.profile, checkout)
         subscribers, publishers = [], []
         for i in range(args.pairs):
             node = brokers[i % len(brokers)]
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace) -> dict:
         result = {
             "pairs": args.pairs, "rate_per_publisher": args.rate, "duration_s": args.duration,
             "broker_nodes": args.brokers, "producer_acks": args.acks, "partitions": args.partitions,
-            "kafka_storage": args.kafka_storage,
+            "kafka_storage": args.kafka_storage, "broker_checkout": str(checkout or Path.cwd()),
             "published": expected, "delivered_unique": unique, "duplicates": duplicates,
             "lost": expected - unique,
             "throughput_msg_s_in_plus_out": round(total_messages / wall, 1),
@@ -241,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Tansu's storage (memory: no S3 server, shows the broker's own limits)")
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--broker-checkout", default=None,
+                        help="run the broker (python -m reference_broker) from this checkout (side-by-side runs)")
     parser.add_argument("--setting", action="append", default=[], type=broker_setting, metavar="KEY=VALUE",
                         help="a broker setting (JSON value), e.g. --setting kafka_fetch_max_wait_ms=100")
     args = parser.parse_args(argv)

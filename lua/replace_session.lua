@@ -2,6 +2,18 @@
 -- A DEL followed by a separate HSET left no record at all when the node died in between (SIGKILL during a
 -- CONNECT); the next node then answered a resuming client with session present = 0.
 -- KEYS[1] = <prefix>{client}_session   ARGV = field1, value1, field2, value2, ...
+-- KEYS[2..] (optional): a new session discards the old one's state in the same step: KEYS[2] =
+-- <prefix>{client}_messages (its members, the payloads, go too), then _last_packet_id, _sent, _inbound_qos2.
+-- One step matters: a save of the discarded session's messages (still in the pipeline) that ran between a
+-- separate discard and the new record found the old record and refilled the queue (issue 17, [MQTT-3.1.2-4]).
 -- Returns the number of fields written.
+if KEYS[2] then
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    redis.call('DEL', member)
+  end
+  for i = 2, #KEYS do
+    redis.call('DEL', KEYS[i])
+  end
+end
 redis.call('DEL', KEYS[1])
 return redis.call('HSET', KEYS[1], unpack(ARGV))

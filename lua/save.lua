@@ -2,13 +2,17 @@
 -- KEYS[1] = <prefix>{client}_messages          ZSET: member = payload key, score = never-wrapping counter
 -- KEYS[2] = <prefix>{client}_last_packet_id    STRING: last packet id handed out (no TTL)
 -- KEYS[3] (optional) = <prefix>{client}_sent    HASH: sent markers; a trimmed message's marker goes too
+-- KEYS[4] (optional) = <prefix>{client}_session HASH: a message carrying "gen" (the id of the session its
+--   subscription belonged to, set by the fan-out) is stored only while that session is the client's current
+--   persistent session.  Messages of a discarded session still in the pipeline (clean start, expiry, DISCONNECT
+--   with expiry 0) are dropped, not saved into the next session's queue ([MQTT-3.1.2-4], issue 17).
 -- ARGV[1] = limit (1..65535)   ARGV[2] = JSON array of messages   ARGV[3] = default TTL seconds
 -- ARGV[4] = comma-separated defect names (empty for the correct broker)
 -- A message's "expiry" (seconds, MQTT 5 message expiry interval left) replaces the default TTL;
 -- expiry <= 0 means it has already expired: it is not stored and takes no packet id.
 -- Payload keys are KEYS[1] .. "_" .. packet id, so they share the client's hash tag and slot.
 -- Returns {previous last packet id, new last packet id, number stored, number trimmed}.
-local zset, last_key, sent = KEYS[1], KEYS[2], KEYS[3]
+local zset, last_key, sent, session = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local limit = tonumber(ARGV[1])
 local messages = cjson.decode(ARGV[2])
 local default_ttl = tonumber(ARGV[3])
@@ -28,10 +32,19 @@ end
 local previous = last_id
 if top[2] then score = tonumber(top[2]) else score = last_id end
 
+local current_gen = nil
+if session then
+  local fields = redis.call('HMGET', session, 'gen', 'persistent')
+  if fields[2] == '1' then current_gen = fields[1] end
+end
+
 local stored = 0
 for _, msg in ipairs(messages) do
   local ttl = default_ttl
   if msg.expiry ~= nil and msg.expiry ~= cjson.null then ttl = tonumber(msg.expiry) end
+  if session and msg.gen ~= nil and msg.gen ~= cjson.null and msg.gen ~= current_gen then
+    ttl = 0  -- the session this message was routed to is gone
+  end
   if ttl > 0 then
     last_id = last_id + 1
     if last_id > 65535 then

@@ -39,6 +39,11 @@ RC_PACKET_ID_NOT_FOUND = 0x92
 RC_RECEIVE_MAXIMUM_EXCEEDED = 0x93
 RC_PACKET_TOO_LARGE = 0x95
 RC_KEEP_ALIVE_TIMEOUT = 0x8D
+RC_TOPIC_ALIAS_INVALID = 0x94
+RC_RETAIN_NOT_SUPPORTED = 0x9A
+RC_SHARED_SUBSCRIPTIONS_NOT_SUPPORTED = 0x9E
+RC_SUBSCRIPTION_IDS_NOT_SUPPORTED = 0xA1
+RC_BAD_AUTHENTICATION_METHOD = 0x8C
 
 MAX_REMAINING_LENGTH = 268_435_455
 
@@ -196,17 +201,41 @@ class _Reader:
             raise MalformedPacket("UTF-8 string contains U+0000")
         return text
 
+    def varint(self) -> int:
+        multiplier, value = 1, 0
+        for _ in range(4):
+            byte = self.byte()
+            value += (byte & 0x7F) * multiplier
+            if not byte & 0x80:
+                return value
+            multiplier *= 128
+        raise MalformedPacket("variable byte integer longer than 4 bytes")
+
     def properties(self, packet_type: int) -> Properties:
+        start = self.pos
+        length = self.varint()
+        header = self.pos - start
+        if length > self.remaining():
+            raise MalformedPacket(f"property length {length} runs past the end of the packet "
+                                  f"({self.remaining()} bytes left)")
+        # paho parses up to the declared length but not *within* it: a property that starts inside the
+        # declared length and ends after it would be read whole (and the rest of the packet shifted).  So it
+        # only ever sees the declared bytes, and must consume exactly them ([MQTT-2.2.2], 0x81 otherwise).
+        window = self.data[start:start + header + length]
         props = Properties(packet_type)
         try:
-            _, used = props.unpack(self.data[self.pos:])
+            _, used = props.unpack(window)
         except MalformedPacket:
             raise
-        except Exception as error:  # paho raises KeyError/IndexError/MQTTException on bad input
-            raise MalformedPacket(f"bad properties: {error!r}") from None
-        if used > self.remaining():
-            raise MalformedPacket("properties run past the end of the packet")
-        self.pos += used
+        except Exception as error:  # paho raises KeyError/IndexError/MQTTException/struct.error on bad input
+            text = str(error)
+            # a value out of its range (Receive Maximum 0, ...) or a property given twice is a protocol error
+            code = RC_PROTOCOL_ERROR if "must be in the range" in text or "more than once" in text else \
+                RC_MALFORMED_PACKET
+            raise MalformedPacket(f"bad properties: {error!r}", code) from None
+        if used != header + length or len(props.pack()) != header + length:
+            raise MalformedPacket(f"properties do not fill their declared length {length}")
+        self.pos = start + header + length
         return props
 
 

@@ -57,6 +57,13 @@ class BrokerConfig:
     processing_timeout_s: float = 20.0
     # Sessions and delivery
     max_inflight: int = 1000
+    # Limits the server declares in CONNACK and enforces (docs/reference-broker.md, "Limits under abuse")
+    receive_maximum: int = 100            # QoS 1/2 PUBLISHes a client may have unacknowledged (0x93 beyond)
+    max_packet_size: int = 1048576        # bytes, whole packet; larger -> DISCONNECT / CONNACK 0x95
+    max_topic_length: int = 1024          # bytes of a topic name or filter; longer -> 0x90 / SUBACK 0x8F
+    # Back-pressure: a connection's socket is not read while this many of its publishes wait for Kafka, so one
+    # client cannot queue a flood in the shared producer ahead of everyone else's messages
+    max_pending_publishes: int = 32
     session_expiry_check_s: float = 1.0
     delivery_recheck_s: float = 1.0       # a lost live hint is recovered within this time
     partition_lease_s: float = 5.0        # a dead node's partitions move to the others after this
@@ -94,6 +101,10 @@ class BrokerConfig:
             _positive(src, f"{stage}_failure_backoff_s", getattr(self, f"{stage}_failure_backoff_s"), zero_ok=True)
         _positive(src, "processing_timeout_s", self.processing_timeout_s)
         _int_range(src, "max_inflight", self.max_inflight, 1, 65535)
+        _int_range(src, "receive_maximum", self.receive_maximum, 1, 65535)
+        _int_range(src, "max_packet_size", self.max_packet_size, 64, 268435460)
+        _int_range(src, "max_topic_length", self.max_topic_length, 1, 65535)
+        _int_range(src, "max_pending_publishes", self.max_pending_publishes, 1, 65535)
         _positive(src, "session_expiry_check_s", self.session_expiry_check_s)
         _positive(src, "delivery_recheck_s", self.delivery_recheck_s)
         _positive(src, "partition_lease_s", self.partition_lease_s)

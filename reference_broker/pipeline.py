@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
+from reference_broker.codec import topic_matches
 from reference_broker.topic_index import TopicIndex
 
 if TYPE_CHECKING:
@@ -292,16 +293,29 @@ class FanOut:
             message = json.loads(record.value)
             for client, granted in self.index.match(message["topic"]).items():
                 sub = self.index.records[client]
+                if sub.get("no_local") and client == message.get("publisher"):
+                    granted = not_local_grant(sub, message["topic"])
+                    if granted is None:
+                        continue  # [MQTT-3.8.3-3]: only No Local filters match the publisher's own message
                 qos = min(granted, message["qos"])
+                # "gen": the session this subscription belongs to; a newer session of the client drops it
+                out = dict(message, qos=qos, gen=sub["gen"]) if sub.get("gen") else dict(message, qos=qos)
                 if sub.get("persistent") and qos > 0:
-                    out = dict(message, qos=qos)
                     pending.append(await broker.producer.send(
                         broker.config.persisted_topic, json.dumps(out).encode(), key=client.encode()))
                 else:
-                    await broker.route_live(client, sub.get("node"), dict(message, qos=qos))
+                    await broker.route_live(client, sub.get("node"), out)
         # commit (by the caller) only after every persisted-topic write is acknowledged
         if pending:
             await asyncio.gather(*pending)
+
+
+def not_local_grant(record: dict[str, Any], topic: str) -> int | None:
+    """The highest QoS among the subscription's matching filters that do not have No Local, or None."""
+    no_local = set(record.get("no_local", ()))
+    grants = [int(qos) for topic_filter, qos in record.get("filters", {}).items()
+              if topic_filter not in no_local and topic_matches(topic_filter, topic)]
+    return max(grants) if grants else None
 
 
 class Persister:

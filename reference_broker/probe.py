@@ -25,10 +25,12 @@ class Delivery:
 
 class Probe:
     def __init__(self, host: str, port: int, client_id: str, *, version: int = 5, auto_ack: bool = True,
-                 receive_maximum: int | None = None) -> None:
+                 receive_maximum: int | None = None, maximum_packet_size: int | None = None) -> None:
         self.host, self.port, self.client_id, self.version = host, port, client_id, version
         self.auto_ack = auto_ack
         self.receive_maximum = receive_maximum
+        self.maximum_packet_size = maximum_packet_size
+        self.connack_properties: Properties | None = None
         self.deliveries: list[Delivery] = []
         self.session_present: bool | None = None
         self.connect_reason: int | None = None
@@ -57,6 +59,8 @@ class Probe:
                 props.SessionExpiryInterval = session_expiry
             if self.receive_maximum:
                 props.ReceiveMaximum = self.receive_maximum
+            if self.maximum_packet_size:
+                props.MaximumPacketSize = self.maximum_packet_size
             client.connect(self.host, self.port, keepalive=30, clean_start=clean, properties=props)
         else:
             client.connect(self.host, self.port, keepalive=30)
@@ -70,6 +74,7 @@ class Probe:
 
     def _on_connect(self, client, userdata, flags, reason_code, properties=None) -> None:
         self.session_present = bool(flags.session_present)
+        self.connack_properties = properties
         self.connect_reason = reason_code.value if hasattr(reason_code, "value") else int(reason_code)
         self._connected.set()
 
@@ -104,10 +109,13 @@ class Probe:
             self.client = None
 
     # ------------------------------------------------------------ traffic
-    def subscribe(self, topic_filter: str, qos: int = 1, timeout: float = 10.0) -> None:
+    def subscribe(self, topic_filter: str, qos: int = 1, timeout: float = 10.0, no_local: bool = False) -> None:
         done = threading.Event()
         self.client.on_subscribe = lambda *args: done.set()
-        self.client.subscribe(topic_filter, qos)
+        if no_local:
+            self.client.subscribe(topic_filter, options=mqtt.SubscribeOptions(qos=qos, noLocal=True))
+        else:
+            self.client.subscribe(topic_filter, qos)
         if not done.wait(timeout):
             raise TimeoutError(f"{self.client_id}: no SUBACK for {topic_filter}")
 

@@ -145,24 +145,30 @@ class Broker:
         expired = False
         if session.get("disconnected_at") and session.get("expiry"):
             expired = int(session["disconnected_at"]) + int(session["expiry"]) * 1000 <= time.time() * 1000
-        resumed = bool(session) and session.get("persistent") == "1" and not expired
-        if clean_start or not conn.persistent or not resumed:
-            if session or clean_start:
-                await store.remove_all(client)
-                await store.put_subscription(client, None)
-            resumed = False
+        resumed = (bool(session) and session.get("persistent") == "1" and not expired and not clean_start
+                   and conn.persistent)
         subscription = await store.get_subscription(client) if resumed else None
         conn.filters = dict(subscription["filters"]) if subscription else {}
+        conn.no_local = set(subscription.get("no_local", ())) if subscription else set()
         if resumed:
             conn.inbound_qos2 = await store.inbound_qos2(client)
+        # a resumed session keeps its id; a new one gets the connection's (messages of an older session still
+        # in the pipeline carry the older id, and save.lua drops them)
+        conn.session_gen = (session.get("gen") or conn.conn_id) if resumed else conn.conn_id
         # Order matters if this node dies mid-CONNECT: listed in the node's client set first (so a dead
-        # node's sessions are released), the record replaced in one step (never missing), the pending expiry
-        # cancelled last (a session left disconnected must keep its expiry).
+        # node's sessions are released), the record replaced in one step (never missing; a new session
+        # discards the old one's queue in that same step), the pending expiry cancelled last (a session left
+        # disconnected must keep its expiry).  Without a record and without clean start there is no old state
+        # to discard (save.lua stores nothing for a session that has no record), and a preset
+        # last_packet_id (harness/snapshot.py, the wrap scenarios) must survive.
         await store.add_node_client(self.node_id, client)
         await store.put_session(client, {
             "node": self.node_id, "conn": conn.conn_id, "persistent": int(conn.persistent),
-            "expiry": conn.session_expiry or "", "protocol": conn.version, "connected_at": int(time.time() * 1000)})
+            "expiry": conn.session_expiry or "", "protocol": conn.version, "connected_at": int(time.time() * 1000),
+            "gen": conn.session_gen}, discard=not resumed and (bool(session) or clean_start))
         await store.cancel_expiry(client)
+        if not resumed:
+            await store.put_subscription(client, None)  # the old session's subscriptions end with it
         if subscription is not None:
             await self.save_subscriptions(conn)  # the node holding the connection changed
         return resumed
@@ -170,7 +176,10 @@ class Broker:
     async def save_subscriptions(self, conn: Connection) -> None:
         record = None
         if conn.filters:
-            record = {"node": self.node_id, "persistent": conn.persistent, "filters": conn.filters}
+            record = {"node": self.node_id, "persistent": conn.persistent, "filters": conn.filters,
+                      "gen": conn.session_gen}
+            if conn.no_local:
+                record["no_local"] = sorted(conn.no_local & set(conn.filters))
         await self.store.put_subscription(conn.client_id, record)
 
     async def connection_lost(self, conn: Connection) -> None:
@@ -184,11 +193,15 @@ class Broker:
         if conn.taken_over:
             return
         try:
-            if conn.persistent:
+            if conn.persistent and conn.session_expiry == 0:
+                # MQTT 5 DISCONNECT with Session Expiry Interval 0: the session ends with the connection
+                if await self.store.end_session_if_owned(client, conn.conn_id) and client not in self.connections:
+                    await self.store.put_subscription(client, None)
+            elif conn.persistent:
                 expires_at = None
                 if conn.session_expiry is not None:
                     expires_at = int(time.time() * 1000) + conn.session_expiry * 1000
-                await self.store.mark_disconnected(client, conn.conn_id, expires_at)
+                await self.store.mark_disconnected(client, conn.conn_id, expires_at, conn.session_expiry)
             elif await self.store.delete_session_if_owned(client, conn.conn_id) and client not in self.connections:
                 # (a newer connection of the client on this node handles the subscription itself)
                 await self.store.put_subscription(client, None)
@@ -236,12 +249,11 @@ class Broker:
                 for client in await self.store.due_expiries(int(time.time() * 1000)):
                     if not await self.store.claim_expiry(client):
                         continue  # another node took it
-                    session = await self.store.get_session(client)
-                    if session.get("conn"):
-                        continue  # reconnected meanwhile
-                    await self.store.remove_all(client)
+                    # record and state in one step, only while still disconnected (conn = ''): a client that
+                    # reconnected meanwhile keeps its session
+                    if not await self.store.end_session_if_owned(client, ""):
+                        continue
                     await self.store.put_subscription(client, None)
-                    await self.store.delete_session(client)
                     self.stats["sessions_expired"] += 1
             except Exception as error:
                 log.warning("session expiry sweep failed: %r", error)
@@ -253,11 +265,17 @@ class Broker:
 
     async def route_live(self, client: str, node: str | None, message: dict[str, Any]) -> None:
         if node == self.node_id or node is None:
-            conn = self.connections.get(client)
-            if conn is not None and conn.connected.is_set():
-                conn.deliver_live(message)
+            self._deliver_live(client, message)
             return
         self.peers.post(node, {"t": "live", "c": client, "m": message})
+
+    def _deliver_live(self, client: str, message: dict[str, Any]) -> None:
+        conn = self.connections.get(client)
+        if conn is None or not conn.connected.is_set():
+            return
+        if message.get("gen") not in (None, conn.session_gen):
+            return  # routed by a subscription of an earlier session of this client ([MQTT-3.1.2-4])
+        conn.deliver_live(message)
 
     async def hint(self, client: str) -> None:
         conn = self.connections.get(client)
@@ -280,7 +298,7 @@ class Broker:
         if kind == "hint":
             conn.wake.set()
         elif kind == "live":
-            conn.deliver_live(message["m"])
+            self._deliver_live(client, message["m"])
         elif kind == "kick" and conn.conn_id == message.get("conn"):
             conn.taken_over = True
             asyncio.get_running_loop().create_task(conn.close(codec.RC_SESSION_TAKEN_OVER))

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
 from paho.mqtt.packettypes import PacketTypes
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("reference_broker.session")
 
 NEVER_EXPIRES = 0xFFFFFFFF
-MAX_PACKET = 16 * 1024 * 1024
+MAX_LIVE_QUEUE = 100_000  # messages routed live to one connection and not yet sent (a stuck non-persistent reader)
 
 
 class ProtocolViolation(Exception):
@@ -64,16 +64,25 @@ class Connection:
         self.version = codec.MQTT311
         self.client_id = ""
         self.persistent = False
-        self.session_expiry: int | None = None   # seconds; None = never (MQTT 3.1.1 persistent)
+        self.session_expiry: int | None = None   # seconds; None = never (MQTT 3.1.1 persistent); 0 = ends at close
+        self.connect_expiry = 0                  # MQTT 5: the Session Expiry Interval the CONNECT carried
+        self.session_gen = ""                    # id of the session (not the connection): set when it is created
         self.filters: dict[str, int] = {}
+        self.no_local: set[str] = set()          # MQTT 5 filters subscribed with No Local = 1
+        self.max_packet_out: int | None = None   # the client's Maximum Packet Size
         self.window = self.config.max_inflight
         self.closed = False
         self.taken_over = False
         self.wake = asyncio.Event()
+        self.read_from_cursor = False            # the last read started after a cursor, not at the start
         self.inflight: OrderedDict[int, tuple[str, str]] = OrderedDict()  # pid -> (kind, score)
-        self.live_queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.live_queue: deque[dict[str, Any]] = deque()
+        self.live_dropped = 0
         self.local_ids = itertools.count(1)
         self.inbound_qos2: set[int] = set()
+        self.inbound_unacked: set[int] = set()   # QoS 1/2 ids received, no PUBACK / PUBCOMP sent yet
+        self.produces_pending = 0                # publishes handed to Kafka and not acknowledged by it yet
+        self.produce_room = asyncio.Event()
         self.ack_queue: asyncio.Queue = asyncio.Queue()
         self.tasks: list[asyncio.Task] = []
         self.connected = asyncio.Event()
@@ -90,6 +99,23 @@ class Connection:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
+    def send_publish(self, packet: Publish) -> bool:
+        """Queue a PUBLISH unless it exceeds the client's Maximum Packet Size ([MQTT-3.1.2-24]); returns
+        whether it was sent.  The caller treats an unsent one as delivered ([MQTT-3.1.2-25])."""
+        if self.closed:
+            return True
+        data = codec.encode(packet, self.version)
+        if self.max_packet_out is not None and len(data) > self.max_packet_out:
+            log.info("%s: %d-byte PUBLISH on %s exceeds the client's maximum packet size %d: discarded",
+                     self.client_id, len(data), packet.topic, self.max_packet_out)
+            self.broker.stats["discarded_too_large"] += 1
+            return False
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+        return True
+
     def flush(self) -> None:
         self._flush_scheduled = False
         if self._out and not self.writer.is_closing():
@@ -103,13 +129,15 @@ class Connection:
             self.send(Disconnect(reason_code))
         self.flush()
         self.closed = True
+        self.produce_room.set()  # a reader held back by back-pressure wakes up and sees the close
         with contextlib.suppress(Exception):
             self.writer.close()
 
     # ------------------------------------------------------------ main loop
     async def run(self) -> None:
         try:
-            first, body = await asyncio.wait_for(codec.read_packet(self.reader, MAX_PACKET), 10.0)
+            max_size = self.config.max_packet_size
+            first, body = await asyncio.wait_for(codec.read_packet(self.reader, max_size), 10.0)
             if first >> 4 != codec.CONNECT:
                 raise MalformedPacket("first packet is not CONNECT", codec.RC_PROTOCOL_ERROR)
             try:
@@ -117,20 +145,33 @@ class Connection:
             except MalformedPacket as error:
                 if error.reason_code == codec.RC_UNSUPPORTED_PROTOCOL_VERSION:
                     self.writer.write(codec.encode(ConnAck(False, 0x01), codec.MQTT311))
+                elif body[:7] == b"\x00\x04MQTT\x05":
+                    # an MQTT 5 CONNECT: the CONNACK may carry the reason before the close (§3.2.2.2)
+                    self.writer.write(codec.encode(ConnAck(False, error.reason_code), MQTT5))
                 raise
             await self.handle_connect(connect)
             if self.closed:
                 return
             keep_alive = connect.keep_alive
             timeout = keep_alive * 1.5 if keep_alive else None
+            limit = self.config.max_pending_publishes
             while not self.closed:
+                # Back-pressure: while this client's publishes wait for Kafka, its socket is not read (TCP
+                # pushes back on the client), so one client's flood cannot queue its backlog in the shared
+                # producer ahead of everyone else's messages (measured: benchmarks/broker_abuse.py).
+                while self.produces_pending >= limit and not self.closed:
+                    self.produce_room.clear()
+                    await self.produce_room.wait()
                 try:
-                    first, body = await asyncio.wait_for(codec.read_packet(self.reader, MAX_PACKET), timeout)
+                    first, body = await asyncio.wait_for(codec.read_packet(self.reader, max_size), timeout)
                 except TimeoutError:
                     log.info("%s: keep-alive timeout", self.client_id)
                     await self.close(codec.RC_KEEP_ALIVE_TIMEOUT)
                     return
                 await self.dispatch(codec.decode(first, body, self.version))
+                # Fairness: a client whose packets are all buffered would otherwise be served until its
+                # buffer is empty (reads from a full buffer do not yield); one packet, then the others' turn.
+                await asyncio.sleep(0)
         except MalformedPacket as error:
             log.info("%s: malformed packet: %s", self.client_id or "?", error)
             await self.close(error.reason_code if error.reason_code >= 0x80 else codec.RC_MALFORMED_PACKET)
@@ -170,8 +211,15 @@ class Connection:
             return
         self.client_id = client_id
         if v5:
-            self.session_expiry = connect.prop("SessionExpiryInterval", 0)
+            refusal = self._refuse_connect(connect)
+            if refusal is not None:
+                log.info("%s: CONNECT refused (%#x)", client_id, refusal)
+                self.send(ConnAck(False, refusal))
+                await self.close()
+                return
+            self.session_expiry = self.connect_expiry = connect.prop("SessionExpiryInterval", 0)
             self.window = min(connect.prop("ReceiveMaximum", 65535), self.config.max_inflight)
+            self.max_packet_out = connect.prop("MaximumPacketSize")
             # TBMQ: MQTT 5 is persistent with an expiry interval, or with clean start 0 (then never expiring)
             self.persistent = self.session_expiry > 0 or not connect.clean_start
             if self.persistent and self.session_expiry in (0, NEVER_EXPIRES):
@@ -185,13 +233,30 @@ class Connection:
             properties = Properties(PacketTypes.CONNACK)
             if assigned:
                 properties.AssignedClientIdentifier = assigned
+            # what this broker does not do, declared (docs/reference-broker.md, conformance table), and the
+            # limits it enforces
             properties.TopicAliasMaximum = 0
+            properties.RetainAvailable = 0
+            properties.SharedSubscriptionAvailable = 0
+            properties.SubscriptionIdentifierAvailable = 0
+            properties.ReceiveMaximum = self.config.receive_maximum
+            properties.MaximumPacketSize = self.config.max_packet_size
         if self.config.has("session_present_always_zero"):
             session_present = False  # defect
         self.send(ConnAck(session_present, codec.RC_SUCCESS, properties))
         self.connected.set()
         self.tasks.append(asyncio.create_task(self.acker()))
         self.tasks.append(asyncio.create_task(self.delivery_loop(session_present)))
+
+    def _refuse_connect(self, connect: Connect) -> int | None:
+        """The MQTT 5 CONNACK reason code for a CONNECT this broker must refuse, or None."""
+        if connect.will_topic is not None and connect.will_retain:
+            return codec.RC_RETAIN_NOT_SUPPORTED  # [MQTT-3.2.2-13]: Retain Available = 0
+        if connect.prop("AuthenticationMethod") is not None:
+            return codec.RC_BAD_AUTHENTICATION_METHOD  # no enhanced authentication (§4.12)
+        if connect.will_topic is not None and len(connect.will_topic.encode()) > self.config.max_topic_length:
+            return codec.RC_TOPIC_NAME_INVALID
+        return None
 
     # ------------------------------------------------------------ dispatch
     async def dispatch(self, packet: codec.Packet) -> None:
@@ -208,17 +273,40 @@ class Connection:
         elif isinstance(packet, Disconnect):
             if self.version == MQTT5:
                 expiry = packet.prop("SessionExpiryInterval")
-                if expiry is not None and self.persistent:
-                    self.session_expiry = None if expiry in (0, NEVER_EXPIRES) else expiry
+                if expiry is not None and self.connect_expiry == 0 and expiry != 0:
+                    # §3.14.2.2.2: not a valid DISCONNECT; the session keeps CONNECT's expiry
+                    raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, "DISCONNECT sets Session Expiry Interval "
+                                            f"{expiry} after CONNECT's 0")
+                if expiry is not None and self.connect_expiry > 0:
+                    # §3.14.2.2.2: the DISCONNECT's interval replaces CONNECT's (0: the session ends now)
+                    self.session_expiry = None if expiry == NEVER_EXPIRES else expiry
             await self.close()
         else:
             raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
 
     # ------------------------------------------------------------ publisher side
     async def on_publish(self, packet: Publish) -> None:
+        v5 = self.version == MQTT5
+        if len(packet.topic.encode()) > self.config.max_topic_length:
+            raise ProtocolViolation(codec.RC_TOPIC_NAME_INVALID, f"topic of {len(packet.topic.encode())} bytes "
+                                    f"exceeds max_topic_length {self.config.max_topic_length}")
+        if v5:
+            if packet.retain:  # [MQTT-3.2.2-14]: Retain Available = 0
+                raise ProtocolViolation(codec.RC_RETAIN_NOT_SUPPORTED, "PUBLISH with RETAIN = 1")
+            if packet.prop("SubscriptionIdentifier") is not None:
+                raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, "PUBLISH from a client carries a Subscription "
+                                        "Identifier [MQTT-3.3.4-6]")
+            if packet.prop("TopicAlias") is not None:  # Topic Alias Maximum = 0 (§3.2.2.3.8, §3.3.2.3.4)
+                raise ProtocolViolation(codec.RC_TOPIC_ALIAS_INVALID, "PUBLISH with a Topic Alias")
         if packet.qos == 2 and packet.packet_id in self.inbound_qos2:
             self.send(Ack(codec.PUBREC, packet.packet_id))  # already produced: exactly once
             return
+        if packet.qos:
+            self.inbound_unacked.add(packet.packet_id)
+            if v5 and len(self.inbound_unacked) > self.config.receive_maximum:
+                raise ProtocolViolation(codec.RC_RECEIVE_MAXIMUM_EXCEEDED,
+                                        f"{len(self.inbound_unacked)} QoS 1/2 PUBLISHes unacknowledged, Receive "
+                                        f"Maximum {self.config.receive_maximum}")
         now_ms = int(time.time() * 1000)
         expiry = packet.prop("MessageExpiryInterval") if self.version == MQTT5 else None
         if self.config.has("ignore_message_expiry"):
@@ -237,9 +325,9 @@ class Connection:
                    "retain": packet.retain, "props": base64.b64encode(props).decode(), "time": now_ms,
                    "expiresAt": None if expiry is None else now_ms + expiry * 1000, "expiryInterval": expiry,
                    "publisher": self.client_id}
+        self.produces_pending += 1
         future = await self.broker.produce_incoming(message)
-        if packet.qos:
-            await self.ack_queue.put((packet.qos, packet.packet_id, future))
+        await self.ack_queue.put((packet.qos, packet.packet_id, future))
 
     async def acker(self) -> None:
         """Acknowledge publishes in receive order, each only after Kafka acknowledged its write."""
@@ -249,12 +337,20 @@ class Connection:
                 await future
             except Exception as error:
                 log.warning("%s: produce failed for packet %s: %r", self.client_id, packet_id, error)
+                self._produced()
+                if qos == 0:
+                    continue
                 if self.version == MQTT5:
+                    self.inbound_unacked.discard(packet_id)  # a reason code >= 0x80 ends the flow
                     self.send(Ack(codec.PUBACK if qos == 1 else codec.PUBREC, packet_id, codec.RC_UNSPECIFIED_ERROR))
                     continue
                 await self.close()
                 return
+            self._produced()
+            if qos == 0:
+                continue
             if qos == 1:
+                self.inbound_unacked.discard(packet_id)
                 self.send(Ack(codec.PUBACK, packet_id))
             else:
                 self.inbound_qos2.add(packet_id)
@@ -263,6 +359,10 @@ class Connection:
                     await self._with_retry(self.broker.store.add_inbound_qos2, packet_id)
                 self.send(Ack(codec.PUBREC, packet_id))
 
+    def _produced(self) -> None:
+        self.produces_pending -= 1
+        self.produce_room.set()
+
     # ------------------------------------------------------------ acks from the subscriber (and PUBREL)
     async def on_ack(self, packet: Ack) -> None:
         pid = packet.packet_id
@@ -270,6 +370,7 @@ class Connection:
         if packet.packet_type == codec.PUBREL:
             known = pid in self.inbound_qos2
             self.inbound_qos2.discard(pid)
+            self.inbound_unacked.discard(pid)
             if known and self.persistent:
                 await self._with_retry(self.broker.store.remove_inbound_qos2, pid)
             rc = codec.RC_SUCCESS if known or self.version != MQTT5 else codec.RC_PACKET_ID_NOT_FOUND
@@ -281,8 +382,7 @@ class Connection:
             if packet.reason_code >= 0x80:  # the subscriber refused it: the flow ends here
                 if stored:
                     await self._with_retry(store.remove_one, pid)
-                self.inflight.pop(pid, None)
-                self.wake.set()
+                self._flow_ended(pid)
                 return
             if stored:
                 await self._with_retry(store.mark_released, pid)
@@ -294,8 +394,19 @@ class Connection:
         # not yet removed would be sent again.
         if stored and not self.config.has("puback_not_removing"):
             await self._with_retry(store.remove_one, pid)
-        self.inflight.pop(pid, None)
-        self.wake.set()
+        self._flow_ended(pid)
+
+    def _flow_ended(self, pid: int) -> None:
+        """A delivery left the in-flight window.  Wake the delivery loop only if that can send something: the
+        window was full, live messages wait for room, or the window is now empty after a read from a cursor
+        (a read from the start then finds messages scored below it, after a wrap).  Otherwise the next hint
+        wakes it -- an unconditional wake cost one empty Redis read per delivered message (a third of the
+        broker's Redis commands in benchmarks/broker_p2p.py)."""
+        was_full = len(self.inflight) >= self.window
+        if self.inflight.pop(pid, None) is None:
+            return
+        if was_full or self.live_queue or (not self.inflight and self.read_from_cursor):
+            self.wake.set()
 
     async def _with_retry(self, operation, packet_id: int) -> None:
         """Ack bookkeeping rides through a Redis failover; if it still fails, the message stays stored
@@ -311,13 +422,27 @@ class Connection:
 
     # ------------------------------------------------------------ subscriptions
     async def on_subscribe(self, packet: Subscribe) -> None:
+        v5 = self.version == MQTT5
+        if v5 and packet.properties is not None and hasattr(packet.properties, "SubscriptionIdentifier"):
+            # §3.2.2.3.12: Subscription Identifiers Available = 0
+            raise ProtocolViolation(codec.RC_SUBSCRIPTION_IDS_NOT_SUPPORTED, "SUBSCRIBE with a Subscription Identifier")
         codes = []
         for topic_filter, options in packet.topics:
-            if not codec.valid_filter(topic_filter) or topic_filter.startswith("$share/"):
-                codes.append(codec.RC_TOPIC_FILTER_INVALID if self.version == MQTT5 else 0x80)
+            if topic_filter.startswith("$share/"):
+                if v5:  # §3.2.2.3.13: Shared Subscription Available = 0
+                    raise ProtocolViolation(codec.RC_SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+                                            f"shared subscription {topic_filter!r}")
+                codes.append(0x80)
+                continue
+            if not codec.valid_filter(topic_filter) or len(topic_filter.encode()) > self.config.max_topic_length:
+                codes.append(codec.RC_TOPIC_FILTER_INVALID if v5 else 0x80)
                 continue
             qos = options & 0x03
             self.filters[topic_filter] = qos
+            if v5 and options & 0x04:
+                self.no_local.add(topic_filter)   # [MQTT-3.8.3-3], applied by the fan-out
+            else:
+                self.no_local.discard(topic_filter)
             codes.append(qos)
         await self.broker.save_subscriptions(self)
         self.send(SubAck(packet.packet_id, codes))
@@ -326,12 +451,21 @@ class Connection:
         codes = []
         for topic_filter in packet.topics:
             codes.append(0x00 if self.filters.pop(topic_filter, None) is not None else 0x11)
+            self.no_local.discard(topic_filter)
         await self.broker.save_subscriptions(self)
         self.send(UnsubAck(packet.packet_id, codes))
 
     # ------------------------------------------------------------ delivery
     def deliver_live(self, message: dict[str, Any]) -> None:
-        self.live_queue.put_nowait(message)
+        if len(self.live_queue) >= MAX_LIVE_QUEUE:
+            # a connection that takes nothing (Receive Maximum reached, never acknowledging) must not grow the
+            # node's memory without bound; live (non-persistent) messages beyond this are dropped
+            self.live_dropped += 1
+            if self.live_dropped in (1, 1000) or self.live_dropped % 100_000 == 0:
+                log.warning("%s: %d live messages dropped (the connection takes none)", self.client_id,
+                            self.live_dropped)
+            return
+        self.live_queue.append(message)
         self.wake.set()
 
     async def delivery_loop(self, resumed: bool) -> None:
@@ -356,6 +490,7 @@ class Connection:
                             # every sent message is acknowledged and removed; scores restart below the
                             # cursor once the ZSET emptied (after a wrap), so read from the start again
                             cursor = "-inf"
+                        self.read_from_cursor = cursor != "-inf"
                         entries = await store.read(self.client_id, cursor, room)
                         for entry in entries:
                             cursor = str(int(entry.score))
@@ -396,20 +531,25 @@ class Connection:
             dup = False
         if self.config.has("dup_on_first_delivery"):
             dup = True
+        if not self.send_publish(self._publish(message, message["qos"], pid, dup, remaining)):
+            await self.broker.store.remove_one(self.client_id, pid)  # [MQTT-3.1.2-25]: as if delivered
+            return
         self.inflight[pid] = ("stored", score)
-        self.send(self._publish(message, message["qos"], pid, dup, remaining))
 
     async def _send_live(self) -> None:
-        while not self.live_queue.empty():
-            message = self.live_queue.get_nowait()
+        queue = self.live_queue
+        while queue:
+            message = queue[0]
             remaining = self._remaining_expiry(message)
             if remaining is not None and remaining <= 0:
+                queue.popleft()
                 continue
-            pid = None
-            if message["qos"]:
-                pid = self._free_local_id()
+            if message["qos"] and len(self.inflight) >= self.window:
+                break  # [MQTT-3.3.4-9]: the client's Receive Maximum; an acknowledgement wakes the loop
+            queue.popleft()
+            pid = self._free_local_id() if message["qos"] else None
+            if self.send_publish(self._publish(message, message["qos"], pid, False, remaining)) and pid:
                 self.inflight[pid] = ("live", "")
-            self.send(self._publish(message, message["qos"], pid, False, remaining))
         self.flush()
         await self.writer.drain()
 

@@ -92,7 +92,8 @@ class SessionStore:
 
     # ------------------------------------------------------------ the message scripts
     async def save(self, client: str, messages: list[dict[str, Any]]) -> SaveResult:
-        keys = [self.messages_key(client), self.last_packet_id_key(client), self.sent_key(client)]
+        keys = [self.messages_key(client), self.last_packet_id_key(client), self.sent_key(client),
+                self.session_key(client)]
         args = [self.config.persisted_messages_limit, json.dumps(messages),
                 self.config.persisted_message_ttl_s, self.save_defects]
         if self.config.redis_wait_replicas:
@@ -181,15 +182,35 @@ class SessionStore:
         raw = await self.redis.hgetall(self.session_key(client))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
-    async def put_session(self, client: str, fields: dict[str, Any]) -> None:
-        """Replace the session record in one step (lua/replace_session.lua says why)."""
-        flat = [str(x) for item in fields.items() for x in item]
-        await self.scripts["replace_session"](keys=[self.session_key(client)], args=flat)
+    def state_keys(self, client: str) -> list[str]:
+        """A session's state besides its record (messages ZSET first, as the scripts expect)."""
+        return [self.messages_key(client), self.last_packet_id_key(client), self.sent_key(client),
+                self.inbound_qos2_key(client)]
 
-    async def mark_disconnected(self, client: str, conn: str, expires_at_ms: int | None) -> bool:
-        """Mark the session disconnected if ``conn`` still owns it; returns whether it did."""
-        owned = await self.scripts["mark_disconnected"](keys=[self.session_key(client)],
-                                                        args=[conn, int(time.time() * 1000)])
+    async def put_session(self, client: str, fields: dict[str, Any], discard: bool = False) -> None:
+        """Replace the session record in one step (lua/replace_session.lua says why); with ``discard`` the
+        previous session's queue and state go in the same step (a new session)."""
+        flat = [str(x) for item in fields.items() for x in item]
+        keys = [self.session_key(client)] + (self.state_keys(client) if discard else [])
+        await self.scripts["replace_session"](keys=keys, args=flat)
+
+    async def end_session_if_owned(self, client: str, conn: str) -> bool:
+        """Delete the record and the whole state of a session that ``conn`` still owns ('' = a disconnected
+        session), in one step; returns whether it did."""
+        keys = [self.session_key(client)] + self.state_keys(client)
+        if not int(await self.scripts["delete_session_if_owned"](keys=keys, args=[conn])):
+            return False
+        await self.redis.zrem(self.shared_key("session_expiry"), client)
+        return True
+
+    async def mark_disconnected(self, client: str, conn: str, expires_at_ms: int | None,
+                                expiry_s: int | None | str = "keep") -> bool:
+        """Mark the session disconnected if ``conn`` still owns it; returns whether it did.  ``expiry_s`` is
+        the interval in force (None = never), recorded for the next CONNECT's expiry check ("keep": as is)."""
+        args = [conn, int(time.time() * 1000)]
+        if expiry_s != "keep":
+            args.append("" if expiry_s is None else expiry_s)
+        owned = await self.scripts["mark_disconnected"](keys=[self.session_key(client)], args=args)
         if not int(owned):
             return False
         if expires_at_ms is not None:
@@ -233,7 +254,8 @@ class SessionStore:
     async def put_subscription(self, client: str, record: dict[str, Any] | None) -> None:
         # write, then bump the version: a fan-out that sees the new version also sees the write
         if record is None:
-            await self.redis.hdel(self.shared_key("subscriptions"), client)
+            if not await self.redis.hdel(self.shared_key("subscriptions"), client):
+                return  # nothing changed: no version bump, so no fan-out reloads every subscription
         else:
             await self.redis.hset(self.shared_key("subscriptions"), client, json.dumps(record))
         await self.redis.incr(self.shared_key("subs_version"))

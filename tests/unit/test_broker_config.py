@@ -115,3 +115,12 @@ def test_kafka_fetch_max_wait_defaults_above_an_s3_round_trip_and_is_validated()
     with pytest.raises(ConfigError) as caught:
         BrokerConfig.from_mapping({"kafka_fetch_max_wait_ms": 0}, source="s.toml [broker]")
     assert "kafka_fetch_max_wait_ms" in str(caught.value) and "1..60000" in str(caught.value)
+
+
+@pytest.mark.parametrize("key, bad, good", [("receive_maximum", 0, 1), ("max_packet_size", 63, 64),
+                                            ("max_topic_length", 0, 1), ("max_pending_publishes", 0, 1)])
+def test_declared_limits_are_validated(key, bad, good):
+    """The limits CONNACK declares (issue 16): out of range is a clear error naming the key; the edge works."""
+    with pytest.raises(ConfigError, match=key):
+        BrokerConfig.from_mapping({key: bad})
+    assert getattr(BrokerConfig.from_mapping({key: good}), key) == good

@@ -31,3 +31,15 @@ def test_highest_qos_of_one_clients_overlapping_filters():
 def test_p2p_pattern():
     index = TopicIndex({f"test_sub_client_{i}_0": {"filters": {f"europe/ua/kyiv/{i}/+": 1}} for i in range(1000)})
     assert index.match("europe/ua/kyiv/7/0") == {"test_sub_client_7_0": 1}
+
+
+def test_no_local_grant_ignores_no_local_filters_only():
+    """[MQTT-3.8.3-3] for the publisher's own message: the highest QoS among its matching filters without
+    No Local; None when only No Local filters match."""
+    from reference_broker.pipeline import not_local_grant
+
+    record = {"filters": {"a/+": 1, "a/#": 2, "b/x": 1}, "no_local": ["a/#"]}
+    assert not_local_grant(record, "a/1") == 1          # a/# (QoS 2) is No Local, a/+ is not
+    assert not_local_grant({**record, "no_local": ["a/#", "a/+"]}, "a/1") is None
+    assert not_local_grant(record, "a/1/2") is None     # only a/# matches, and it is No Local
+    assert not_local_grant({**record, "no_local": []}, "a/1") == 2

@@ -173,3 +173,41 @@ def test_topic_matching(topic_filter, topic, expected):
 def test_filter_validation():
     assert valid_filter("a/+/b/#") and valid_filter("#") and valid_filter("+")
     assert not valid_filter("a/#/b") and not valid_filter("a+/b") and not valid_filter("") and not valid_filter("a/b#")
+
+
+@pytest.mark.parametrize("declared", [1, 2, 4])
+def test_property_length_shorter_than_its_property_is_malformed(declared):
+    """A CONNECT whose property length cuts Receive Maximum (3 bytes) short: paho would read the whole
+    property and shift the rest of the packet; the codec hands it only the declared bytes (issue 16)."""
+    props = Properties(PacketTypes.CONNECT)
+    props.ReceiveMaximum = 10
+    data = bytearray(encode(Connect(MQTT5, "c", True, 30, props), MQTT5))
+    assert data[12] == 3
+    data[12] = declared  # 4: the property length reaches into the client id
+    (first, body), = split_packets(bytes(data))
+    with pytest.raises(MalformedPacket) as caught:
+        decode(first, body)
+    assert caught.value.reason_code == codec.RC_MALFORMED_PACKET
+
+
+def test_property_length_matching_its_properties_decodes():
+    """The near miss of the test above: the declared length is the properties' length."""
+    props = Properties(PacketTypes.PUBLISH)
+    props.MessageExpiryInterval = 60
+    props.UserProperty = ("k", "v")
+    (first, body), = split_packets(encode(Publish("t/1", b"x", 1, packet_id=3, properties=props), MQTT5))
+    packet = decode(first, body, MQTT5)
+    assert packet.prop("MessageExpiryInterval") == 60 and packet.payload == b"x"
+
+
+def test_publish_property_length_shorter_than_its_property_is_malformed():
+    """PUBLISH whose property length (3) cuts Message Expiry Interval (5 bytes) short: the old codec let paho
+    read the whole property and took the rest as payload -- accepted, with a shifted payload."""
+    props = Properties(PacketTypes.PUBLISH)
+    props.MessageExpiryInterval = 60
+    data = bytearray(encode(Publish("t/1", b"", 0, properties=props), MQTT5))
+    assert data[7] == 5
+    data[7] = 3
+    (first, body), = split_packets(bytes(data))
+    with pytest.raises(MalformedPacket):
+        decode(first, body, MQTT5)

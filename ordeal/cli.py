@@ -4,6 +4,7 @@ only when used, so ``ordeal --help`` stays fast and a broken stage cannot take t
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -24,7 +25,28 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# Exit codes (docs/architecture.md): 0 pass, 1 a violation, 2 unknown, 3 a usage or load error (a bad option,
+# a scenario that does not load or cannot apply to its target): nothing was tested, and 1 would read as a
+# broker violation.
+EXIT_USAGE = 3
+
+
 class LazyGroup(click.Group):
+    def main(self, *args, **kwargs):  # noqa: ANN201 - click's signature
+        """Every click usage error and ClickException (the commands raise one for a bad scenario) exits 3."""
+        kwargs["standalone_mode"] = False
+        try:
+            result = super().main(*args, **kwargs)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        except click.exceptions.Exit as done:
+            sys.exit(done.exit_code)
+        except click.ClickException as error:
+            error.show()
+            sys.exit(EXIT_USAGE)  # click's usage errors (2), a plain ClickException (1), our InputErrors (3)
+        sys.exit(result if isinstance(result, int) else 0)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 

@@ -6,7 +6,7 @@ import html
 import io
 from typing import Any
 
-COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "unknown": "#9a6700", "not_applicable": "#6e7781"}
+COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "unknown": "#9a6700", "not_applicable": "#6e7781", "allowed": "#0969da"}
 
 
 def _esc(value: Any) -> str:
@@ -61,6 +61,8 @@ h1 span{{color:{COLOURS.get(overall, '#000')}}} section{{margin:1.5em 0}} li{{ma
 <p><small>run {_esc(report['run_dir'])} · checker {_esc(report['checker_version'])} · history sha256
 {_esc(history.get('hash_sha256', ''))[:16]}… · Spark {_esc(env.get('spark_master'))} · checked in
 {_esc(env.get('check_seconds'))} s</small></p>
+{''.join(f"<p><b>Note:</b> {_esc(n)}</p>" for n in report.get("notes", []))}
+<h2>What the target promises</h2><pre>{_esc((report.get('guarantees') or {}).get('promises'))}</pre>
 <h2>Verdicts</h2>
 <table><tr><th>invariant</th><th>meaning</th><th>verdict</th><th>count</th><th>note</th></tr>{''.join(rows)}</table>
 <h2>Witnesses</h2>{''.join(sections) or '<p>No violations.</p>'}

@@ -225,7 +225,10 @@ def _phases(timeline: Timeline) -> None:
     if drain_end is None:
         timeline.incomplete.append("no drain_end phase row: the run never finished draining")
     elif drain_end.get("reason") == "timeout":
-        timeline.incomplete.append("the drain ended by timeout, not quiet: messages may still have been in flight")
+        owed = drain_end.get("outstanding")
+        timeline.incomplete.append(
+            "the drain timed out" + (f" while {owed} owed message(s) were still missing" if owed else "")
+            + f" (after {drain_end.get('elapsed_s', '?')} s, not quiet): they may still have been in flight")
     elif drain_end.get("reason") != "quiet":
         timeline.incomplete.append(f"drain_end reason {drain_end.get('reason')!r}, expected 'quiet'")
 

@@ -32,10 +32,10 @@ def check(run_dir: str, spark_master: str | None) -> None:
     try:
         local = _run_dir(str(local_run_dir(run_dir)))
     except (ValueError, click.ClickException) as error:
-        # Why exit 2: nothing was checked, so the verdict is unknown; 1 would claim a violation.
+        # Why exit 3: a usage error (ordeal/cli.py EXIT_USAGE); nothing was checked, 1 would claim a violation.
         click.echo(f"Error: {error.format_message() if isinstance(error, click.ClickException) else error}",
                    err=True)
-        sys.exit(2)
+        sys.exit(3)
     try:
         code = check_run(local, spark_master)
     except Exception as error:  # noqa: BLE001 - a crashed checker decides nothing: unknown, never pass or fail

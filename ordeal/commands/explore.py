@@ -14,9 +14,9 @@ from ordeal.scenario import ScenarioError, load_scenario
 
 
 class InputError(click.ClickException):
-    """Bad input: exit 2 (like unknown), so it is never mistaken for a failing verdict (exit 1)."""
+    """Bad input: exit 3, so it is never mistaken for a failing verdict (1) or an unknown one (2)."""
 
-    exit_code = 2
+    exit_code = 3  # a usage / load error (ordeal/cli.py EXIT_USAGE)
 
 
 def parse_duration(text: str, option: str = "--budget") -> float:

@@ -201,4 +201,4 @@ def scenarios(directory: Path | None) -> None:
         click.echo(f"{s.name:<24} {s.scenario.tier:<8} {s.target.kind:<9} {s.scenario.duration_s:>6.0f}s  "
                    f"{s.scenario.description}")
     if failed:
-        sys.exit(1)
+        sys.exit(3)  # a scenario that does not load: a load error (ordeal/cli.py EXIT_USAGE)

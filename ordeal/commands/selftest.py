@@ -9,9 +9,10 @@ import click
 
 
 class InputError(click.ClickException):
-    """Bad input: exit 2 (like unknown), never mistaken for a failing self-test (exit 1)."""
+    """Bad input: exit 3 (a usage / load error, ordeal/cli.py EXIT_USAGE), never mistaken for a failing
+    self-test (exit 1) or an unknown verdict (exit 2)."""
 
-    exit_code = 2
+    exit_code = 3
 
 
 @click.command(name="selftest")

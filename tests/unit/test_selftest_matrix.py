@@ -248,7 +248,7 @@ def test_cli_bad_matrix_exits_2_naming_the_file(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[entry]]\ndefect = "no_such_defect"\nscenario = "x.toml"\nseed = 1\nexpect = ["durability.lost"]\n')
     result = CliRunner().invoke(main, ["selftest", "--matrix", str(bad), "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert f"{bad}: [[entry]] #1" in result.output and "not in the catalog" in result.output
     assert not (tmp_path / "out").exists()
 

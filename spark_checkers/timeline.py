@@ -43,7 +43,7 @@ class FaultSpan:
     node: str | None
     t_start: int
     t_heal: int | None
-    bit: bool | None  # True if any evidence row says it bit
+    bit: bool | None  # True if every evidence row says it bit; None: no evidence row
     error: str | None
 
 
@@ -193,10 +193,13 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
     evidence = [r for r in rows if r["kind"] == Kind.FAULT_EVIDENCE]
     errors = [r for r in rows if r["kind"] == Kind.FAULT_ERROR]
     first = start or rows[0]
-    bit = True if any(r.get("bit") is True for r in evidence) else (False if evidence else None)
-    # The start row may name its target only in detail; evidence rows name the node they inspected.
-    node = (first.get("node") or detail_of(first).get("target") or detail_of(first).get("node")
-            or next((r.get("node") for r in rows if r.get("node")), None))
+    # A fault bit when *every* evidence row says so (docs/faults.md): a kill whose apply evidence failed
+    # ("port refuses": still accepting) is not proven by its heal evidence ("node alive").
+    bit = all(r.get("bit") is True for r in evidence) if evidence else None
+    # The start row may name its target only as a selector ("node:rabbitmq"); evidence rows name the node
+    # they inspected, which is what attribution compares with.
+    node = (first.get("node") or next((r.get("node") for r in rows if r.get("node")), None)
+            or detail_of(first).get("node") or detail_of(first).get("target"))
     span = FaultSpan(fault_id, first.get("fault_kind") or "?", node, first["t_mono_us"],
                      heal["t_mono_us"] if heal else None, bit,
                      "; ".join(json.dumps(detail_of(r)) for r in errors) or None)

@@ -29,6 +29,14 @@ KILLED = replace(EXTERNAL, offline=(s.Offline(0, 5, 11),), faults=(s.Fault("f1",
                  persistence="graceful")
 
 
+def _heal_evidence(rows, fault_id, bit):
+    """A second fault_evidence row (stage heal) at the fault's heal."""
+    heal = next(r for r in rows if r["kind"] == Kind.FAULT_HEAL and r["fault_id"] == fault_id)
+    row = {**heal, "kind": Kind.FAULT_EVIDENCE, "t_mono_us": heal["t_mono_us"] + 5, "bit": bit,
+           "detail": '{"stage": "heal", "checks": []}'}
+    return s.sort_rows([*rows, row])
+
+
 def _drop_seqs(rows, client, publisher, seqs):
     for seq in seqs:
         rows = s.drop_delivery(rows, client, publisher, seq)
@@ -228,6 +236,9 @@ UNKNOWN_CASES = {
     # A fault that did not bite (or has no proof that it did): the run did not test what it claimed.
     "fault_did_not_bite": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=False),)), None, {},
                            {"meta.fault_bit"}),
+    # The apply evidence failed (the port still accepted after the kill); the heal's "node alive" proves nothing.
+    "fault_bit_only_at_heal": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=False),)),
+                               lambda r: _heal_evidence(r, "f1", bit=True), {}, {"meta.fault_bit"}),
     "fault_without_evidence": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=None),)), None,
                                {}, {"meta.fault_bit"}),
     "fault_error": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, error=True),)), None, {},

@@ -123,12 +123,17 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     write_inputs(run_dir, scenario_path, scenario, plan)
     replay = resolve_replay_command(replay_command, scenario_path, seed, out, run_dir)
     reporter.message(f"seed {seed}  run dir {run_dir}\nreplay: {replay}")
+    from properties.generate import plan_notes
+
+    outcome_notes = plan_notes(scenario, plan)
+    for note in outcome_notes:
+        reporter.message(f"note: {note}")
 
     stop = stop or threading.Event()
     recorder = HistoryRecorder(run_dir / "history", run_id=run_dir.name,
                                meta={"scenario": scenario.name, "seed": seed})
     timings: dict[str, float] = {}
-    outcome: dict[str, Any] = {"drain": None, "error": None, "notes": []}
+    outcome: dict[str, Any] = {"drain": None, "error": None, "notes": list(outcome_notes)}
     began = time.monotonic()
     previous_handlers = _install_signal_handlers(stop)
     target = None

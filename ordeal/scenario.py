@@ -33,7 +33,8 @@ def known_fault_kinds() -> tuple[str, ...]:
 
 # The invariant vocabulary of docs/architecture.md (scenarios' checks.allowed uses these ids).
 INVARIANT_IDS: tuple[str, ...] = (
-    "durability.lost", "durability.lost_allowed", "durability.session_lost", "durability.phantom",
+    "durability.lost", "durability.lost_allowed", "durability.session_lost",
+    "durability.session_lost_allowed", "durability.phantom",
     "durability.unsubscribed_delivery", "durability.delivered_after_failed_publish",
     "order.out_of_order", "order.packet_id_invalid", "order.packet_id_reused", "order.dup_flag",
     "expiry.delivered_expired", "expiry.remaining_not_reduced", "expiry.dropped_early",

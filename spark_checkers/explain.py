@@ -146,6 +146,12 @@ def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
     if invariant == "durability.delivered_after_failed_publish":
         return (f"the publish of {who} failed at {seconds(w.get('t_fail'), o)}, yet {w['client']} received it at "
                 f"{seconds(w.get('t'), o)}.")
+    if invariant == "durability.session_lost_allowed":
+        fault = w.get("fault") or {}
+        return (f"{w['client']} reconnected at {seconds(w.get('t'), o)} (offline since {seconds(w.get('t_disconnect'), o)}) "
+                f"without clean start and got session present = 0, after {fault.get('kind')} of {fault.get('node')} "
+                f"({fault.get('fault_id')}) at {seconds(fault.get('t_start'), o)}: the target does not promise that "
+                "sessions survive that fault (its declared persistence): allowed, not a violation.")
     if invariant == "durability.session_lost":
         return (f"{w['client']} reconnected at {seconds(w.get('t'), o)} (offline since {seconds(w.get('t_disconnect'), o)}) "
                 f"without clean start, but the broker answered session present = 0.")

@@ -26,6 +26,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("durability.lost_allowed", "Owed message lost to a fault the target never promised to survive "
               "(its declared persistence)", needs_complete_history=True, declared_allowance=True),
     Invariant("durability.session_lost", "Persistent session not present on reconnect"),
+    Invariant("durability.session_lost_allowed", "Persistent session lost to a fault the target never promised to "
+              "survive (its declared persistence)", declared_allowance=True),
     Invariant("durability.phantom", "Delivered but never published, or body differs from what was published"),
     Invariant("durability.unsubscribed_delivery", "Delivered to a client with no matching subscription"),
     Invariant("durability.delivered_after_failed_publish", "Delivered although its publish definitely failed"),

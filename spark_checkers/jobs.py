@@ -564,10 +564,13 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     t = t.select("*", (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
     in_b = F.col("in_backlog")
     # Lost to a fault the declared persistence does not cover (a kill of a broker promising only a graceful
-    # stop): the fault started after the message was acknowledged and before its chance to be delivered (the
-    # reconnect ending its offline window; online: within the pipeline slack).
+    # stop): the fault started before the message's chance to be delivered (the reconnect ending its offline
+    # window; online: within the pipeline slack) and after it was acknowledged, or, for a queued message,
+    # while its subscriber was away (the kill took the session and its queue: what was queued after it went
+    # into a session the broker no longer had).
     chance = F.when(in_b, F.col("k.c")).otherwise(F.col("t_arr") + F.col("slack_us"))
-    unpromised = F.exists("unpromised_times", lambda x: (x >= F.col("t_arr")) & (x <= chance))
+    since = F.when(in_b, F.least(F.col("t_arr"), F.col("k.d") - F.col("slack_us"))).otherwise(F.col("t_arr"))
+    unpromised = F.exists("unpromised_times", lambda x: (x >= since) & (x <= chance))
     not_policy = F.when(F.col("policy") == "drop_newest", F.lit("limits.trim_not_newest")).otherwise(
         F.lit("limits.trim_not_oldest"))
     cause = (F.when(unpromised, F.lit("durability.lost_allowed"))

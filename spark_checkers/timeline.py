@@ -110,9 +110,29 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
         _sessions(timeline, client, client_rows)
     for fault_id, frows in fault_rows.items():
         _fault(timeline, fault_id, frows)
+    _allow_unpromised_session_losses(timeline, guarantees)
     _phases(timeline)
     _snapshots(timeline, guarantees)
     return timeline
+
+
+def _allow_unpromised_session_losses(timeline: Timeline, g: Guarantees) -> None:
+    """A session lost across a fault the target's declared persistence does not cover (a kill of a broker that
+    promises only a graceful stop) was never promised: durability.session_lost_allowed, not a violation."""
+    faults = [f for f in timeline.faults if f.kind in g.unpromised_faults
+              and (not g.target_name or f.node in (None, g.target_name))]
+    lost = timeline.violations.get("durability.session_lost", [])
+    if not faults or not lost:
+        return
+    allowed = [w for w in lost if any(w["t_disconnect"] - g.slack_us <= f.t_start <= w["t"] for f in faults)]
+    for w in allowed:
+        fault = next(f for f in faults if w["t_disconnect"] - g.slack_us <= f.t_start <= w["t"])
+        w["fault"] = {"fault_id": fault.fault_id, "kind": fault.kind, "node": fault.node, "t_start": fault.t_start}
+    timeline.violations["durability.session_lost"] = [w for w in lost if w not in allowed]
+    if not timeline.violations["durability.session_lost"]:
+        del timeline.violations["durability.session_lost"]
+    if allowed:
+        timeline.violations.setdefault("durability.session_lost_allowed", []).extend(allowed)
 
 
 def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
@@ -207,7 +227,12 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
     # Why unknown, not fail: a fault that was not applied or did not bite means the run did not test what it
     # claimed; that says nothing against the broker, and it is no pass either.
     if span.error:
-        reason = f"fault {fault_id} ({span.kind} {span.node}) could not be applied: {span.error}"
+        stages = {detail_of(r).get("stage") for r in errors}
+        what = ("could not be applied" if stages & {"apply", "start", None}
+                else "did not heal (the target never came back after it)" if stages & {"heal", "heal_all"}
+                else "failed at " + "/".join(sorted(str(x) for x in stages)))
+        reason = f"fault {fault_id} ({span.kind} {span.node}) {what}: " + "; ".join(
+            str(detail_of(r).get("reason") or json.dumps(detail_of(r))) for r in errors)
     elif bit is not True:
         reason = (f"fault {fault_id} ({span.kind} {span.node}) "
                   + ("was applied but its evidence says it did not take effect" if bit is False

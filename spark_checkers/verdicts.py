@@ -53,7 +53,7 @@ def decide(invariant: Invariant, count: int, *, allowed: tuple[str, ...], fatal:
         return PASS, "reported, never failing", False
     if invariant.declared_allowance:
         if count > 0:
-            return ALLOWED, f"{count} message(s): {allowance or 'not promised by the target'}", True
+            return ALLOWED, f"{count} counted, not promised: {allowance or 'the target does not promise it'}", True
         return PASS, None, False
     if count > 0:
         if invariant.id in allowed:

@@ -37,6 +37,20 @@ def _heal_evidence(rows, fault_id, bit):
     return s.sort_rows([*rows, row])
 
 
+def _error_stage(rows, stage, reason):
+    """The fault_error row says at which stage the fault broke, and why (as the nemesis writes it)."""
+    import json
+
+    return [{**r, "detail": json.dumps({"stage": stage, "reason": reason, "error_type": "NodeError"})}
+            if r["kind"] == Kind.FAULT_ERROR else r for r in rows]
+
+
+def _session_gone_after_kill(rows):
+    """sub-0 (away over the kill) comes back to session present = 0 and an empty queue, and resubscribes."""
+    rows = s.lose_session(rows, "sub-0", 1)
+    return _drop_seqs(rows, "sub-0", "pub-0", range(5, 11))
+
+
 def _drop_seqs(rows, client, publisher, seqs):
     for seq in seqs:
         rows = s.drop_delivery(rows, client, publisher, seq)
@@ -192,8 +206,14 @@ CASES = {
     "kill_loss_not_promised": (KILLED, lambda r: _drop_seqs(r, "sub-0", "pub-0", range(5, 7)), set()),
     "kill_loss_promised": (replace(KILLED, persistence="kill"), lambda r: _drop_seqs(r, "sub-0", "pub-0", range(5, 7)),
                            {"durability.lost"}),
-    # published after the kill was healed: the kill cannot explain it, whatever the declaration
-    "loss_after_the_kill": (KILLED, lambda r: _drop_seqs(r, "sub-0", "pub-0", range(9, 11)), {"durability.lost"}),
+    # queued while sub-0 was away across the kill (acked after it): the kill took the session, still allowed
+    "kill_loses_backlog_queued_after_it": (KILLED, lambda r: _drop_seqs(r, "sub-0", "pub-0", range(7, 11)), set()),
+    # published after sub-0 came back (slot 12, live): the kill cannot explain it, whatever the declaration
+    "loss_after_the_kill": (KILLED, lambda r: _drop_seqs(r, "sub-0", "pub-0", (12,)), {"durability.lost"}),
+    # the session itself lost across the kill: allowed under "graceful", a violation under "kill"
+    "session_lost_to_kill_not_promised": (KILLED, lambda r: _session_gone_after_kill(r), set()),
+    "session_lost_to_kill_promised": (replace(KILLED, persistence="kill"), lambda r: _session_gone_after_kill(r),
+                                      {"durability.session_lost", "durability.lost"}),
     "over_limit_black_box": (replace(LIMIT, trim_mode="none"), None, {"limits.over_limit"}),
     "over_limit_white_box": (LIMIT, lambda r: s.set_snapshot(r, "sub-0", zset_size=4), {"limits.over_limit"}),
     "trimmed_under_limit": (replace(LIMIT, trim_mode="one_extra"), None, {"limits.trimmed_under_limit"}),
@@ -239,6 +259,9 @@ UNKNOWN_CASES = {
     # The apply evidence failed (the port still accepted after the kill); the heal's "node alive" proves nothing.
     "fault_bit_only_at_heal": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=False),)),
                                lambda r: _heal_evidence(r, "f1", bit=True), {}, {"meta.fault_bit"}),
+    "target_never_came_back": (replace(BASE, faults=(s.Fault("f1", "process_kill", "broker", 4, 6, error=True),)),
+                               lambda r: _error_stage(r, "heal", "broker (127.0.0.2:1883) not ready after 240.0 s"),
+                               {}, {"meta.fault_bit"}),
     "fault_without_evidence": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=None),)), None,
                                {}, {"meta.fault_bit"}),
     "fault_error": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, error=True),)), None, {},
@@ -352,6 +375,9 @@ def test_declared_queue_policy_and_persistence_in_the_report(reports):
     assert "persistence = 'graceful'" in allowed["reason"]
     assert "process_kill of broker (f1)" in allowed["witnesses"][0]["text"]
     assert report["summary"]["allowed"] == 1 and report["exit_code"] == 0
+    gone = {i["id"]: (i["verdict"], i["count"]) for i in reports["session_lost_to_kill_not_promised"]["invariants"]}
+    assert gone["durability.session_lost_allowed"] == ("allowed", 1) and gone["durability.session_lost"] == ("pass", 0)
+    assert gone["durability.lost_allowed"] == ("allowed", 6) and gone["durability.lost"] == ("pass", 0)
     assert report["guarantees"]["promises"]["persistence"] == "graceful"
     assert report["guarantees"]["promises"]["losses_allowed_after"] == ["process_kill"]
     policies = {i["id"]: i["verdict"] for i in reports["drop_newest_keeps_oldest"]["invariants"]}
@@ -360,3 +386,10 @@ def test_declared_queue_policy_and_persistence_in_the_report(reports):
     assert none["limits.over_limit"][0] == "not_applicable" and "declares no queue limit" in none["limits.over_limit"][1]
     witness = _witness(reports["drop_newest_but_dropped_oldest"], "limits.trim_not_newest")
     assert "counting from the oldest" in witness["text"] and "drops the newest" in witness["text"]
+
+
+def test_an_unknown_names_its_real_cause(reports):
+    """A restart that never came back is said as such, with the node's own words; not "could not be applied"."""
+    reason = next(i["reason"] for i in reports["target_never_came_back"]["invariants"] if i["id"] == "meta.fault_bit")
+    assert reason == ("fault f1 (process_kill broker) did not heal (the target never came back after it): "
+                      "broker (127.0.0.2:1883) not ready after 240.0 s")

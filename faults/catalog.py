@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from contracts import scenario as scenario_model
 from faults import client, network, process, redis_failover  # noqa: F401  (registration side effects)
 from faults.base import (
     FAULT_KINDS,
@@ -22,7 +23,7 @@ from faults.base import (
     normalise_params,
     registered_kinds,
 )
-from faults.targets import SELECTOR_HELP, parse_selector
+from faults.targets import SELECTOR_HELP, kafka_role_of, parse_selector
 
 __all__ = ["FAULT_KINDS", "validate_spec", "build_fault", "is_client_fault", "kinds_by_category"]
 
@@ -83,3 +84,75 @@ def kinds_by_category() -> dict[str, list[str]]:
     for name, info in sorted(registered_kinds().items()):
         grouped.setdefault(info.category, []).append(name)
     return grouped
+
+
+# Node targets a kind draws from when the scenario names none: the slot owner of a steady subscriber's
+# messages (the fault that matters most for a session store), any replica, the Kafka broker, a broker node.
+DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    "process_kill": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
+    "process_stop": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
+    "process_pause": ("redis-master-of:{subscriber}", "redis-random-replica"),
+    "process_restart": ("redis-master-of:{subscriber}", "kafka", "broker-random"),
+    "redis_failover": ("redis-master-of:{subscriber}",),
+    "net_isolate": ("redis-master-of:{subscriber}",),
+    "client_flap": ("{subscriber}",),
+}
+# Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
+LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart")
+
+# What an external target has: one node (node:<name>, also broker:1 / broker-random) and its clients.
+EXTERNAL_NODE_SELECTORS = ("node", "broker", "broker-random")
+EXTERNAL_GROUPS = ("client", "broker")
+
+
+def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mapping[str, Any]], name: str) -> str:
+    """Why a fault of ``kind`` cannot apply to an external target named ``name`` ("<key>: <why>"), or ''.
+    A black box is one broker process and its clients: no Redis Cluster, no Kafka, no storage server."""
+    from faults.targets import ROLE_GROUPS, parse_group
+
+    def node_problem(text: str) -> str:
+        selector = parse_selector(text)
+        if selector.how not in EXTERNAL_NODE_SELECTORS:
+            return (f"it selects {text!r}, a node of the reference topology (Redis / Kafka / storage / broker "
+                    f"sessions in Redis); this target has one node: node:{name}")
+        if selector.how == "node" and selector.arg != name:
+            return f"there is no node {selector.arg!r}; this target has one node: node:{name}"
+        if selector.how == "broker" and selector.arg != "1":
+            return f"there is no broker:{selector.arg}; this target has one node: node:{name}"
+        return ""
+
+    info = kind_info(kind)
+    if info.category == "redis":
+        return (f"mix.{kind}: {kind} needs the reference topology's Redis Cluster, which a black-box target "
+                "does not have")
+    if info.target == "node":
+        for text in selectors:
+            problem = node_problem(text)
+            if problem:
+                return f"targets.{kind} = {text!r}: {problem}"
+    for params in variants:
+        for key in ("a", "b", "src", "dst"):
+            for member in parse_group(params[key]) if key in params else ():
+                plain = member.lstrip("-")
+                if plain in ROLE_GROUPS and plain not in EXTERNAL_GROUPS:
+                    return (f"params.{kind}.{key} = {params[key]!r}: it has no {plain} nodes (groups: client, "
+                            f"client:ID, broker, node:{name})")
+                if plain in EXTERNAL_GROUPS or plain.startswith("client:"):
+                    continue
+                problem = node_problem(plain)
+                if problem:
+                    return f"params.{kind}.{key} = {params[key]!r}: {problem}"
+    return ""
+
+
+# The scenario model (contracts/scenario.py) imports no stage: the fault kinds are registered into it here.
+scenario_model.register_fault_catalog(scenario_model.FaultCatalog(
+    kinds=tuple(sorted(FAULT_KINDS)),
+    target_type=lambda kind: kind_info(kind).target,
+    validate=validate_spec,
+    full_params=normalise_params,
+    default_targets=DEFAULT_TARGETS,
+    log_losing_kinds=LOG_LOSING_KINDS,
+    kafka_role_of=kafka_role_of,
+    external_refusal=external_refusal,
+))

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.history_schema import Kind, Phase
+from contracts.scenario import Scenario, load_scenario
 from harness.drain import PIPELINE_EMPTY, pipeline_wait_decision
 from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
-from harness.history_schema import Kind, Phase
 from harness.targets import make_target
-from ordeal.scenario import Scenario, load_scenario
 from properties.generate import make_plan
 from properties.plan import Plan
 

@@ -21,10 +21,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from contracts.history_schema import Kind
+from contracts.scenario import Scenario
 from harness.history import HistoryRecorder
-from harness.history_schema import Kind
 from harness.node import ProcessNode
-from ordeal.scenario import Scenario
 from properties.plan import Plan
 
 Endpoint = tuple[str, int, str]

@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from contracts.exit_codes import EXIT_USAGE, HELP
+
 # command name -> (module under ordeal.commands, attribute, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "up": ("up", "up", "Start the local topology, print its endpoints; --check verifies health and exits."),
@@ -25,26 +27,19 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-# Exit codes (docs/architecture.md): 0 pass, 1 a violation, 2 unknown, 3 a usage or load error (a bad option,
-# a scenario that does not load or cannot apply to its target): nothing was tested, and 1 would read as a
-# broker violation.
-EXIT_USAGE = 3
-
-
 class LazyGroup(click.Group):
     def main(self, *args, **kwargs):  # noqa: ANN201 - click's signature
-        """Every click usage error and ClickException (the commands raise one for a bad scenario) exits 3."""
-        kwargs["standalone_mode"] = False
+        """Every usage or load error (a ClickException: bad option, a scenario that does not load, a run
+        directory that is not one) exits 3, never 1 (a violation) or 2 (unknown)."""
+        kwargs.pop("standalone_mode", None)
         try:
-            result = super().main(*args, **kwargs)
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as error:
+            error.show()
+            sys.exit(EXIT_USAGE)
         except click.exceptions.Abort:
             click.echo("Aborted!", err=True)
             sys.exit(1)
-        except click.exceptions.Exit as done:
-            sys.exit(done.exit_code)
-        except click.ClickException as error:
-            error.show()
-            sys.exit(EXIT_USAGE)  # click's usage errors (2), a plain ClickException (1), our InputErrors (3)
         sys.exit(result if isinstance(result, int) else 0)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -73,7 +68,7 @@ def _not_built(name: str, short_help: str) -> click.Command:
     return command
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=HELP)
 @click.version_option(package_name="ordeal")
 def main() -> None:
     """Ordeal: chaos and correctness verification for MQTT brokers with persistent sessions."""

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import click
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.exit_codes import EXIT_USAGE
+from contracts.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 from harness import netns
-from ordeal.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 
 
 def _scenario_path(name_or_path: str) -> Path:
@@ -204,4 +206,4 @@ def scenarios(directory: Path | None) -> None:
         click.echo(f"{s.name:<24} {s.scenario.tier:<8} {s.target.kind:<9} {s.scenario.duration_s:>6.0f}s  "
                    f"{s.scenario.description}")
     if failed:
-        sys.exit(3)  # a scenario that does not load: a load error (ordeal/cli.py EXIT_USAGE)
+        sys.exit(EXIT_USAGE)  # a scenario that does not load (contracts/exit_codes.py)

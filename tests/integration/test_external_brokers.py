@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from contracts.history_schema import Kind
+from contracts.scenario import ScenarioError, find_scenario, parse_scenario
 from harness.history import read_history
-from harness.history_schema import Kind
 from harness.run import check_runs_later, run_scenario
-from ordeal.scenario import ScenarioError, find_scenario, parse_scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(2400)]
 

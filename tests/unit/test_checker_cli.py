@@ -27,7 +27,7 @@ def test_check_on_a_history_it_cannot_read_exits_2_and_writes_reports(tmp_path):
 
 def test_check_rejects_a_missing_directory(tmp_path):
     result = CliRunner().invoke(main, ["check", str(tmp_path / "nope")])
-    assert result.exit_code == 3 and "not a directory" in result.output  # a usage error: 3, not fail or unknown
+    assert result.exit_code == 3 and "not a directory" in result.output  # a usage error: not a verdict
 
 
 @pytest.mark.parametrize("location,needle", [

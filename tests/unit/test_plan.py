@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from ordeal.scenario import find_scenario, load_scenario, parse_scenario
+from contracts.scenario import find_scenario, load_scenario, parse_scenario
 from properties.generate import make_plan, plans
 from properties.plan import CONNECT, DISCONNECT, Plan, PlanError
 
@@ -120,7 +120,7 @@ def test_hypothesis_shrinks_plans_towards_fewer_events():
 
 def test_a_fault_mix_that_produced_no_fault_is_said_in_the_plan_output():
 
-    from ordeal.scenario import parse_scenario
+    from contracts.scenario import parse_scenario
     from properties.generate import make_plan, plan_notes
 
     text = ("[scenario]\nname = 'nofault'\nduration_s = 3\n[faults]\nmix = { process_kill = 1 }\n"

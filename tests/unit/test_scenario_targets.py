@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ordeal.scenario import ScenarioError, parse_scenario
+from contracts.scenario import ScenarioError, parse_scenario
 
 EXTERNAL = """
 [scenario]
@@ -64,7 +64,7 @@ def test_the_declaration_round_trips_and_no_reference_default_applies():
     promises = declared.to_dict()["target"]["promises"]
     assert (promises["queue_limit"], promises["queue_policy"], promises["persistence"]) == (100, "drop_newest",
                                                                                             "graceful")
-    from ordeal.scenario import scenario_from_mapping
+    from contracts.scenario import scenario_from_mapping
 
     assert scenario_from_mapping(declared.to_dict(), source="again").target == declared.target
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,75 @@ PROTOCOL_KEYS = {"mqtt311": 4, "mqtt5": 5}
 RECONNECT_NODES = ("same", "other", "any")
 
 
-def known_fault_kinds() -> tuple[str, ...]:
-    """The fault kinds the nemesis implements (faults/catalog.py registers them).  A scenario naming any
-    other kind is rejected on load, never silently run without it."""
-    from faults.catalog import FAULT_KINDS
+# --------------------------------------------------------------------------------------------------
+# What the stages register into the model.  This module imports no stage (it is the bottom layer): the
+# fault kinds belong to faults/ (faults/catalog.py registers them at import), the [topology] table to the
+# harness (harness/topology_config.py registers it), the [broker] table to the reference broker (registered
+# by harness/model.py).  Whoever loads a scenario imports harness.model first (ordeal's commands do).
+# --------------------------------------------------------------------------------------------------
 
-    return tuple(sorted(FAULT_KINDS))
+
+@dataclass(frozen=True)
+class FaultCatalog:
+    """The fault-kind knowledge the scenario model validates [faults] against (faults/catalog.py)."""
+
+    kinds: tuple[str, ...]
+    target_type: Callable[[str], str]  # kind -> "node" | "client" | "none"
+    validate: Callable[[Mapping[str, Any]], Any]  # a plan fault dict; raises ValueError naming what is wrong
+    full_params: Callable[[str, Mapping[str, Any]], dict[str, Any]]  # every parameter, defaults filled
+    default_targets: Mapping[str, tuple[str, ...]]  # kind -> selectors drawn when the scenario names none
+    log_losing_kinds: tuple[str, ...]  # kinds that take a node down (an in-memory Kafka log is lost)
+    kafka_role_of: Callable[[str], str | None]  # selector -> 'kafka' | 'storage' | None
+    # (kind, selectors, parameter variants, target name) -> why the fault cannot apply to an external target
+    # (one broker node and its clients), naming the key: "targets.K = 'x': ..." / "params.K.a = ...: ..."; or ''
+    external_refusal: Callable[[str, tuple[str, ...], list[Mapping[str, Any]], str], str] = lambda *args: ""
+
+
+@dataclass(frozen=True)
+class TopologyModel:
+    """The [topology] table's validation (harness/topology_config.py)."""
+
+    normalise: Callable[[Mapping[str, Any], str], dict[str, Any]]  # (mapping, source) -> every key filled
+    kill_loses_log: Callable[[Mapping[str, Any], str], str]  # (normalised, 'kafka'|'storage') -> why, or ''
+
+
+_FAULTS: list[FaultCatalog] = []
+_TOPOLOGY: list[TopologyModel] = []
+_BROKER: list[Callable[[Mapping[str, Any], str], Any]] = []
+
+
+def register_fault_catalog(catalog: FaultCatalog) -> None:
+    _FAULTS[:] = [catalog]
+
+
+def register_topology_model(model: TopologyModel) -> None:
+    _TOPOLOGY[:] = [model]
+
+
+def register_broker_validator(validate: Callable[[Mapping[str, Any], str], Any]) -> None:
+    """``validate(table, source)`` raises ValueError/TypeError naming the key when [broker] is wrong."""
+    _BROKER[:] = [validate]
+
+
+def _registered(registry: list[Any], what: str) -> Any:
+    if not registry:
+        raise RuntimeError(f"the scenario model has no {what} registered: import harness.model before loading "
+                           "or planning a scenario (contracts/ imports no stage; the stages register into it)")
+    return registry[0]
+
+
+def fault_catalog() -> FaultCatalog:
+    return _registered(_FAULTS, "fault catalog (faults/catalog.py)")
+
+
+def topology_model() -> TopologyModel:
+    return _registered(_TOPOLOGY, "topology model (harness/topology_config.py)")
+
+
+def known_fault_kinds() -> tuple[str, ...]:
+    """The fault kinds the nemesis implements.  A scenario naming any other kind is rejected on load, never
+    silently run without it."""
+    return tuple(sorted(fault_catalog().kinds))
 
 
 # The invariant vocabulary of docs/architecture.md (scenarios' checks.allowed uses these ids).
@@ -45,7 +108,7 @@ INVARIANT_IDS: tuple[str, ...] = (
     "meta.history_complete", "meta.fault_bit", "meta.checker_error",
 )
 
-MIN_PAYLOAD_SIZE = 32  # the identity header (harness/payload.py) is 23 bytes; architecture.md fixes 32
+MIN_PAYLOAD_SIZE = 32  # the identity header (contracts/payload.py) is 23 bytes; architecture.md fixes 32
 MAX_PACKET_ID = 65535
 
 
@@ -152,7 +215,7 @@ class FaultSpec:
 
     ``targets``: per kind, the selectors a fault of that kind draws from (``{subscriber}`` = a subscriber
     the plan keeps connected during the fault); ``params``: per kind, fixed parameters; ``choices``: per
-    kind, parameter -> values drawn per fault.  Kinds needing a node target default to DEFAULT_TARGETS."""
+    kind, parameter -> values drawn per fault.  Kinds needing a node target default to faults/catalog.py DEFAULT_TARGETS."""
 
     mix: tuple[tuple[str, float], ...] = ()
     quiet_s: tuple[float, float] = (2.0, 5.0)
@@ -445,7 +508,7 @@ def _read_info(s: _Section) -> ScenarioInfo:
 
 
 def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
-    """Validated by the topology's own TopologyConfig (harness/topology_config.py); the scenario keeps its
+    """Validated by the topology's own TopologyConfig (harness/topology_config.py, registered); the scenario keeps its
     normalised mapping."""
     if table is not None and not isinstance(table, dict):
         raise ScenarioError(f"{source}: [topology] must be a table, got {table!r}")
@@ -454,19 +517,16 @@ def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
     if isinstance(mapping["broker_nodes"], int) and mapping["broker_nodes"] < 1:
         raise ScenarioError(f"{source}: [topology] broker_nodes = {mapping['broker_nodes']!r}: the reference "
                             "target needs at least 1 broker node")
-    from harness.topology_config import TopologyConfig
-
     try:
-        return TopologyConfig.from_mapping(mapping, source=f"{source} [topology]").to_dict()
+        return topology_model().normalise(mapping, f"{source} [topology]")
     except ValueError as error:
         raise ScenarioError(str(error)) from error
 
 
 def reference_declaration(broker: Mapping[str, Any]) -> dict[str, Any]:
-    """What the reference broker promises, from its [broker] configuration (one source: BrokerConfig)."""
-    from reference_broker.config import BrokerConfig
-
-    config = BrokerConfig.from_mapping(dict(broker), source="[broker]")
+    """What the reference broker promises, from its [broker] configuration (one source: the reference broker's
+    BrokerConfig, which the registered validator returns)."""
+    config = _registered(_BROKER, "broker validator (harness/model.py)")(dict(broker), "[broker]")
     return {"mqtt_versions": list(MQTT_VERSIONS), "queue_limit": config.persisted_messages_limit,
             "queue_policy": "drop_oldest", "persistence": "kill",
             "message_ttl_s": config.persisted_message_ttl_s}
@@ -549,17 +609,11 @@ def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
     return spec
 
 
-# What an external target has: one process (node:<name>, also broker:1 / broker-random) and its clients.
-EXTERNAL_NODE_SELECTORS = ("node", "broker", "broker-random")
-
-
 def _refuse_inapplicable_to_external(source: str, target: TargetSpec, faults: FaultSpec,
                                      workload: WorkloadSpec) -> None:
     """An external target is one broker process and its clients: no Redis, no Kafka, no storage.  A fault
-    that needs those, or a protocol the target does not speak, is refused here, before anything starts."""
-    from faults.base import kind_info
-    from faults.targets import ROLE_GROUPS, parse_group, parse_selector
-
+    that needs those, or a protocol the target does not speak, is refused here, before anything starts
+    (which faults can apply is the fault catalog's knowledge: FaultCatalog.external_refusal)."""
     where = f"{source}: [target] {target.name!r} (external)"
     missing = [level for level, weight in workload.protocol_mix if weight > 0 and level not in target.protocol_levels]
     if missing:
@@ -568,47 +622,15 @@ def _refuse_inapplicable_to_external(source: str, target: TargetSpec, faults: Fa
             f"{source}: [workload] protocol_mix sends MQTT {names[missing[0]]} but {where} declares "
             f"mqtt_versions = {list(target.mqtt_versions)}: it does not speak MQTT {names[missing[0]]}; give that "
             "protocol weight 0 or declare the version")
-
-    def node_ok(selector_text: str) -> str:
-        selector = parse_selector(fill_placeholders(selector_text, PLACEHOLDER_EXAMPLE))
-        if selector.how not in EXTERNAL_NODE_SELECTORS:
-            return (f"it selects {selector_text!r}, a node of the reference topology (Redis / Kafka / storage "
-                    f"/ broker sessions in Redis); this target has one node: node:{target.name}")
-        if selector.how == "node" and selector.arg != target.name:
-            return f"there is no node {selector.arg!r}; this target has one node: node:{target.name}"
-        if selector.how == "broker" and selector.arg != "1":
-            return f"there is no broker:{selector.arg}; this target has one node: node:{target.name}"
-        return ""
-
+    catalog = fault_catalog()
     for kind, _weight in faults.mix:
-        info = kind_info(kind)
-        if info.category == "redis":
-            raise ScenarioError(f"{source}: [faults] mix.{kind}: cannot apply to {where}: {kind} needs the "
-                                "reference topology's Redis Cluster, which a black-box target does not have")
-        if info.target == "node":
-            for selector in faults.targets_of(kind):
-                why = node_ok(selector)
-                if why:
-                    raise ScenarioError(f"{source}: [faults] targets.{kind} = {selector!r}: cannot apply to "
-                                        f"{where}: {why}")
-        params = [faults.params_of(kind)] + [{name: value} for name, values in faults.choices_of(kind)
-                                             for value in values]
-        for fixed in params:
-            for key in ("a", "b", "src", "dst"):
-                if key not in fixed:
-                    continue
-                for member in parse_group(fixed[key]):
-                    plain = member.lstrip("-")
-                    if plain in ROLE_GROUPS and plain not in ("client", "broker"):
-                        raise ScenarioError(f"{source}: [faults] params.{kind}.{key} = {fixed[key]!r}: cannot apply "
-                                            f"to {where}: it has no {plain} nodes (groups: client, client:ID, "
-                                            f"broker, node:{target.name})")
-                    if plain == "client" or plain == "broker" or plain.startswith("client:"):
-                        continue
-                    why = node_ok(plain)
-                    if why:
-                        raise ScenarioError(f"{source}: [faults] params.{kind}.{key} = {fixed[key]!r}: cannot "
-                                            f"apply to {where}: {why}")
+        variants = [faults.params_of(kind)] + [{name: value} for name, values in faults.choices_of(kind)
+                                               for value in values]
+        selectors = faults.targets_of(kind)
+        why = catalog.external_refusal(kind, selectors, variants, target.name)
+        if why:
+            key, _, reason = why.partition(": ")
+            raise ScenarioError(f"{source}: [faults] {key}: cannot apply to {where}: {reason}")
 
 
 def _read_broker(source: str, table: Any) -> Mapping[str, Any]:
@@ -616,10 +638,9 @@ def _read_broker(source: str, table: Any) -> Mapping[str, Any]:
         return {}
     if not isinstance(table, dict):
         raise ScenarioError(f"{source}: [broker] must be a table, got {table!r}")
-    from reference_broker.config import BrokerConfig  # the reference broker validates its own configuration
-
+    validate = _registered(_BROKER, "broker validator (harness/model.py)")
     try:
-        BrokerConfig.from_mapping(table, source=f"{source} [broker]")
+        validate(table, f"{source} [broker]")  # the reference broker validates its own configuration
     except (ValueError, TypeError) as error:
         raise ScenarioError(str(error) if source in str(error) else f"{source}: [broker] {error}") from error
     return dict(table)
@@ -684,17 +705,6 @@ def _read_subscribers(s: _Section) -> SubscriberSpec:
     return spec
 
 
-# Node targets a kind draws from when the scenario names none: the slot owner of a steady subscriber's
-# messages (the fault that matters most for a session store), any replica, the Kafka broker, a broker node.
-DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
-    "process_kill": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
-    "process_stop": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
-    "process_pause": ("redis-master-of:{subscriber}", "redis-random-replica"),
-    "process_restart": ("redis-master-of:{subscriber}", "kafka", "broker-random"),
-    "redis_failover": ("redis-master-of:{subscriber}",),
-    "net_isolate": ("redis-master-of:{subscriber}",),
-    "client_flap": ("{subscriber}",),
-}
 PLACEHOLDERS = ("{subscriber}",)
 PLACEHOLDER_EXAMPLE = "test_sub_client_0_0"  # stands in for {subscriber} when validating at load time
 
@@ -712,10 +722,7 @@ def fill_placeholders(value: Any, subscriber: str) -> Any:
 
 def full_fault_params(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """Every parameter of the kind with defaults filled (plan.json holds the full parameters)."""
-    import faults.catalog  # noqa: F401  (registers every kind)
-    from faults.base import normalise_params
-
-    return normalise_params(kind, params)
+    return fault_catalog().full_params(kind, params)
 
 
 def uses_placeholder(value: Any) -> bool:
@@ -748,8 +755,9 @@ def _read_faults(s: _Section, target: TargetSpec | None = None) -> FaultSpec:
     params: list[tuple[str, Mapping[str, Any]]] = []
     choices: list[tuple[str, tuple[tuple[str, tuple[Any, ...]], ...]]] = []
     for kind in sorted(mix):
-        defaults = DEFAULT_TARGETS.get(kind, ())
-        if external and kind in DEFAULT_TARGETS and (kind.startswith("process_") or kind == "net_isolate"):
+        default_targets = fault_catalog().default_targets
+        defaults = default_targets.get(kind, ())
+        if external and kind in default_targets and (kind.startswith("process_") or kind == "net_isolate"):
             defaults = (f"node:{target.name}",)  # the one process a black-box target has
         selectors = targets_raw.get(kind, defaults)
         if isinstance(selectors, str):
@@ -781,13 +789,11 @@ def _read_faults(s: _Section, target: TargetSpec | None = None) -> FaultSpec:
 def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fixed: dict[str, Any],
                          drawn: dict[str, list[Any]]) -> None:
     """Every target and every drawn parameter value must make a valid fault (faults/catalog.py decides)."""
-    from faults.base import FaultSpecError, kind_info
-    from faults.catalog import validate_spec
-
-    info = kind_info(kind)
-    if info.target in ("node", "client") and not selectors:
+    catalog = fault_catalog()
+    target_type = catalog.target_type(kind)
+    if target_type in ("node", "client") and not selectors:
         raise s.fail(f"targets.{kind}", [], f"fault kind {kind!r} needs a target; give a list of selectors")
-    if info.target == "none" and selectors:
+    if target_type == "none" and selectors:
         raise s.fail(f"targets.{kind}", list(selectors), f"fault kind {kind!r} takes no target")
     variants = [dict(fixed)] + [{**fixed, name: value} for name, values in drawn.items() for value in values]
     for target in selectors or (None,):
@@ -796,14 +802,10 @@ def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fix
                     "target": fill_placeholders(target, PLACEHOLDER_EXAMPLE) if target else None,
                     "params": fill_placeholders(params, PLACEHOLDER_EXAMPLE)}
             try:
-                validate_spec(spec)
-            except FaultSpecError as error:
+                catalog.validate(spec)
+            except ValueError as error:
                 where = f"targets.{kind}" if target is not None else f"params.{kind}"
                 raise s.fail(where, target if target is not None else params, str(error)) from None
-
-
-# Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
-LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart")
 
 
 def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: FaultSpec) -> None:
@@ -811,16 +813,13 @@ def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: F
     Kafka stand-in acknowledged: the run would blame the broker under test for the stand-in's loss, so the
     scenario is refused here, before a run directory exists (faults/process.py refuses it again at run time
     for plans that bypass this file)."""
-    from faults.targets import kafka_role_of
-    from harness.topology_config import TopologyConfig
-
     if not topology:
         return
-    config = TopologyConfig.from_mapping(topology, source=f"{source} [topology]")
-    for kind in LOG_LOSING_KINDS:
+    catalog = fault_catalog()
+    for kind in catalog.log_losing_kinds:
         for selector in faults.targets_of(kind):
-            role = kafka_role_of(fill_placeholders(selector, PLACEHOLDER_EXAMPLE))
-            why = config.destructive_kill_loses_log(role) if role else ""
+            role = catalog.kafka_role_of(fill_placeholders(selector, PLACEHOLDER_EXAMPLE))
+            why = topology_model().kill_loses_log(topology, role) if role else ""
             if why:
                 raise ScenarioError(f"{source}: [faults] targets.{kind} = {selector!r}: {why}.")
 

@@ -163,11 +163,17 @@ class PauseFault(_NodeFault):
 
     def apply(self, ctx: FaultContext) -> Evidence:
         node = self._resolve(ctx)
+        # The process serving the port may be a descendant (an external target runs behind unshare + sh):
+        # it must be stopped too, not only the process we started.
+        listener = probes.listener_pid(self.pid_before, node.host, node.port)
         node.pause()
         ctx.note_node_event(node.name, "pause", fault_id=self.spec.id, pid=self.pid_before)
+        pids = [self.pid_before] + ([listener] if listener not in (None, self.pid_before) else [])
         # SIGSTOP is delivered asynchronously: a running process shows 'R' for a moment.
         stopped, observed, waited = wait_until(
-            lambda: (probes.is_stopped(self.pid_before), {"state": probes.proc_state(self.pid_before)}),
+            lambda: (all(probes.is_stopped(pid) for pid in pids),
+                     {"state": probes.proc_state(self.pid_before),
+                      **({"listener": {"pid": pids[1], "state": probes.proc_state(pids[1])}} if len(pids) > 1 else {})}),
             timeout_s=2.0, interval_s=0.01)
         return Evidence.of(Check("process stopped (state T)",
                                  {"node": node.name, "pid": self.pid_before, **observed, "waited_s": waited},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spark_checkers.invariants import Invariant
+from contracts.invariants import Invariant
 
 PASS, FAIL, UNKNOWN, NOT_APPLICABLE = "pass", "fail", "unknown", "not_applicable"
 # Something was found that the target never promised to prevent (its declaration): neither a pass nor a

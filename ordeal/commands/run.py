@@ -142,7 +142,7 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
     """Run SCENARIO (a name from scenarios/ or a .toml path) end to end and record its history."""
     from rich.console import Console
 
-    from harness.run import run_scenario
+    from ordeal import pipeline
 
     path = _scenario_path(scenario)
     try:
@@ -153,7 +153,7 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
     console = Console(stderr=True)
     console.print(f"network: {where}")
     with RichReporter(console) as reporter:
-        result = run_scenario(path, seed, out, reporter=reporter, check=check, spark_master=spark_master)
+        result = pipeline.run(path, seed, out, reporter=reporter, check=check, spark_master=spark_master)
     counts = result.summary.get("counts", {})
     console.print(f"published {counts.get('published')}  acked {counts.get('acked')}  failed "
                   f"{counts.get('failed')}  indeterminate {counts.get('indeterminate')}  delivered "

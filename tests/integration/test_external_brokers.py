@@ -19,7 +19,8 @@ import pytest
 from contracts.history_schema import Kind
 from contracts.scenario import ScenarioError, find_scenario, parse_scenario
 from harness.history import read_history
-from harness.run import check_runs_later, run_scenario
+from harness.run import run_scenario
+from ordeal.pipeline import check_runs_later
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(2400)]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.exit_codes import EXIT_PASS, EXIT_UNKNOWN
-from contracts.versions import SchemaVersionError, read_json
+from contracts.versions import SUMMARY_VERSION, SchemaVersionError, read_json
 from harness.run import Reporter, RunResult, SilentReporter, run_scenario, write_summary
 from properties.plan import Plan
 
@@ -102,6 +102,7 @@ def record_check(run_dir: Path | str, check_exit: int | None, *, check_s: float 
         raise
     except (OSError, ValueError) as error:
         raise ValueError(f"{path}: cannot record a check: no readable summary.json ({error})") from error
+    summary.setdefault("schema_version", SUMMARY_VERSION)  # an unversioned summary has version 1's layout
     run_exit = int(summary.get("run_exit_code", summary.get("exit_code", EXIT_UNKNOWN)))
     summary["run_exit_code"] = run_exit  # before any check, so a re-check starts from the run again
     if check_exit is None:

@@ -20,9 +20,10 @@ DEFAULT_CLOCK_TOLERANCE_MS = 500
 # How long an acknowledged message may still be in the broker's pipeline (Kafka -> Redis) when a subscriber
 # reconnects; the black-box limit rules count only the backlog acknowledged before that.
 DEFAULT_PIPELINE_SLACK_MS = 2000
-# What a target that declares no per-session queue limit or message TTL is judged against: TBMQ's defaults
-# (the reference broker's own defaults are its config's, reference_broker/config.py, written into
-# scenario.json by the scenario model; an external target declares none yet, so these apply to it).
+# The reference broker's limit and TTL when a scenario.json carries no [broker] values (hand-written or
+# synthetic histories): TBMQ's defaults.  The reference broker's own come from its config
+# (reference_broker/config.py) through scenario.json.  They never apply to an external target: it is judged
+# only against what its [target] declares (no limit and no TTL when it declares none; issue 12).
 UNDECLARED_QUEUE_LIMIT = 10000
 UNDECLARED_TTL_S = 604800
 MAX_QUEUE_LIMIT = 65535  # a larger limit would let packet ids (1..65535) collide with stored messages
@@ -35,11 +36,18 @@ class Invariant:
     reported_only: bool = False  # liveness: counted and plotted, never failing the run
     white_box: bool = False  # needs the reference broker's session snapshots
     needs_complete_history: bool = False  # decided from an absence: an incomplete history cannot pass it
+    # Counted, but what it counts the target never promised to prevent (its declaration): verdict "allowed".
+    declared_allowance: bool = False
+    queue_policies: tuple[str, ...] = ()  # a limits rule: applicable only under these declared queue policies
 
 
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant("durability.lost", "Owed message never delivered after the drain", needs_complete_history=True),
+    Invariant("durability.lost_allowed", "Owed message lost to a fault the target never promised to survive "
+              "(its declared persistence)", needs_complete_history=True, declared_allowance=True),
     Invariant("durability.session_lost", "Persistent session not present on reconnect"),
+    Invariant("durability.session_lost_allowed", "Persistent session lost to a fault the target never promised to "
+              "survive (its declared persistence)", declared_allowance=True),
     Invariant("durability.phantom", "Delivered but never published, or body differs from what was published"),
     Invariant("durability.unsubscribed_delivery", "Delivered to a client with no matching subscription"),
     Invariant("durability.delivered_after_failed_publish", "Delivered although its publish definitely failed"),
@@ -51,10 +59,14 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("expiry.remaining_not_reduced", "MQTT 5 remaining expiry not reduced by the time it waited"),
     Invariant("expiry.dropped_early", "Message with an expiry interval dropped before it expired",
               needs_complete_history=True),
-    Invariant("limits.over_limit", "More messages kept than the configured limit"),
+    Invariant("limits.over_limit", "More messages kept than the configured limit",
+              queue_policies=("drop_oldest", "drop_newest", "reject")),
     Invariant("limits.trimmed_under_limit", "Trimmed more than needed: queue left under the limit",
-              needs_complete_history=True),
-    Invariant("limits.trim_not_oldest", "Trimmed messages were not the oldest", needs_complete_history=True),
+              needs_complete_history=True, queue_policies=("drop_oldest", "drop_newest")),
+    Invariant("limits.trim_not_oldest", "Trimmed messages were not the oldest (policy drop_oldest)",
+              needs_complete_history=True, queue_policies=("drop_oldest",)),
+    Invariant("limits.trim_not_newest", "Dropped messages were not the newest (policy drop_newest)",
+              needs_complete_history=True, queue_policies=("drop_newest",)),
     Invariant("duplicates.redelivered_after_ack", "Redelivered after the subscriber acknowledged it"),
     Invariant("duplicates.qos2", "QoS 2 message delivered more than once"),
     Invariant("whitebox.orphan_payloads", "Payload keys with no reference in the session ZSET", white_box=True),

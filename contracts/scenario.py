@@ -44,6 +44,9 @@ class FaultCatalog:
     default_targets: Mapping[str, tuple[str, ...]]  # kind -> selectors drawn when the scenario names none
     log_losing_kinds: tuple[str, ...]  # kinds that take a node down (an in-memory Kafka log is lost)
     kafka_role_of: Callable[[str], str | None]  # selector -> 'kafka' | 'storage' | None
+    # (kind, selectors, parameter variants, target name) -> why the fault cannot apply to an external target
+    # (one broker node and its clients), naming the key: "targets.K = 'x': ..." / "params.K.a = ...: ..."; or ''
+    external_refusal: Callable[[str, tuple[str, ...], list[Mapping[str, Any]], str], str] = lambda *args: ""
 
 
 @dataclass(frozen=True)
@@ -120,23 +123,54 @@ class ScenarioInfo:
     drain_timeout_s: float
 
 
+MQTT_VERSIONS = {"3.1.1": 4, "5": 5}  # the names a target declares -> the protocol level a CONNECT carries
+QUEUE_POLICIES = ("none", "drop_oldest", "drop_newest", "reject")
+PERSISTENCE_PROMISES = ("kill", "graceful", "none")
+READY_CHECKS = ("mqtt", "port")
+
+
 @dataclass(frozen=True)
 class TargetSpec:
     """Which broker is under test.  ``reference``: the local topology with reference-broker nodes.
     ``external``: any MQTT broker at host:port, started / stopped / killed with the given argv lists.
-    Placeholders in argv and config_text: {run_dir} {data_dir} {log_dir} {host} {port} {pid}."""
+    Placeholders in argv, env values and config files: {run_dir} {data_dir} {log_dir} {host} {port} {pid}.
+
+    What the target promises (docs/scenarios.md, "What a target promises"), judged by the checkers:
+    ``mqtt_versions`` the protocol levels it speaks; ``queue_limit`` / ``queue_policy`` its per-session queue
+    (policy "none": no limit declared, the limit rules are not applicable and no trimming is legal);
+    ``persistence`` which stop an acknowledged message survives ("kill": even SIGKILL, "graceful": only a
+    graceful stop, "none": neither); ``message_ttl_s`` a broker-side message lifetime (0: none).  For the
+    reference target these come from its [broker] configuration (reference_declaration)."""
 
     kind: str = "reference"
     name: str = "broker"
-    host: str = "127.0.0.1"
+    host: str = ""  # "" = the run picks one: its own 127.0.0.x inside a private namespace, else 127.0.0.1
     port: int = 0  # 0 = pick a free loopback port at run time
     start: tuple[str, ...] = ()
     stop: tuple[str, ...] = ()  # empty = SIGTERM to the started process group
     kill: tuple[str, ...] = ()  # empty = SIGKILL to the started process group
     config_file: str = ""  # written to {run_dir}/<config_file> from config_text before start
     config_text: str = ""
+    files: tuple[tuple[str, str], ...] = ()  # more config files: (name under {run_dir}, text)
+    env: tuple[tuple[str, str], ...] = ()  # environment variables for start / stop / kill
     data_owner: str = ""  # chown {data_dir} and {log_dir} to this user (a daemon that drops root)
     ready_timeout_s: float = 10.0
+    ready: str = "mqtt"  # "mqtt": an MQTT CONNECT gets a CONNACK; "port": the port accepts TCP
+    mqtt_versions: tuple[str, ...] = ("3.1.1", "5")
+    queue_limit: int = 0  # 0 = none declared
+    queue_policy: str = "none"
+    persistence: str = "kill"
+    message_ttl_s: int = 0  # 0 = messages without an expiry interval never expire
+
+    @property
+    def protocol_levels(self) -> tuple[int, ...]:
+        return tuple(MQTT_VERSIONS[v] for v in self.mqtt_versions)
+
+    def declaration(self) -> dict[str, Any]:
+        """What the target promises, as the checkers and the report read it (scenario.json target.promises)."""
+        return {"mqtt_versions": list(self.mqtt_versions), "queue_limit": self.queue_limit or None,
+                "queue_policy": self.queue_policy, "persistence": self.persistence,
+                "message_ttl_s": self.message_ttl_s or None}
 
 
 @dataclass(frozen=True)
@@ -241,11 +275,14 @@ class Scenario:
         subscribers = asdict(self.subscribers)
         subscribers["offline_s"] = list(self.subscribers.offline_s)
         if self.target.kind == "reference":
-            target: dict[str, Any] = {"kind": "reference"}
+            target: dict[str, Any] = {"kind": "reference", "promises": reference_declaration(self.broker)}
         else:
             target = asdict(self.target)
-            for key in ("start", "stop", "kill"):
+            for key in ("start", "stop", "kill", "mqtt_versions"):
                 target[key] = list(target[key])
+            target["files"] = dict(self.target.files)
+            target["env"] = dict(self.target.env)
+            target["promises"] = self.target.declaration()
         if self.workload.pattern == "p2p":
             del workload["publishers"], workload["subscribers"]
         else:
@@ -436,7 +473,8 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
         raise ScenarioError(f"{source}: the [scenario] section is required")
 
     info = _read_info(_Section(source, "scenario", document.get("scenario")))
-    target = _read_target(_Section(source, "target", document.get("target")))
+    broker_table = document.get("broker") if isinstance(document.get("broker"), dict) else {}
+    target = _read_target(_Section(source, "target", document.get("target")), broker_table)
     if target.kind == "external":
         for section in ("topology", "broker"):
             if document.get(section):
@@ -449,9 +487,11 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     broker = _read_broker(source, document.get("broker"))
     workload = _read_workload(_Section(source, "workload", document.get("workload")))
     subscribers = _read_subscribers(_Section(source, "subscribers", document.get("subscribers")))
-    faults = _read_faults(_Section(source, "faults", document.get("faults")))
+    faults = _read_faults(_Section(source, "faults", document.get("faults")), target)
     checks = _read_checks(_Section(source, "checks", document.get("checks")))
     _refuse_log_losing_kills(source, topology, faults)
+    if target.kind == "external":
+        _refuse_inapplicable_to_external(source, target, faults, workload)
 
     return Scenario(source=source, scenario=info, topology=topology, target=target, broker=broker,
                     workload=workload, subscribers=subscribers, faults=faults, checks=checks)
@@ -492,17 +532,55 @@ def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
         raise ScenarioError(str(error)) from error
 
 
-def _read_target(s: _Section) -> TargetSpec:
+def reference_declaration(broker: Mapping[str, Any]) -> dict[str, Any]:
+    """What the reference broker promises, from its [broker] configuration (one source: the reference broker's
+    BrokerConfig, whose normalised table the registered validator returns)."""
+    config = _registered(_BROKER, "broker validator (harness/model.py)")(dict(broker), "[broker]")
+    return {"mqtt_versions": list(MQTT_VERSIONS), "queue_limit": config["persisted_messages_limit"],
+            "queue_policy": "drop_oldest", "persistence": "kill",
+            "message_ttl_s": config["persisted_message_ttl_s"]}
+
+
+def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
     kind = s.string("kind", "reference", choices=TARGET_KINDS)
+    # "promises" is derived (scenario.json writes it); read back, it must say what the other keys say.
+    derived = s.raw_table("promises")
     if kind == "reference":
         s.finish()  # nothing else applies to the reference broker; its settings live in [broker]
+        if derived and _plain(derived) != reference_declaration(broker):
+            raise s.fail("promises", derived, "is derived from [broker]; change the [broker] keys instead")
         return TargetSpec(kind="reference")
-    host = s.string("host", "127.0.0.1", non_empty=True)
-    if not host.startswith("127."):
-        raise s.fail("host", host, "must be a loopback address (127.0.0.0/8); traffic stays on this machine")
+    host = s.string("host", "")
+    if host and not host.startswith("127."):
+        raise s.fail("host", host, "must be a loopback address (127.0.0.0/8), or empty to let the run pick one "
+                     "(its own address inside the run's private namespace); traffic stays on this machine")
     name = s.string("name", "broker", non_empty=True)
     if not all(c.isalnum() or c in "-_" for c in name):
         raise s.fail("name", name, "may only contain letters, digits, '-' and '_' (it names the log file)")
+    files = s.raw_table("files")
+    for file_name, text in files.items():
+        if not isinstance(text, str):
+            raise s.fail(f"files.{file_name}", text, "must be the file's text (a string)")
+        if "/" in file_name or file_name.startswith(".") or not file_name:
+            raise s.fail(f"files.{file_name}", "...", "the key must be a plain file name (written into the run "
+                         "directory)")
+    env = s.raw_table("env")
+    for var, value in env.items():
+        if not isinstance(value, str) or not var.replace("_", "").isalnum():
+            raise s.fail(f"env.{var}", value, "must be NAME = \"value\" (a string; names of letters, digits, _)")
+    versions = s.strings("mqtt_versions", TargetSpec.mqtt_versions)
+    for version in versions:
+        if version not in MQTT_VERSIONS:
+            raise s.fail("mqtt_versions", list(versions), f"unknown MQTT version {version!r}; allowed: "
+                         f"{', '.join(repr(v) for v in MQTT_VERSIONS)}")
+    if not versions:
+        raise s.fail("mqtt_versions", [], "name at least one MQTT version the target speaks")
+    policy = s.string("queue_policy", "none", choices=QUEUE_POLICIES)
+    limit = s.integer("queue_limit", 0, minimum=0, maximum=10_000_000)
+    if (policy == "none") != (limit == 0):
+        raise s.fail("queue_limit" if limit else "queue_policy", limit if limit else policy,
+                     "queue_limit and queue_policy go together: a limit > 0 needs a policy (drop_oldest, "
+                     "drop_newest, reject), and policy \"none\" takes no limit")
     spec = TargetSpec(
         kind=kind,
         name=name,
@@ -513,8 +591,16 @@ def _read_target(s: _Section) -> TargetSpec:
         kill=s.strings("kill"),
         config_file=s.string("config_file", ""),
         config_text=s.string("config_text", ""),
+        files=tuple(sorted(files.items())),
+        env=tuple(sorted(env.items())),
         data_owner=s.string("data_owner", ""),
         ready_timeout_s=s.number("ready_timeout_s", 10.0, above=0.0, maximum=600.0),
+        ready=s.string("ready", "mqtt", choices=READY_CHECKS),
+        mqtt_versions=tuple(sorted(set(versions), key=list(MQTT_VERSIONS).index)),
+        queue_limit=limit,
+        queue_policy=policy,
+        persistence=s.string("persistence", "kill", choices=PERSISTENCE_PROMISES),
+        message_ttl_s=s.integer("message_ttl_s", 0, minimum=0, maximum=2**31 - 1),
     )
     if not spec.start:
         raise s.fail("start", [], "an external target needs the argv that starts it, e.g. "
@@ -523,8 +609,37 @@ def _read_target(s: _Section) -> TargetSpec:
         raise s.fail("config_file", spec.config_file, "config_file and config_text go together")
     if spec.config_file and ("/" in spec.config_file or spec.config_file.startswith(".")):
         raise s.fail("config_file", spec.config_file, "must be a plain file name (written into the run directory)")
+    if spec.config_file and spec.config_file in files:
+        raise s.fail(f"files.{spec.config_file}", "...", "is also config_file; give it once")
+    if derived and _plain(derived) != spec.declaration():
+        raise s.fail("promises", derived, "is derived from mqtt_versions, queue_limit, queue_policy, persistence "
+                     "and message_ttl_s; set those keys instead")
     s.finish()
     return spec
+
+
+def _refuse_inapplicable_to_external(source: str, target: TargetSpec, faults: FaultSpec,
+                                     workload: WorkloadSpec) -> None:
+    """An external target is one broker process and its clients: no Redis, no Kafka, no storage.  A fault
+    that needs those, or a protocol the target does not speak, is refused here, before anything starts
+    (which faults can apply is the fault catalog's knowledge: FaultCatalog.external_refusal)."""
+    where = f"{source}: [target] {target.name!r} (external)"
+    missing = [level for level, weight in workload.protocol_mix if weight > 0 and level not in target.protocol_levels]
+    if missing:
+        names = {4: "3.1.1", 5: "5"}
+        raise ScenarioError(
+            f"{source}: [workload] protocol_mix sends MQTT {names[missing[0]]} but {where} declares "
+            f"mqtt_versions = {list(target.mqtt_versions)}: it does not speak MQTT {names[missing[0]]}; give that "
+            "protocol weight 0 or declare the version")
+    catalog = fault_catalog()
+    for kind, _weight in faults.mix:
+        variants = [faults.params_of(kind)] + [{name: value} for name, values in faults.choices_of(kind)
+                                               for value in values]
+        selectors = faults.targets_of(kind)
+        why = catalog.external_refusal(kind, selectors, variants, target.name)
+        if why:
+            key, _, reason = why.partition(": ")
+            raise ScenarioError(f"{source}: [faults] {key}: cannot apply to {where}: {reason}")
 
 
 def _read_broker(source: str, table: Any) -> Mapping[str, Any]:
@@ -623,8 +738,9 @@ def uses_placeholder(value: Any) -> bool:
     return fill_placeholders(value, "\0") != value
 
 
-def _read_faults(s: _Section) -> FaultSpec:
+def _read_faults(s: _Section, target: TargetSpec | None = None) -> FaultSpec:
     d = FaultSpec()
+    external = target is not None and target.kind == "external"
     mix = s.weights("mix", {}, known_fault_kinds(), "fault kind")
     spec = FaultSpec(
         mix=tuple(sorted(mix.items())),
@@ -648,7 +764,11 @@ def _read_faults(s: _Section) -> FaultSpec:
     params: list[tuple[str, Mapping[str, Any]]] = []
     choices: list[tuple[str, tuple[tuple[str, tuple[Any, ...]], ...]]] = []
     for kind in sorted(mix):
-        selectors = targets_raw.get(kind, fault_catalog().default_targets.get(kind, ()))
+        default_targets = fault_catalog().default_targets
+        defaults = default_targets.get(kind, ())
+        if external and kind in default_targets and (kind.startswith("process_") or kind == "net_isolate"):
+            defaults = (f"node:{target.name}",)  # the one process a black-box target has
+        selectors = targets_raw.get(kind, defaults)
         if isinstance(selectors, str):
             selectors = [selectors]
         if not isinstance(selectors, list | tuple) or not all(isinstance(t, str) and t for t in selectors):

@@ -100,6 +100,51 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 # Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
 LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart")
 
+# What an external target has: one node (node:<name>, also broker:1 / broker-random) and its clients.
+EXTERNAL_NODE_SELECTORS = ("node", "broker", "broker-random")
+EXTERNAL_GROUPS = ("client", "broker")
+
+
+def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mapping[str, Any]], name: str) -> str:
+    """Why a fault of ``kind`` cannot apply to an external target named ``name`` ("<key>: <why>"), or ''.
+    A black box is one broker process and its clients: no Redis Cluster, no Kafka, no storage server."""
+    from faults.targets import ROLE_GROUPS, parse_group
+
+    def node_problem(text: str) -> str:
+        selector = parse_selector(text)
+        if selector.how not in EXTERNAL_NODE_SELECTORS:
+            return (f"it selects {text!r}, a node of the reference topology (Redis / Kafka / storage / broker "
+                    f"sessions in Redis); this target has one node: node:{name}")
+        if selector.how == "node" and selector.arg != name:
+            return f"there is no node {selector.arg!r}; this target has one node: node:{name}"
+        if selector.how == "broker" and selector.arg != "1":
+            return f"there is no broker:{selector.arg}; this target has one node: node:{name}"
+        return ""
+
+    info = kind_info(kind)
+    if info.category == "redis":
+        return (f"mix.{kind}: {kind} needs the reference topology's Redis Cluster, which a black-box target "
+                "does not have")
+    if info.target == "node":
+        for text in selectors:
+            problem = node_problem(text)
+            if problem:
+                return f"targets.{kind} = {text!r}: {problem}"
+    for params in variants:
+        for key in ("a", "b", "src", "dst"):
+            for member in parse_group(params[key]) if key in params else ():
+                plain = member.lstrip("-")
+                if plain in ROLE_GROUPS and plain not in EXTERNAL_GROUPS:
+                    return (f"params.{kind}.{key} = {params[key]!r}: it has no {plain} nodes (groups: client, "
+                            f"client:ID, broker, node:{name})")
+                if plain in EXTERNAL_GROUPS or plain.startswith("client:"):
+                    continue
+                problem = node_problem(plain)
+                if problem:
+                    return f"params.{kind}.{key} = {params[key]!r}: {problem}"
+    return ""
+
+
 # The scenario model (contracts/scenario.py) imports no stage: the fault kinds are registered into it here.
 scenario_model.register_fault_catalog(scenario_model.FaultCatalog(
     kinds=tuple(sorted(FAULT_KINDS)),
@@ -109,4 +154,5 @@ scenario_model.register_fault_catalog(scenario_model.FaultCatalog(
     default_targets=DEFAULT_TARGETS,
     log_losing_kinds=LOG_LOSING_KINDS,
     kafka_role_of=kafka_role_of,
+    external_refusal=external_refusal,
 ))

@@ -207,9 +207,14 @@ def misrouted_connections(topology: Any, side: dict[str, str], other: dict[str, 
             connections = [conn for proc in processes for conn in proc.net_connections(kind="tcp")]
         except psutil.Error:
             continue
+        # Why: a node's connections to itself (RabbitMQ's Erlang VM <-> its own epmd on 127.0.0.1:4369) never
+        # cross between the sides; both ends are this node's processes.
+        own = {(conn.laddr.ip, conn.laddr.port) for conn in connections}
         for conn in connections:
             if not conn.raddr or (conn.laddr.ip == node.host and conn.laddr.port == node.port):
                 continue  # not connected, or a connection the node accepted on its own address
+            if (conn.raddr.ip, conn.raddr.port) in own:
+                continue  # inside the node's own process tree
             towards_other = other is None or conn.raddr.ip in other.values()
             if towards_other and conn.laddr.ip not in side.values():
                 found.append({"node": name, "local": f"{conn.laddr.ip}:{conn.laddr.port}",

@@ -41,3 +41,25 @@ def port_state(host: str, port: int, timeout_s: float = 0.5) -> str:
         return "silent"
     except OSError as error:
         return "refuses" if error.errno == errno.ECONNREFUSED else f"error: {os.strerror(error.errno or 0)}"
+
+
+def listener_pid(root_pid: int | None, host: str, port: int) -> int | None:
+    """The process in ``root_pid``'s tree that listens on host:port (the broker behind a wrapper such as the
+    external target's ``unshare ... sh``), or None."""
+    import psutil
+
+    if root_pid is None:
+        return None
+    try:
+        root = psutil.Process(root_pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    for process in tree:
+        try:
+            for conn in process.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.laddr.ip in (host, "0.0.0.0"):
+                    return process.pid
+        except psutil.Error:
+            continue
+    return None

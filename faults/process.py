@@ -91,13 +91,18 @@ class _NodeFault:
         if why:
             raise FaultNotApplicable(f"fault {self.spec.id} ({self.spec.kind} of {self.node.name}): {why}")
 
-    def _down_checks(self) -> list[Check]:
-        state = probes.port_state(self.node.host, self.node.port)
+    def _down_checks(self, ctx: FaultContext) -> list[Check]:
+        # Why poll: the process we started may be a wrapper (unshare -> sh -> the broker in its own PID
+        # namespace); SIGKILL ends the wrapper at once, the kernel then tears the broker down (its listening
+        # socket a few ms later).  Measured on RabbitMQ: "accepts" on the first probe right after the kill.
+        refused, observed, waited = wait_until(
+            lambda: ((state := probes.port_state(self.node.host, self.node.port)) == "refuses", {"port": state}),
+            ctx.effect_timeout_s, interval_s=0.02)
         return [
             Check("pid gone", {"node": self.node.name, "pid": self.pid_before,
                                "state": probes.proc_state(self.pid_before)}, probes.pid_gone(self.pid_before)),
-            Check("port refuses", {"address": f"{self.node.host}:{self.node.port}", "port": state},
-                  state == "refuses"),
+            Check("port refuses", {"address": f"{self.node.host}:{self.node.port}", **observed, "waited_s": waited},
+                  refused),
         ]
 
     def _up_checks(self) -> list[Check]:
@@ -136,7 +141,7 @@ class _StopFault(_NodeFault):
         else:
             node.kill()
             ctx.note_node_event(node.name, "kill", fault_id=self.spec.id, pid=self.pid_before)
-        checks = self._down_checks()
+        checks = self._down_checks(ctx)
         if role == "master" and replica_ids and self.spec.params.get("wait_promotion", True):
             checks.append(_promotion_check(ctx, node, old_id, replica_ids))
         return Evidence.of(*checks)
@@ -158,11 +163,17 @@ class PauseFault(_NodeFault):
 
     def apply(self, ctx: FaultContext) -> Evidence:
         node = self._resolve(ctx)
+        # The process serving the port may be a descendant (an external target runs behind unshare + sh):
+        # it must be stopped too, not only the process we started.
+        listener = probes.listener_pid(self.pid_before, node.host, node.port)
         node.pause()
         ctx.note_node_event(node.name, "pause", fault_id=self.spec.id, pid=self.pid_before)
+        pids = [self.pid_before] + ([listener] if listener not in (None, self.pid_before) else [])
         # SIGSTOP is delivered asynchronously: a running process shows 'R' for a moment.
         stopped, observed, waited = wait_until(
-            lambda: (probes.is_stopped(self.pid_before), {"state": probes.proc_state(self.pid_before)}),
+            lambda: (all(probes.is_stopped(pid) for pid in pids),
+                     {"state": probes.proc_state(self.pid_before),
+                      **({"listener": {"pid": pids[1], "state": probes.proc_state(pids[1])}} if len(pids) > 1 else {})}),
             timeout_s=2.0, interval_s=0.01)
         return Evidence.of(Check("process stopped (state T)",
                                  {"node": node.name, "pid": self.pid_before, **observed, "waited_s": waited},

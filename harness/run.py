@@ -127,12 +127,17 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     write_inputs(run_dir, scenario_path, scenario, plan)
     replay = resolve_replay_command(replay_command, scenario_path, seed, out, run_dir)
     reporter.message(f"seed {seed}  run dir {run_dir}\nreplay: {replay}")
+    from properties.generate import plan_notes
+
+    outcome_notes = plan_notes(scenario, plan)
+    for note in outcome_notes:
+        reporter.message(f"note: {note}")
 
     stop = stop or threading.Event()
     recorder = HistoryRecorder(run_dir / "history", run_id=run_dir.name,
                                meta={"scenario": scenario.name, "seed": seed})
     timings: dict[str, float] = {}
-    outcome: dict[str, Any] = {"drain": None, "error": None, "notes": []}
+    outcome: dict[str, Any] = {"drain": None, "error": None, "notes": list(outcome_notes)}
     began = time.monotonic()
     previous_handlers = _install_signal_handlers(stop)
     target = None
@@ -184,7 +189,7 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
                        timeout_s=scenario.scenario.drain_timeout_s)
         outcome["drain"] = executor.drain(scenario.scenario.drain_quiet_s, scenario.scenario.drain_timeout_s)
         _raise_if_stopped(stop)
-        if outcome["drain"].get("ended_by") == "outstanding_quiet" and getattr(target, "topology", None) is not None:
+        if outcome["drain"].get("ended_by") == "outstanding_quiet" and getattr(target, "white_box", False):
             reporter.phase("waiting for the Kafka backlog")
             outcome["drain"], outcome["kafka_reads"] = executor.run_alongside(lambda: _wait_for_pipeline(
                 target.topology, run_dir, executor, outcome["drain"], scenario.scenario.drain_quiet_s,
@@ -201,7 +206,7 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         timings["snapshot_s"] = round(time.monotonic() - mark, 3)
         recorder.phase(Phase.SNAPSHOT_DONE, sessions=snapshots, white_box=target.white_box)
         if ((outcome["drain"] or {}).get("outstanding") and not outcome.get("kafka_reads")
-                and getattr(target, "topology", None) is not None):
+                and getattr(target, "white_box", False)):
             # Deliveries still owed: say whether Kafka still holds them (pipeline too slow for the drain)
             # or never had them (lost by the Kafka stand-in, or acknowledged without a produce).  After a
             # pipeline wait its last read says it already (a read of a long log takes 8-25 s).
@@ -352,9 +357,13 @@ def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder, client_play
                            f"available: {error}") from error
     topology = getattr(target, "topology", None)
     if topology is None:
-        raise RuntimeError("fault slots need the reference target's local topology; this target is a black box")
+        raise RuntimeError("fault slots need a started target (its topology: the nodes faults act on)")
     context = FaultContext(topology=topology, seed=plan.seed, record=recorder.record,
                            broker_key_prefix=str(getattr(target, "key_prefix", "")))
+    spec = getattr(target, "spec", None)
+    if spec is not None and spec.kind == "external":
+        # a broker that boots slowly (RabbitMQ: tens of seconds) must be waited for as long as at start
+        context.ready_timeout_s = max(context.ready_timeout_s, spec.ready_timeout_s)
     return Nemesis(schedule_from_slots(plan.faults), context, client_player=client_player)
 
 

@@ -113,6 +113,17 @@ class HypothesisDraw:
         return _pick(live, self._unit() * sum(w for _, w in live))  # shrinks towards the first option
 
 
+def plan_notes(scenario: Scenario, plan: Plan) -> list[str]:
+    """What a reader of the plan must know: a fault mix that produced no fault (the schedule did not fit)."""
+    if scenario.faults.mix and not plan.faults:
+        spec = scenario.faults
+        return [f"the fault mix ({', '.join(kind for kind, _ in spec.mix)}) produced no fault with seed {plan.seed}: "
+                f"{scenario.scenario.duration_s:g} s of workload minus tail_s {spec.tail_s:g} s leaves no room for "
+                f"quiet_s {list(spec.quiet_s)} + duration_s {list(spec.duration_s)}, or no subscriber fitted; "
+                "this run tests nothing under faults"]
+    return []
+
+
 def make_plan(scenario: Scenario, seed: int) -> Plan:
     """The plan for this scenario and seed (deterministic)."""
     return generate_plan(scenario, seed, RandomDraw(seed))

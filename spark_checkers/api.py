@@ -18,7 +18,7 @@ from spark_checkers.explain import explain, loss_gaps
 from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
 from spark_checkers.loader import RunInput, local_run_dir, open_run
 from spark_checkers.timeline import Timeline, build_timeline
-from spark_checkers.verdicts import FAIL, UNKNOWN, InvariantResult, decide, exit_code
+from spark_checkers.verdicts import VERDICTS, InvariantResult, decide, exit_code
 
 
 @dataclass
@@ -186,7 +186,9 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
             reason = "; ".join(f"{k}: {v}" for k, v in errors.items())
         verdict, why, allowed = decide(invariant, count, allowed=g.allowed if g else (), fatal=fatal,
                                        incomplete=tuple(incomplete), unknown_reason=reason,
-                                       white_box=g.white_box if g else True)
+                                       white_box=g.white_box if g else True,
+                                       queue_policy=g.queue_policy if g else "drop_oldest",
+                                       allowance=_allowance(g))
         shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count)
         if invariant.id == "liveness.unseen_over_time":
             count = int(sum(metrics.get("unseen_delta_per_bucket", {}).values()))
@@ -200,7 +202,8 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
         "run_dir": str(run.run_dir),
         "verdict": {0: "pass", 1: "fail", 2: "unknown"}[code],
         "exit_code": code,
-        "summary": {v: sum(1 for r in results if r.verdict == v) for v in ("pass", FAIL, UNKNOWN, "not_applicable")},
+        "summary": {v: sum(1 for r in results if r.verdict == v) for v in VERDICTS},
+        "notes": _notes(g, timeline),
         "invariants": [r.to_dict() for r in results],
         "history": {"hash_sha256": run.history_hash, "manifest": run.manifest, "parts": len(run.parts),
                     "incomplete": incomplete, "fatal": list(fatal)},
@@ -214,6 +217,23 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
         "environment": {"python": sys.version.split()[0], "platform": platform.platform(),
                         "spark_master": master, "pyspark": _pyspark_version(), "check_seconds": round(elapsed, 2)},
     }
+
+
+def _allowance(g) -> str:
+    """Why the target never promised to prevent a loss to these faults: its declaration, in words."""
+    if g is None or not g.unpromised_faults:
+        return ""
+    return (f"lost to {' / '.join(g.unpromised_faults)} of the target, which declares persistence = "
+            f"{g.persistence!r} (acknowledged messages survive {'only a graceful stop' if g.persistence == 'graceful' else 'no stop'})")
+
+
+def _notes(g, timeline: Timeline | None) -> list[str]:
+    """What the reader must know to read the verdicts right (a fault mix that produced no fault)."""
+    notes = []
+    if g is not None and g.fault_mix and timeline is not None and not timeline.faults:
+        notes.append(f"the scenario's fault mix ({', '.join(g.fault_mix)}) produced no fault in this run: "
+                     "nothing here was tested under faults")
+    return notes
 
 
 def _pyspark_version() -> str | None:
@@ -244,7 +264,7 @@ def _witnesses(invariant: str, raw: list[dict], timeline: Timeline | None, count
         return [], {}
     details: dict[str, Any] = {}
     if invariant in LOSS_INVARIANTS:
-        gaps = loss_gaps(raw, timeline)
+        gaps = loss_gaps(raw, timeline, total=count)
         details["gaps_from_first_lost"] = len(raw)
         details["positions"] = {}
         for gap in gaps:

@@ -37,8 +37,11 @@ def _seq_range(first: int, last: int) -> str:
     return f"{first}" if first == last else f"{first}–{last}"
 
 
-def loss_gaps(rows: list[dict], timeline: Timeline) -> list[dict]:
-    """Group lost messages into gaps: runs of consecutive pub_seq in one (subscriber, publisher) stream."""
+def loss_gaps(rows: list[dict], timeline: Timeline, total: int | None = None) -> list[dict]:
+    """Group lost messages into gaps: runs of consecutive pub_seq in one (subscriber, publisher) stream.
+    ``total``: how many lost messages there were in all; the rows are only the first few hundred (the
+    checker caps them), so a gap whose stream has no delivery right after it may go on beyond its last row:
+    such a gap says so ("truncated"), instead of claiming a range that ends too early."""
     rows = sorted(rows, key=lambda r: (r["client"], r["publisher"], r["pub_seq"]))
     gaps: list[dict] = []
     for row in rows:
@@ -50,7 +53,11 @@ def loss_gaps(rows: list[dict], timeline: Timeline) -> list[dict]:
             last["position"] = _merge_position(last["position"], row.get("position"))
             continue
         gaps.append({**row, "first_seq": row["pub_seq"], "last_seq": row["pub_seq"], "count": 1})
+    cut = total is not None and total > len(rows)
     for gap in gaps:
+        nxt = gap.get("next_delivered")
+        if cut and (nxt is None or nxt > gap["last_seq"] + 1):
+            gap["truncated"] = {"listed": len(rows), "total": total, "next_delivered": nxt}
         gap["fault"] = nearest_fault(timeline, gap.get("t_ack") or gap.get("t_invoke"), gap.get("t_reconnect"))
     gaps.sort(key=lambda g: (g.get("t_invoke") or 0, g["client"], g["publisher"]))  # earliest gap first
     return gaps
@@ -68,9 +75,13 @@ def _merge_position(a: str | None, b: str | None) -> str | None:
 def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
     o = timeline.t_first
     who = f"{w.get('publisher')}#{w.get('pub_seq')}"
-    if invariant in ("durability.lost", "expiry.dropped_early", "limits.trimmed_under_limit", "limits.trim_not_oldest"):
+    if invariant in ("durability.lost", "durability.lost_allowed", "expiry.dropped_early", "limits.trimmed_under_limit",
+                     "limits.trim_not_oldest", "limits.trim_not_newest"):
         msgs = _seq_range(w["first_seq"], w["last_seq"])
-        noun = "message" if w["count"] == 1 else f"{w['count']} messages"
+        cut = w.get("truncated")
+        noun = "message" if w["count"] == 1 and not cut else f"{w['count']} messages"
+        if cut:
+            noun = f"at least {noun}"
         parts = [f"{noun} {msgs} from {w['publisher']} (topic {w.get('topic')}) "
                  f"{'was' if w['count'] == 1 else 'were'} acknowledged at {seconds(w.get('t_ack') or w.get('t_invoke'), o)}"]
         fault = w.get("fault")
@@ -80,14 +91,31 @@ def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
         elif timeline.faults:
             parts.append("no fault had started before it could be delivered")
         if w.get("in_backlog") and w.get("t_reconnect") is not None and w["t_reconnect"] < NEVER:
+            policy = w.get("policy") or "drop_oldest"
+            if policy in ("drop_oldest", "drop_newest"):
+                queue = (f"limit {w.get('limit')}, {policy}; this one was number {w.get('rank')} counting from the "
+                         f"{'newest' if policy == 'drop_oldest' else 'oldest'}")
+            else:
+                queue = ("no queue limit declared" if policy == "none"
+                         else f"limit {w.get('limit')}, policy reject: nothing may be dropped once accepted")
             parts.append(f"subscriber {w['client']} was offline from {seconds(w.get('t_offline'), o)} and reconnected "
-                         f"at {seconds(w['t_reconnect'], o)} with {w.get('n_backlog')} messages queued "
-                         f"(limit {w.get('limit')}; this one was number {w.get('rank')} counting from the newest)")
+                         f"at {seconds(w['t_reconnect'], o)} with {w.get('n_backlog')} messages queued ({queue})")
         prev, nxt = w.get("prev_delivered"), w.get("next_delivered")
         received = " then ".join(str(x) for x in (prev, nxt) if x is not None)
         if received:
             parts.append(f"{w['client']} received {received}")
         parts.append(f"{msgs} never arrived ({w.get('position')} gap of the stream)")
+        if cut:
+            beyond = cut["next_delivered"]
+            parts.append(f"only the first {cut['listed']} of {cut['total']} lost messages are listed, so this gap may "
+                         "go on after " + str(w["last_seq"])
+                         + (f" (the stream's next delivery was {beyond})" if beyond is not None else ""))
+        if invariant == "durability.lost_allowed":
+            parts.append("the target does not promise that acknowledged messages survive this fault (its declared "
+                         "persistence): allowed, not a violation")
+        if invariant == "limits.trim_not_newest":
+            parts.append("newer messages beyond the limit were delivered instead (the declared policy drops the "
+                         "newest)")
         if invariant == "expiry.dropped_early":
             parts.append(f"it carried an expiry of {w.get('expiry_s')} s, not yet over when the subscriber came back")
         if invariant == "limits.trimmed_under_limit":
@@ -118,6 +146,12 @@ def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
     if invariant == "durability.delivered_after_failed_publish":
         return (f"the publish of {who} failed at {seconds(w.get('t_fail'), o)}, yet {w['client']} received it at "
                 f"{seconds(w.get('t'), o)}.")
+    if invariant == "durability.session_lost_allowed":
+        fault = w.get("fault") or {}
+        return (f"{w['client']} reconnected at {seconds(w.get('t'), o)} (offline since {seconds(w.get('t_disconnect'), o)}) "
+                f"without clean start and got session present = 0, after {fault.get('kind')} of {fault.get('node')} "
+                f"({fault.get('fault_id')}) at {seconds(fault.get('t_start'), o)}: the target does not promise that "
+                "sessions survive that fault (its declared persistence): allowed, not a violation.")
     if invariant == "durability.session_lost":
         return (f"{w['client']} reconnected at {seconds(w.get('t'), o)} (offline since {seconds(w.get('t_disconnect'), o)}) "
                 f"without clean start, but the broker answered session present = 0.")

@@ -14,11 +14,16 @@ from contracts.invariants import (
     UNDECLARED_TTL_S,
     validate_ids,
 )
-from contracts.scenario import TARGET_KINDS
+from contracts.scenario import PERSISTENCE_PROMISES, QUEUE_POLICIES, TARGET_KINDS
 from contracts.versions import check_version
 
 # Every default lives in contracts/invariants.py; the names here are the ones the checker reads.
 DEFAULT_LIMIT, MAX_LIMIT, DEFAULT_TTL_S = UNDECLARED_QUEUE_LIMIT, MAX_QUEUE_LIMIT, UNDECLARED_TTL_S
+NO_LIMIT = 2**31 - 1  # policy "none": nothing is ever legally trimmed and nothing is over the limit
+NO_TTL_S = 100 * 365 * 86400  # no broker-side lifetime declared: a message without expiry never expires
+# The process faults whose losses a persistence promise does not cover (a loss to them is *allowed*).
+UNPROMISED_FAULTS = {"kill": (), "graceful": ("process_kill",),
+                     "none": ("process_kill", "process_stop", "process_restart")}
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,16 @@ class Guarantees:
     source: str = "defaults"  # where these came from, for the report
     notes: tuple[str, ...] = field(default=())
     pipeline_slack_ms: int = DEFAULT_PIPELINE_SLACK_MS
+    # What the target declared (scenario.json target.promises; the reference broker's from its [broker]).
+    queue_policy: str = "drop_oldest"
+    persistence: str = "kill"
+    target_name: str = ""
+    mqtt_versions: tuple[str, ...] = ("3.1.1", "5")
+    fault_mix: tuple[str, ...] = ()  # the scenario's fault kinds (a mix that produced no fault is noted)
+
+    @property
+    def unpromised_faults(self) -> tuple[str, ...]:
+        return UNPROMISED_FAULTS[self.persistence]
 
     @property
     def white_box(self) -> bool:
@@ -57,6 +72,12 @@ class Guarantees:
             "allowed": list(self.allowed),
             "target_kind": self.target_kind,
             "source": self.source,
+            "promises": {"queue_limit": None if self.queue_policy == "none" else self.persisted_messages_limit,
+                         "queue_policy": self.queue_policy, "persistence": self.persistence,
+                         "message_ttl_s": None if self.persisted_message_ttl_s == NO_TTL_S
+                         else self.persisted_message_ttl_s,
+                         "mqtt_versions": list(self.mqtt_versions),
+                         "losses_allowed_after": list(self.unpromised_faults)},
         }
 
     @classmethod
@@ -79,7 +100,31 @@ class Guarantees:
         kind = target.get("kind", "reference")
         if kind not in TARGET_KINDS:
             raise ValueError(f"{source}: target.kind must be one of {TARGET_KINDS}, got {kind!r}")
-        return cls(limit, ttl, tolerance, allowed, kind, source, pipeline_slack_ms=slack)
+        faults = _section(scenario, "faults", source)
+        mix = tuple(sorted(k for k, w in (faults.get("mix") or {}).items() if w)) if isinstance(
+            faults.get("mix"), Mapping) else ()
+        promises = target.get("promises")
+        if kind == "external":
+            # A black box promises only what it declares: no reference-broker limit or TTL applies to it.
+            promises = promises if isinstance(promises, Mapping) else {}
+            policy = promises.get("queue_policy") or "none"
+            limit = promises.get("queue_limit") or NO_LIMIT
+            ttl = promises.get("message_ttl_s") or NO_TTL_S
+        else:
+            policy = "drop_oldest"
+            promises = promises if isinstance(promises, Mapping) else {}
+        persistence = promises.get("persistence") or "kill"
+        if policy not in QUEUE_POLICIES:
+            raise ValueError(f"{source}: target.promises.queue_policy must be one of {QUEUE_POLICIES}, got {policy!r}")
+        if persistence not in PERSISTENCE_PROMISES:
+            raise ValueError(f"{source}: target.promises.persistence must be one of {PERSISTENCE_PROMISES}, "
+                             f"got {persistence!r}")
+        if policy == "none":
+            limit = NO_LIMIT
+        versions = tuple(promises.get("mqtt_versions") or ("3.1.1", "5"))
+        return cls(limit, ttl, tolerance, allowed, kind, source, pipeline_slack_ms=slack, queue_policy=policy,
+                   persistence=persistence, target_name=str(target.get("name") or ""), mqtt_versions=versions,
+                   fault_mix=mix)
 
 
 def _section(scenario: Mapping[str, Any], name: str, source: str) -> Mapping[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import jinja2
 
-COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "unknown": "#9a6700", "not_applicable": "#6e7781"}
+COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "unknown": "#9a6700", "not_applicable": "#6e7781", "allowed": "#0969da"}
 
 
 _ENVIRONMENT = jinja2.Environment(

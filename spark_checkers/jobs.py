@@ -24,7 +24,8 @@ from spark_checkers.topics import filter_matches
 
 WITNESS_CAP = 5
 LOSS_ROWS_CAP = 200  # lost messages collected per run and invariant, to build gap witnesses
-LOSS_INVARIANTS = ("durability.lost", "expiry.dropped_early", "limits.trimmed_under_limit", "limits.trim_not_oldest")
+LOSS_INVARIANTS = ("durability.lost", "durability.lost_allowed", "expiry.dropped_early", "limits.trimmed_under_limit",
+                   "limits.trim_not_oldest", "limits.trim_not_newest")
 # Columns no checker reads (wall clocks, payload size, retain): not even decoded for the small rows.
 UNREAD_COLUMNS = ("t_wall_us", "send_wall_us", "payload_size", "retain")
 PUB_KINDS = (Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBLISH_INDETERMINATE)
@@ -118,7 +119,8 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
     for run in runs:
         timeline, g = timelines[run.run_id], run.guarantees
         run_rows.append((run.run_id, g.persisted_messages_limit, g.ttl_us, g.tolerance_us, timeline.fault_times(),
-                         timeline.bucket_us, timeline.t_first, g.slack_us))
+                         timeline.bucket_us, timeline.t_first, g.slack_us, g.queue_policy,
+                         unpromised_fault_times(timeline, g)))
         clients = set(timeline.connect_seqs) | set(timeline.offline)
         for client in clients:
             client_rows.append((run.run_id, client, timeline.connect_seqs.get(client, []),
@@ -136,7 +138,8 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
     runs_df = spark.createDataFrame(run_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("limit", N), T.StructField("ttl_us", L),
         T.StructField("tol_us", L), T.StructField("fault_times", T.ArrayType(L)), T.StructField("bucket_us", L),
-        T.StructField("t_origin", L), T.StructField("slack_us", L)]))
+        T.StructField("t_origin", L), T.StructField("slack_us", L), T.StructField("policy", S),
+        T.StructField("unpromised_times", T.ArrayType(L))]))
     clients_df = spark.createDataFrame(client_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("client", S), T.StructField("connect_seqs", T.ArrayType(L)),
         T.StructField("fresh_seqs", T.ArrayType(L)),
@@ -152,6 +155,14 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
             T.StructField("client", S), T.StructField("t_from", L), T.StructField("t_to", L),
             T.StructField("granted", N), T.StructField("persistent", B)])))]))
     return runs_df, clients_df, match_df
+
+
+def unpromised_fault_times(timeline: Timeline, g) -> list[int]:
+    """Start times of the faults whose losses the target's declared persistence does not cover (a kill of a
+    broker that promises only a graceful stop): a message lost to one is *allowed*, not a violation."""
+    kinds = g.unpromised_faults
+    return sorted(f.t_start for f in timeline.faults
+                  if f.kind in kinds and (not g.target_name or f.node in (None, g.target_name)))
 
 
 # --- The big tables ---------------------------------------------------------------------------------------
@@ -394,7 +405,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     lost = cand.filter(F.col("owed") & ~F.col("delivered"))
     loss_cols = ["client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "t_origin", "expiry_s", "in_backlog",
                  F.col("k.d").alias("t_offline"), F.col("k.c").alias("t_reconnect"), "rank", "n_backlog", "limit",
-                 "prev_delivered", "next_delivered", "position", "pub_node"]
+                 "prev_delivered", "next_delivered", "position", "pub_node", "policy"]
     lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
                          (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
                          F.to_json(F.struct(*loss_cols)).alias("witness"))
@@ -491,8 +502,15 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     queue = Window.partitionBy("run_id", "client", "is_cand", "backlog").orderBy(
         F.col("t_arr").desc(), F.col("publisher").desc(), F.col("pub_seq").desc())
     whole = Window.partitionBy("run_id", "client", "is_cand", "backlog")
-    t = t.select("*", F.row_number().over(queue).alias("rank"))
-    trimmed = F.col("in_backlog") & (F.col("rank") > F.col("limit"))
+    # --- queue-policy rules (declared by the target: drop_oldest, drop_newest, reject, none) ---------------
+    # "rank" counts from the end of the backlog the declared policy keeps: newest-first for drop_oldest (TBMQ),
+    # oldest-first for drop_newest (n - newest-first rank + 1: one sort serves both).  Only a drop policy
+    # trims legally; under reject or none every trimmed message is simply lost.
+    newest_first = F.row_number().over(queue)
+    t = t.select("*", F.when(F.col("policy") == "drop_newest", F.count(F.lit(1)).over(whole) - newest_first + 1)
+                 .otherwise(newest_first).alias("rank"))
+    drops = F.col("policy").isin("drop_oldest", "drop_newest")
+    trimmed = F.col("in_backlog") & drops & (F.col("rank") > F.col("limit"))
     t = t.select("*", trimmed.alias("legally_trimmed"))
     # Black-box limit rules count only the settled backlog: acked before reconnect - slack.  A message acked
     # later may still be on its way (Kafka -> Redis) when the backlog is read and arrive live; and a window
@@ -539,13 +557,26 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                  .alias("next_backlog")).drop("offline", "backlog_sizes")
     carried = (F.col("next_backlog.k").isNotNull()
                & (F.col("later_first_t").isNull() | (F.col("later_first_t") >= F.col("next_backlog.k.d"))))
-    trimmed_later = F.coalesce(carried & (F.col("next_backlog.n_backlog") >= F.col("limit")), F.lit(False))
+    # Carried over, it is the oldest of the next backlog: drop_oldest may trim it there, drop_newest keeps it.
+    trimmed_later = F.coalesce(carried & (F.col("policy") == "drop_oldest")
+                               & (F.col("next_backlog.n_backlog") >= F.col("limit")), F.lit(False))
     t = t.withColumn("legally_trimmed", F.col("legally_trimmed") | trimmed_later).drop("next_backlog", "later_first_t")
     t = t.select("*", (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
     in_b = F.col("in_backlog")
-    cause = (F.when(in_b & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
-                    F.lit("limits.trim_not_oldest"))
-             .when(in_b & ~F.col("immediate") & (F.col("n_settled") >= F.col("limit"))
+    # Lost to a fault the declared persistence does not cover (a kill of a broker promising only a graceful
+    # stop): the fault started before the message's chance to be delivered (the reconnect ending its offline
+    # window; online: within the pipeline slack) and after it was acknowledged, or, for a queued message,
+    # while its subscriber was away (the kill took the session and its queue: what was queued after it went
+    # into a session the broker no longer had).
+    chance = F.when(in_b, F.col("k.c")).otherwise(F.col("t_arr") + F.col("slack_us"))
+    since = F.when(in_b, F.least(F.col("t_arr"), F.col("k.d") - F.col("slack_us"))).otherwise(F.col("t_arr"))
+    unpromised = F.exists("unpromised_times", lambda x: (x >= since) & (x <= chance))
+    not_policy = F.when(F.col("policy") == "drop_newest", F.lit("limits.trim_not_newest")).otherwise(
+        F.lit("limits.trim_not_oldest"))
+    cause = (F.when(unpromised, F.lit("durability.lost_allowed"))
+             .when(in_b & drops & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
+                   not_policy)
+             .when(in_b & drops & ~F.col("immediate") & (F.col("n_settled") >= F.col("limit"))
                    & (F.col("trimmed_delivered") == 0)
                    & (F.col("max_rank_delivered_kept").isNull() | (F.col("rank") > F.col("max_rank_delivered_kept"))),
                    F.lit("limits.trimmed_under_limit"))

@@ -64,10 +64,12 @@ def print_table(report: dict[str, Any], file=None) -> None:
     table = Table(title=f"Ordeal invariants — {report['run_dir']}")
     for name in ("invariant", "verdict", "count", "note"):
         table.add_column(name)
-    colours = {"pass": "green", "fail": "bold red", "unknown": "yellow", "not_applicable": "dim"}
+    colours = {"pass": "green", "fail": "bold red", "unknown": "yellow", "not_applicable": "dim", "allowed": "blue"}
     for item in report["invariants"]:
         note = item.get("reason") or (item["witnesses"][0]["text"] if item.get("witnesses") else "")
         table.add_row(item["id"], f"[{colours[item['verdict']]}]{item['verdict']}[/]", str(item["count"]),
                       (note or "")[:110])
     console.print(table)
+    for note in report.get("notes", []):
+        console.print(f"[bold]note:[/] {note}")
     console.print(f"overall: [bold]{report['verdict']}[/] (exit {report['exit_code']})")

@@ -74,7 +74,11 @@ class Spec:
     target_kind: str = "reference"
     faults: tuple[Fault, ...] = ()
     watcher: bool = False  # add sub-all on europe/ua/kyiv/# (always online)
-    trim_mode: str = "oldest"  # oldest (correct) | none (over limit) | one_extra | newest
+    trim_mode: str = "oldest"  # oldest (correct) | none (over limit) | one_extra | newest | newest_one_extra
+    # An external target's declaration (scenario.json target.promises): its queue policy and persistence.
+    queue_policy: str = "drop_oldest"
+    persistence: str = "kill"
+    target_name: str = "broker"
     indeterminate: tuple[tuple[int, int], ...] = ()  # (publisher index, pub_seq) with no ack
     scenario_name: str = "synthetic"
     seed: int = 0
@@ -86,7 +90,11 @@ class Spec:
             "broker": {"persisted_messages_limit": self.limit, "persisted_message_ttl_s": self.ttl_s},
             "checks": {"clock_tolerance_ms": self.tolerance_ms, "allowed": list(self.allowed),
                        "pipeline_slack_ms": self.pipeline_slack_ms},
-            "target": {"kind": self.target_kind},
+            "target": ({"kind": self.target_kind} if self.target_kind == "reference" else {
+                "kind": self.target_kind, "name": self.target_name,
+                "promises": {"queue_limit": None if self.queue_policy == "none" else self.limit,
+                             "queue_policy": self.queue_policy, "persistence": self.persistence,
+                             "message_ttl_s": self.ttl_s, "mqtt_versions": ["3.1.1", "5"]}}),
         }
 
 
@@ -251,7 +259,9 @@ def _trim(backlog: list[tuple], limit: int, mode: str) -> list[tuple]:
     if mode == "newest":
         excess = len(backlog) - limit
         return backlog[:-excess]
-    raise ValueError(f"Spec.trim_mode must be oldest|none|one_extra|newest, got {mode!r}")
+    if mode == "newest_one_extra":
+        return backlog[:limit - 1]
+    raise ValueError(f"Spec.trim_mode must be oldest|none|one_extra|newest|newest_one_extra, got {mode!r}")
 
 
 def sort_rows(rows: Iterable[Row]) -> list[Row]:

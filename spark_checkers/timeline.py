@@ -43,7 +43,7 @@ class FaultSpan:
     node: str | None
     t_start: int
     t_heal: int | None
-    bit: bool | None  # True if any evidence row says it bit
+    bit: bool | None  # True if every evidence row says it bit; None: no evidence row
     error: str | None
 
 
@@ -110,9 +110,29 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
         _sessions(timeline, client, client_rows)
     for fault_id, frows in fault_rows.items():
         _fault(timeline, fault_id, frows)
+    _allow_unpromised_session_losses(timeline, guarantees)
     _phases(timeline)
     _snapshots(timeline, guarantees)
     return timeline
+
+
+def _allow_unpromised_session_losses(timeline: Timeline, g: Guarantees) -> None:
+    """A session lost across a fault the target's declared persistence does not cover (a kill of a broker that
+    promises only a graceful stop) was never promised: durability.session_lost_allowed, not a violation."""
+    faults = [f for f in timeline.faults if f.kind in g.unpromised_faults
+              and (not g.target_name or f.node in (None, g.target_name))]
+    lost = timeline.violations.get("durability.session_lost", [])
+    if not faults or not lost:
+        return
+    allowed = [w for w in lost if any(w["t_disconnect"] - g.slack_us <= f.t_start <= w["t"] for f in faults)]
+    for w in allowed:
+        fault = next(f for f in faults if w["t_disconnect"] - g.slack_us <= f.t_start <= w["t"])
+        w["fault"] = {"fault_id": fault.fault_id, "kind": fault.kind, "node": fault.node, "t_start": fault.t_start}
+    timeline.violations["durability.session_lost"] = [w for w in lost if w not in allowed]
+    if not timeline.violations["durability.session_lost"]:
+        del timeline.violations["durability.session_lost"]
+    if allowed:
+        timeline.violations.setdefault("durability.session_lost_allowed", []).extend(allowed)
 
 
 def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
@@ -193,10 +213,13 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
     evidence = [r for r in rows if r["kind"] == Kind.FAULT_EVIDENCE]
     errors = [r for r in rows if r["kind"] == Kind.FAULT_ERROR]
     first = start or rows[0]
-    bit = True if any(r.get("bit") is True for r in evidence) else (False if evidence else None)
-    # The start row may name its target only in detail; evidence rows name the node they inspected.
-    node = (first.get("node") or detail_of(first).get("target") or detail_of(first).get("node")
-            or next((r.get("node") for r in rows if r.get("node")), None))
+    # A fault bit when *every* evidence row says so (docs/faults.md): a kill whose apply evidence failed
+    # ("port refuses": still accepting) is not proven by its heal evidence ("node alive").
+    bit = all(r.get("bit") is True for r in evidence) if evidence else None
+    # The start row may name its target only as a selector ("node:rabbitmq"); evidence rows name the node
+    # they inspected, which is what attribution compares with.
+    node = (first.get("node") or next((r.get("node") for r in rows if r.get("node")), None)
+            or detail_of(first).get("node") or detail_of(first).get("target"))
     span = FaultSpan(fault_id, first.get("fault_kind") or "?", node, first["t_mono_us"],
                      heal["t_mono_us"] if heal else None, bit,
                      "; ".join(json.dumps(detail_of(r)) for r in errors) or None)
@@ -204,7 +227,12 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
     # Why unknown, not fail: a fault that was not applied or did not bite means the run did not test what it
     # claimed; that says nothing against the broker, and it is no pass either.
     if span.error:
-        reason = f"fault {fault_id} ({span.kind} {span.node}) could not be applied: {span.error}"
+        stages = {detail_of(r).get("stage") for r in errors}
+        what = ("could not be applied" if stages & {"apply", "start", None}
+                else "did not heal (the target never came back after it)" if stages & {"heal", "heal_all"}
+                else "failed at " + "/".join(sorted(str(x) for x in stages)))
+        reason = f"fault {fault_id} ({span.kind} {span.node}) {what}: " + "; ".join(
+            str(detail_of(r).get("reason") or json.dumps(detail_of(r))) for r in errors)
     elif bit is not True:
         reason = (f"fault {fault_id} ({span.kind} {span.node}) "
                   + ("was applied but its evidence says it did not take effect" if bit is False
@@ -225,7 +253,10 @@ def _phases(timeline: Timeline) -> None:
     if drain_end is None:
         timeline.incomplete.append("no drain_end phase row: the run never finished draining")
     elif drain_end.get("reason") == "timeout":
-        timeline.incomplete.append("the drain ended by timeout, not quiet: messages may still have been in flight")
+        owed = drain_end.get("outstanding")
+        timeline.incomplete.append(
+            "the drain timed out" + (f" while {owed} owed message(s) were still missing" if owed else "")
+            + f" (after {drain_end.get('elapsed_s', '?')} s, not quiet): they may still have been in flight")
     elif drain_end.get("reason") != "quiet":
         timeline.incomplete.append(f"drain_end reason {drain_end.get('reason')!r}, expected 'quiet'")
 

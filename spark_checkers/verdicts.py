@@ -8,6 +8,10 @@ from typing import Any
 from contracts.invariants import Invariant
 
 PASS, FAIL, UNKNOWN, NOT_APPLICABLE = "pass", "fail", "unknown", "not_applicable"
+# Something was found that the target never promised to prevent (its declaration): neither a pass nor a
+# violation, shown with its count; it does not change the exit code.
+ALLOWED = "allowed"
+VERDICTS = (PASS, FAIL, UNKNOWN, NOT_APPLICABLE, ALLOWED)
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 
 
@@ -30,16 +34,27 @@ class InvariantResult:
 
 
 def decide(invariant: Invariant, count: int, *, allowed: tuple[str, ...], fatal: tuple[str, ...],
-           incomplete: tuple[str, ...], unknown_reason: str | None, white_box: bool) -> tuple[str, str | None, bool]:
-    """(verdict, reason, allowed) for one invariant.  Unknown is never a pass."""
+           incomplete: tuple[str, ...], unknown_reason: str | None, white_box: bool,
+           queue_policy: str = "drop_oldest", allowance: str = "") -> tuple[str, str | None, bool]:
+    """(verdict, reason, allowed) for one invariant.  Unknown is never a pass.  ``queue_policy``: the target's
+    declared queue policy (a limits rule for another policy is not applicable); ``allowance``: why the losses
+    a ``declared_allowance`` invariant counts were never promised (the declaration, in words)."""
     if fatal:
         return UNKNOWN, "; ".join(fatal), False
     if invariant.white_box and not white_box:
         return NOT_APPLICABLE, "black-box target (target.kind = 'external'): no white-box state to inspect", False
+    if invariant.queue_policies and queue_policy not in invariant.queue_policies:
+        why = ("the target declares no queue limit (queue_policy = \"none\")" if queue_policy == "none"
+               else f"the target declares queue_policy = {queue_policy!r}")
+        return NOT_APPLICABLE, f"{why}; this rule is for {' / '.join(invariant.queue_policies)}", False
     if unknown_reason:
         return UNKNOWN, unknown_reason, False
     if invariant.reported_only:
         return PASS, "reported, never failing", False
+    if invariant.declared_allowance:
+        if count > 0:
+            return ALLOWED, f"{count} counted, not promised: {allowance or 'the target does not promise it'}", True
+        return PASS, None, False
     if count > 0:
         if invariant.id in allowed:
             return PASS, f"{count} violation(s), allowed by the scenario's checks.allowed", True

@@ -174,12 +174,15 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
 @click.option("--summary", "summary_only", is_flag=True, help="Print only the plan's counts.")
 def plan(scenario: str, seed: int, summary_only: bool) -> None:
     """Print the plan SCENARIO and --seed produce (canonical JSON, byte-identical per input)."""
-    from properties.generate import make_plan
+    from properties.generate import make_plan, plan_notes
 
     try:
-        made = make_plan(load_scenario(_scenario_path(scenario)), seed)
+        loaded = load_scenario(_scenario_path(scenario))
+        made = make_plan(loaded, seed)
     except ScenarioError as error:
         raise click.ClickException(str(error)) from error
+    for note in plan_notes(loaded, made):
+        click.echo(f"note: {note}", err=True)
     if summary_only:
         click.echo(json.dumps(made.summary(), indent=2, sort_keys=True))
     else:

@@ -207,7 +207,7 @@ def test_isolated_is_refused_clearly_for_a_non_root_user(tmp_path: Path) -> None
     result = subprocess.run(["unshare", "--user", "--", sys.executable, "-m", "ordeal.cli", "up", "--isolated",
                              "--check", "--run-dir", str(tmp_path / "run")], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
-    assert result.returncode == 1
+    assert result.returncode == 3  # a usage error (ordeal/cli.py EXIT_USAGE)
     assert "network isolation needs root" in result.stderr and "uid 65534" in result.stderr
     assert "without --isolated" in result.stderr
     assert not (tmp_path / "run").exists()  # refused before anything was created or started

@@ -12,7 +12,7 @@ from contracts.invariants import BY_ID, IDS
 from spark_checkers import synthetic as s
 from spark_checkers.api import check_runs
 from spark_checkers.explain import loss_gaps
-from spark_checkers.guarantees import Guarantees
+from spark_checkers.guarantees import NO_LIMIT, Guarantees
 from spark_checkers.loader import open_run
 from spark_checkers.reports import junit_xml
 from spark_checkers.timeline import Timeline
@@ -141,9 +141,18 @@ def test_the_scenario_model_and_the_checker_share_every_default():
 
 def test_guarantees_from_scenario_and_errors():
     g = Guarantees.from_scenario({"broker": {"persisted_messages_limit": 5}, "checks": {"allowed": ["order.dup_flag"]},
-                                  "target": {"kind": "external"}})
+                                  "target": {"kind": "reference"}})
     assert (g.persisted_messages_limit, g.persisted_message_ttl_s, g.clock_tolerance_ms) == (5, 604800, 500)
-    assert g.allowed == ("order.dup_flag",) and not g.white_box
+    assert g.allowed == ("order.dup_flag",) and g.white_box and g.queue_policy == "drop_oldest"
+    # A black box promises only what it declares: no reference limit or TTL applies to it.
+    bare = Guarantees.from_scenario({"target": {"kind": "external"}})
+    assert (bare.queue_policy, bare.persisted_messages_limit, bare.persistence) == ("none", NO_LIMIT, "kill")
+    assert bare.to_dict()["promises"]["queue_limit"] is None and bare.to_dict()["promises"]["message_ttl_s"] is None
+    declared = Guarantees.from_scenario({"target": {"kind": "external", "name": "mq", "promises": {
+        "queue_limit": 100, "queue_policy": "drop_newest", "persistence": "graceful", "message_ttl_s": 60}}})
+    assert (declared.persisted_messages_limit, declared.queue_policy, declared.persisted_message_ttl_s) == (
+        100, "drop_newest", 60)
+    assert declared.unpromised_faults == ("process_kill",) and not declared.white_box
     with pytest.raises(ValueError, match=r"broker\.persisted_messages_limit must be between 1 and 65535, got 70000"):
         Guarantees.from_scenario({"broker": {"persisted_messages_limit": 70000}})
     with pytest.raises(ValueError, match=r"checks.allowed: unknown invariant id\(s\) \['no.such'\]"):

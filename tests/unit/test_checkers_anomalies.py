@@ -22,6 +22,39 @@ V5_SHORT = replace(BASE, protocol=5, expiry_s=1, messages=30, offline=(s.Offline
 LIMIT = replace(BASE, limit=3, offline=(s.Offline(0, 5, 11),))
 QOS2 = replace(BASE, qos=2)
 EXTERNAL = replace(BASE, target_kind="external")
+# A black box that declares a queue of 3 dropping the newest (Mosquitto's max_queued_messages).
+DROP_NEWEST = replace(LIMIT, target_kind="external", queue_policy="drop_newest")
+# A black box that promises only a graceful stop: its kill (at slot 6, sub-0 offline over slots 5..11) may lose.
+KILLED = replace(EXTERNAL, offline=(s.Offline(0, 5, 11),), faults=(s.Fault("f1", "process_kill", "broker", 6, 8),),
+                 persistence="graceful")
+
+
+def _heal_evidence(rows, fault_id, bit):
+    """A second fault_evidence row (stage heal) at the fault's heal."""
+    heal = next(r for r in rows if r["kind"] == Kind.FAULT_HEAL and r["fault_id"] == fault_id)
+    row = {**heal, "kind": Kind.FAULT_EVIDENCE, "t_mono_us": heal["t_mono_us"] + 5, "bit": bit,
+           "detail": '{"stage": "heal", "checks": []}'}
+    return s.sort_rows([*rows, row])
+
+
+def _error_stage(rows, stage, reason):
+    """The fault_error row says at which stage the fault broke, and why (as the nemesis writes it)."""
+    import json
+
+    return [{**r, "detail": json.dumps({"stage": stage, "reason": reason, "error_type": "NodeError"})}
+            if r["kind"] == Kind.FAULT_ERROR else r for r in rows]
+
+
+def _session_gone_after_kill(rows):
+    """sub-0 (away over the kill) comes back to session present = 0 and an empty queue, and resubscribes."""
+    rows = s.lose_session(rows, "sub-0", 1)
+    return _drop_seqs(rows, "sub-0", "pub-0", range(5, 11))
+
+
+def _drop_seqs(rows, client, publisher, seqs):
+    for seq in seqs:
+        rows = s.drop_delivery(rows, client, publisher, seq)
+    return rows
 
 
 def _delivery(rows, client, publisher, seq):
@@ -156,6 +189,31 @@ CASES = {
                       lambda r: s.drop_delivery(r, "sub-0", "pub-0", 6), {"expiry.dropped_early"}),
     "expired_while_offline": (V5_SHORT, None, set()),
     "trimmed_at_limit": (LIMIT, None, set()),
+    # --- declared queue policies (external targets) ---
+    "drop_newest_keeps_oldest": (replace(DROP_NEWEST, trim_mode="newest"), None, set()),
+    "drop_newest_but_dropped_oldest": (DROP_NEWEST, None, {"limits.trim_not_newest"}),
+    "drop_newest_dropped_one_extra": (replace(DROP_NEWEST, trim_mode="newest_one_extra"), None,
+                                      {"limits.trimmed_under_limit"}),
+    "drop_newest_over_limit": (replace(DROP_NEWEST, trim_mode="none"), None, {"limits.over_limit"}),
+    # No limit declared: keeping every message is right, and a trim is a plain loss (no limit excuses it).
+    "no_limit_keeps_all": (replace(DROP_NEWEST, queue_policy="none", trim_mode="none"), None, set()),
+    "no_limit_but_trimmed": (replace(DROP_NEWEST, queue_policy="none", trim_mode="newest"), None,
+                             {"durability.lost"}),
+    # reject: once accepted nothing may be dropped; a trim is a loss.
+    "reject_but_trimmed": (replace(DROP_NEWEST, queue_policy="reject", trim_mode="newest"), None,
+                           {"durability.lost"}),
+    # --- declared persistence: a loss to a kill the target never promised to survive is allowed ---
+    "kill_loss_not_promised": (KILLED, lambda r: _drop_seqs(r, "sub-0", "pub-0", range(5, 7)), set()),
+    "kill_loss_promised": (replace(KILLED, persistence="kill"), lambda r: _drop_seqs(r, "sub-0", "pub-0", range(5, 7)),
+                           {"durability.lost"}),
+    # queued while sub-0 was away across the kill (acked after it): the kill took the session, still allowed
+    "kill_loses_backlog_queued_after_it": (KILLED, lambda r: _drop_seqs(r, "sub-0", "pub-0", range(7, 11)), set()),
+    # published after sub-0 came back (slot 12, live): the kill cannot explain it, whatever the declaration
+    "loss_after_the_kill": (KILLED, lambda r: _drop_seqs(r, "sub-0", "pub-0", (12,)), {"durability.lost"}),
+    # the session itself lost across the kill: allowed under "graceful", a violation under "kill"
+    "session_lost_to_kill_not_promised": (KILLED, lambda r: _session_gone_after_kill(r), set()),
+    "session_lost_to_kill_promised": (replace(KILLED, persistence="kill"), lambda r: _session_gone_after_kill(r),
+                                      {"durability.session_lost", "durability.lost"}),
     "over_limit_black_box": (replace(LIMIT, trim_mode="none"), None, {"limits.over_limit"}),
     "over_limit_white_box": (LIMIT, lambda r: s.set_snapshot(r, "sub-0", zset_size=4), {"limits.over_limit"}),
     "trimmed_under_limit": (replace(LIMIT, trim_mode="one_extra"), None, {"limits.trimmed_under_limit"}),
@@ -198,6 +256,12 @@ UNKNOWN_CASES = {
     # A fault that did not bite (or has no proof that it did): the run did not test what it claimed.
     "fault_did_not_bite": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=False),)), None, {},
                            {"meta.fault_bit"}),
+    # The apply evidence failed (the port still accepted after the kill); the heal's "node alive" proves nothing.
+    "fault_bit_only_at_heal": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=False),)),
+                               lambda r: _heal_evidence(r, "f1", bit=True), {}, {"meta.fault_bit"}),
+    "target_never_came_back": (replace(BASE, faults=(s.Fault("f1", "process_kill", "broker", 4, 6, error=True),)),
+                               lambda r: _error_stage(r, "heal", "broker (127.0.0.2:1883) not ready after 240.0 s"),
+                               {}, {"meta.fault_bit"}),
     "fault_without_evidence": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, bit=None),)), None,
                                {}, {"meta.fault_bit"}),
     "fault_error": (replace(BASE, faults=(s.Fault("f1", "kill", "redis-7003", 4, 6, error=True),)), None, {},
@@ -285,7 +349,8 @@ def test_limit_witnesses(reports):
 def test_external_target_has_no_white_box_verdicts(reports):
     report = reports["clean_external"]
     assert _by_verdict(report, "not_applicable") == {"whitebox.orphan_payloads", "whitebox.dangling_refs",
-                                                     "whitebox.last_packet_id_behind"}
+                                                     "whitebox.last_packet_id_behind",
+                                                     "limits.trim_not_newest"}  # it declares drop_oldest
 
 
 def test_allowed_violation_is_counted_but_passes(reports):
@@ -299,3 +364,32 @@ def test_counts_and_series(reports):
     assert report["counts"]["owed"] == 24 and report["counts"]["delivered_messages"] == 24
     assert report["series"]["owed_unseen"][-1][1] == 0
     assert report["history"]["hash_sha256"]
+
+
+def test_declared_queue_policy_and_persistence_in_the_report(reports):
+    """The report shows what the target promised; a loss it never promised to prevent is *allowed* (its own
+    verdict and count), neither a pass nor a violation; rules for another queue policy are not applicable."""
+    report = reports["kill_loss_not_promised"]
+    allowed = next(i for i in report["invariants"] if i["id"] == "durability.lost_allowed")
+    assert (allowed["verdict"], allowed["count"]) == ("allowed", 2)
+    assert "persistence = 'graceful'" in allowed["reason"]
+    assert "process_kill of broker (f1)" in allowed["witnesses"][0]["text"]
+    assert report["summary"]["allowed"] == 1 and report["exit_code"] == 0
+    gone = {i["id"]: (i["verdict"], i["count"]) for i in reports["session_lost_to_kill_not_promised"]["invariants"]}
+    assert gone["durability.session_lost_allowed"] == ("allowed", 1) and gone["durability.session_lost"] == ("pass", 0)
+    assert gone["durability.lost_allowed"] == ("allowed", 6) and gone["durability.lost"] == ("pass", 0)
+    assert report["guarantees"]["promises"]["persistence"] == "graceful"
+    assert report["guarantees"]["promises"]["losses_allowed_after"] == ["process_kill"]
+    policies = {i["id"]: i["verdict"] for i in reports["drop_newest_keeps_oldest"]["invariants"]}
+    assert policies["limits.trim_not_oldest"] == "not_applicable" and policies["limits.trim_not_newest"] == "pass"
+    none = {i["id"]: (i["verdict"], i["reason"]) for i in reports["no_limit_keeps_all"]["invariants"]}
+    assert none["limits.over_limit"][0] == "not_applicable" and "declares no queue limit" in none["limits.over_limit"][1]
+    witness = _witness(reports["drop_newest_but_dropped_oldest"], "limits.trim_not_newest")
+    assert "counting from the oldest" in witness["text"] and "drops the newest" in witness["text"]
+
+
+def test_an_unknown_names_its_real_cause(reports):
+    """A restart that never came back is said as such, with the node's own words; not "could not be applied"."""
+    reason = next(i["reason"] for i in reports["target_never_came_back"]["invariants"] if i["id"] == "meta.fault_bit")
+    assert reason == ("fault f1 (process_kill broker) did not heal (the target never came back after it): "
+                      "broker (127.0.0.2:1883) not ready after 240.0 s")

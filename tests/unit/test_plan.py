@@ -116,3 +116,30 @@ def test_hypothesis_shrinks_plans_towards_fewer_events():
                    settings=settings(database=None, max_examples=300, deadline=None))
     disconnects = [a for a in minimal.subscriber_actions if a.action == DISCONNECT]
     assert len(disconnects) == 1 and disconnects[0].abrupt
+
+
+def test_a_fault_mix_that_produced_no_fault_is_said_in_the_plan_output():
+
+    from contracts.scenario import parse_scenario
+    from properties.generate import make_plan, plan_notes
+
+    text = ("[scenario]\nname = 'nofault'\nduration_s = 3\n[faults]\nmix = { process_kill = 1 }\n"
+            "targets = { process_kill = ['broker:1'] }\nquiet_s = [5, 6]\n")
+    scenario = parse_scenario(text, source="nofault.toml")
+    plan = make_plan(scenario, 1)
+    (note,) = plan_notes(scenario, plan)
+    assert not plan.faults and "produced no fault with seed 1" in note
+    roomy = parse_scenario(text.replace("duration_s = 3", "duration_s = 30"), source="roomy.toml")
+    assert plan_notes(roomy, make_plan(roomy, 1)) == []  # near miss: room for a fault, no note
+
+
+def test_ordeal_plan_prints_the_no_fault_note(tmp_path):
+    from click.testing import CliRunner
+
+    from ordeal.cli import main
+
+    path = tmp_path / "nofault.toml"
+    path.write_text("[scenario]\nname = 'nofault'\nduration_s = 3\n[faults]\nmix = { process_kill = 1 }\n"
+                    "targets = { process_kill = ['broker:1'] }\nquiet_s = [5, 6]\n")
+    result = CliRunner().invoke(main, ["plan", str(path), "--summary"])
+    assert result.exit_code == 0 and "note: the fault mix (process_kill) produced no fault" in result.output

@@ -46,7 +46,10 @@ def test_defaults_are_filled_in():
     d = scenario.to_dict()
     assert d["workload"]["payload_size"] == 62
     assert d["workload"]["qos_mix"] == {"qos1": 1.0}
-    assert d["target"] == {"kind": "reference"}
+    # the reference broker's promises come from its [broker] defaults (one source: BrokerConfig)
+    assert d["target"] == {"kind": "reference", "promises": {
+        "mqtt_versions": ["3.1.1", "5"], "queue_limit": 10000, "queue_policy": "drop_oldest",
+        "persistence": "kill", "message_ttl_s": 604800}}
     assert d["scenario"]["drain_timeout_s"] == 60.0
     assert d["faults"]["mix"] == {}
 

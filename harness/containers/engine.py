@@ -141,7 +141,7 @@ class Engine:
 
     @property
     def docker_client_kw(self) -> dict:
-        return {"base_url": self.url}
+        return {}  # testcontainers reads DOCKER_HOST (set by _set_docker_host)
 
     def remove_run_objects(self) -> list[str]:
         """Remove every container, volume and network labelled with this run (through the API)."""

@@ -382,6 +382,7 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     faults = _read_faults(_Section(source, "faults", document.get("faults")))
     checks = _read_checks(_Section(source, "checks", document.get("checks")))
     _refuse_log_losing_kills(source, topology, faults)
+    refuse_unsupported_faults(source, str(topology.get("provider", "local")), faults)
 
     return Scenario(source=source, scenario=info, topology=topology, target=target, broker=broker,
                     workload=workload, subscribers=subscribers, faults=faults, checks=checks)
@@ -648,6 +649,33 @@ def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fix
 
 # Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
 LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart")
+
+
+def refuse_unsupported_faults(source: str, provider: str, faults: FaultSpec) -> None:
+    """A fault kind the topology provider cannot play is refused at load (faults/catalog.py PROVIDER_GAPS)."""
+    from faults.catalog import unsupported_faults
+
+    problems = unsupported_faults(provider, (kind for kind, _weight in faults.mix))
+    if problems:
+        raise ScenarioError(f"{source} [faults]: " + "; ".join(problems))
+
+
+def with_provider(scenario: Scenario, provider: str) -> Scenario:
+    """The scenario run on another topology provider (``--provider``): [topology] provider replaced,
+    validated again (a fault the provider lacks is refused here, before anything starts)."""
+    from dataclasses import replace
+
+    from harness.topology_config import PROVIDERS
+
+    if provider not in PROVIDERS:
+        raise ScenarioError(f"--provider {provider!r}: use one of {', '.join(map(repr, PROVIDERS))}")
+    topology = dict(scenario.topology)
+    if scenario.target.kind == "reference":
+        topology = dict(_read_topology(scenario.source, {**topology, "provider": provider}))
+    else:
+        topology = {"provider": provider} if provider != "local" else {}
+    refuse_unsupported_faults(scenario.source, provider, scenario.faults)
+    return replace(scenario, topology=topology)
 
 
 def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: FaultSpec) -> None:

@@ -75,13 +75,11 @@ class Engine:
             engine._set_docker_host(external)
             return engine
         require_podman()
-        from faults.network import interfaces  # the namespace check, one source
-
         if os.environ.get("ORDEAL_NETNS") != "private":
             raise EngineUnavailable(
                 "the containers provider runs its container network only inside the run's private network "
                 "namespace (ORDEAL_NETNS=private, harness/netns.py); start the run isolated (`ordeal run` "
-                f"does so by default as root).  Interfaces here: {', '.join(interfaces())}")
+                "does so by default as root)")
         began = time.monotonic()
         (run_dir / "podman").mkdir(parents=True, exist_ok=True)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,7 @@ class ContainerTopology(LocalTopology):
         self.engine: Engine | None = None
         self.client_hosts = GATEWAY  # faults/targets.py: the "client" group's address
         self.client_bind_address = GATEWAY
+        self.network_fault_place = "bridge"  # faults/network.py: nft bridge-family chains on the run's bridge
 
     # -- life --------------------------------------------------------------------------------------
     def images_needed(self) -> list[str]:
@@ -221,6 +222,7 @@ class ContainerTopology(LocalTopology):
                 errors.append(f"engine: {error}")
             self.engine.stop()
             self.engine = None
+        _drop_bridge_rules()
         self.started = False
         if errors:
             raise RuntimeError("stopping the container topology: " + "; ".join(errors))
@@ -235,3 +237,11 @@ class ContainerTopology(LocalTopology):
 
 class _ContainerAddresses:
     mode = "containers"
+
+
+def _drop_bridge_rules() -> None:
+    """A network fault left behind (a broken run) must not outlive the run's bridge: the next topology in
+    this namespace reuses the same addresses."""
+    import subprocess
+
+    subprocess.run(["nft", "delete", "table", "bridge", "ordeal_chaos"], capture_output=True, timeout=10)

@@ -78,6 +78,7 @@ class ContainerNode(Node):
         self.after_ready = after_ready
         self.volume = f"ordeal-{engine.run_id}-{name}" if volume else None
         self.cgroup_parent = cgroup_parent
+        self.binds_mode = "ro"
         self.paused = False
         self.started_at: float | None = None
         self._holder: Any = None
@@ -113,7 +114,7 @@ class ContainerNode(Node):
         if self.volume:
             container.with_volume_mapping(self.volume, "/data", "rw")  # a named volume: kept across restarts
         for host, inside in self.binds.items():
-            container.with_volume_mapping(host, inside, "ro")
+            container.with_volume_mapping(host, inside, self.binds_mode)
         # init: catatonit as PID 1 forwards SIGTERM to the server (Tansu ignores it as PID 1) and reaps
         container.with_kwargs(labels=self._labels(), network_mode=f"container:{self._holder.id}", init=True,
                               **self._extra())

@@ -131,11 +131,17 @@ class Engine:
 
     @property
     def client(self):
+        """A docker SDK client on the engine's socket, one per thread (nodes start in parallel)."""
+        import threading
+
         if self._client is None:
+            self._client = threading.local()
+        client = getattr(self._client, "value", None)
+        if client is None:
             import docker
 
-            self._client = docker.DockerClient(base_url=self.url, timeout=60)
-        return self._client
+            client = self._client.value = docker.DockerClient(base_url=self.url, timeout=60)
+        return client
 
     @property
     def docker_client_kw(self) -> dict:
@@ -170,7 +176,9 @@ class Engine:
         """End the engine: the sandbox reaps the run's objects and exits (closing the lifeline tells it)."""
         if self._client is not None:
             try:
-                self._client.close()
+                client = getattr(self._client, "value", None)
+                if client is not None:
+                    client.close()
             except Exception:  # noqa: BLE001
                 pass
             self._client = None

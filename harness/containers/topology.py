@@ -123,9 +123,16 @@ class ContainerTopology(LocalTopology):
                 self.network, driver="bridge", labels={RUN_LABEL: self.run_id},
                 ipam={"Driver": "default", "Config": [{"Subnet": str(SUBNET), "Gateway": GATEWAY}]})
             self.timings["network_s"] = round(time.monotonic() - began, 3)
-            self._start_redis_containers()
+            # Kafka (+ its storage) comes up in a thread while the Redis Cluster forms: on 2 loaded cores the
+            # containers' start-up is mostly waiting on the engine, which serves requests in parallel.
+            kafka = None
             if self.config.kafka_storage != "none":
-                self._start_kafka_containers()
+                kafka = _Background(self._start_kafka_containers)
+            try:
+                self._start_redis_containers()
+            finally:
+                if kafka is not None:  # never tear down while the thread still creates containers
+                    kafka.join()
             self.redis.wait_ready(self.config.ready_timeout_s)
             self.timings["redis_ready_s"] = round(time.monotonic() - began, 3)
             if self.config.broker_nodes:
@@ -158,7 +165,8 @@ class ContainerTopology(LocalTopology):
                                                command=command, ready_check=_answers_ping))
         self.redis = RedisCluster(self.redis_nodes, self.config.redis_masters,
                                   self.config.redis_replicas_per_master)
-        self.redis.start_processes()
+        _parallel([node.start for node in self.redis_nodes])
+        _parallel([lambda node=node: node.wait_ready(15) for node in self.redis_nodes])
         self.redis.create(timeout=self.config.ready_timeout_s)
         self.timings["redis_formed_s"] = round(time.monotonic() - began, 3)
 
@@ -199,7 +207,7 @@ class ContainerTopology(LocalTopology):
                               binds={str(config_path.parent): str(config_path.parent)},
                               ready_check=_broker_ready, volume=False)
             self.brokers.append(node)
-            node.start()
+        _parallel([node.start for node in self.brokers])
         for node in self.brokers:
             node.wait_ready(self.config.ready_timeout_s)
         self.timings["brokers_ready_s"] = round(time.monotonic() - began, 3)
@@ -231,8 +239,41 @@ class ContainerTopology(LocalTopology):
         document = super().endpoints()
         document.update({"provider": "containers", "network": self.network, "subnet": str(SUBNET),
                          "client_address": GATEWAY, "run_label": f"{RUN_LABEL}={self.run_id}",
-                         "docker_host": self.engine.url if self.engine else None})
+                         "docker_host": self.engine.url if self.engine else None, "timings": dict(self.timings)})
         return document
+
+
+def _parallel(calls: list) -> None:
+    """Run the calls in threads; re-raise the first error once all have ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not calls:
+        return
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+    for future in futures:
+        future.result()
+
+
+class _Background:
+    def __init__(self, call) -> None:
+        import threading
+
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                call()
+            except BaseException as error:  # noqa: BLE001 - re-raised by join()
+                self.error = error
+
+        self.thread = threading.Thread(target=run, name="ordeal-container-start", daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 class _ContainerAddresses:

@@ -81,6 +81,11 @@ class Engine:
                 "namespace (ORDEAL_NETNS=private, harness/netns.py); start the run isolated (`ordeal run` "
                 "does so by default as root)")
         began = time.monotonic()
+        # Empty cgroups of runs whose whole PID namespace was SIGKILLed at once (no reaper could run): rmdir
+        # takes only cgroups without processes, so a live run loses nothing (runc recreates on restart).
+        from harness.containers.sandbox import sweep_cgroups
+
+        sweep_cgroups()
         (run_dir / "podman").mkdir(parents=True, exist_ok=True)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         state = run_dir / "podman" / "state"

@@ -20,7 +20,8 @@ import pytest
 
 from harness import netns
 
-pytestmark = [pytest.mark.integration, pytest.mark.containers, pytest.mark.root]
+# timeout: the module fixture makes six runs and checks them in one Spark session (≈ 7 min on 2 loaded cores)
+pytestmark = [pytest.mark.integration, pytest.mark.containers, pytest.mark.root, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 7
 

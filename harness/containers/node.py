@@ -129,15 +129,7 @@ class ContainerNode(Node):
     # -- the Node interface ------------------------------------------------------------------------
     @property
     def pid(self) -> int | None:
-        if not self.is_alive():
-            return None
-        if self._pid is None:
-            inner = self._state().get("Pid") or 0
-            sandbox = None
-            if self.engine.process is not None:
-                sandbox = _sandbox_pid1(self.engine.process.pid)
-            self._pid = outer_pid(int(inner), sandbox) if inner else None
-        return self._pid
+        return self._pid if self.is_alive() else None
 
     def _state(self) -> dict:
         container = self.container
@@ -150,10 +142,24 @@ class ContainerNode(Node):
         return container.attrs.get("State") or {}
 
     def status(self) -> str:
+        """The engine's word on the container (an API call): running, paused, exited, ..., or absent."""
         return str(self._state().get("Status") or "absent")
 
     def is_alive(self) -> bool:
-        return self.status() in ("running", "paused")
+        """Running or paused.  Asked very often (cluster views, heal_all), so once the server's PID is known
+        the answer comes from /proc — an engine call costs 0.1-1 s on loaded cores — and the engine is asked
+        only when that process is gone (it may have died on its own) or not yet known."""
+        if self._pid is not None and not probes_pid_gone(self._pid):
+            return True
+        state = self._state()
+        if str(state.get("Status")) not in ("running", "paused"):
+            self._pid = None
+            return False
+        inner = int(state.get("Pid") or 0)
+        if inner:
+            sandbox = _sandbox_pid1(self.engine.process.pid) if self.engine.process is not None else None
+            self._pid = outer_pid(inner, sandbox)
+        return True
 
     def start(self) -> None:
         if self._holder is None:
@@ -194,8 +200,8 @@ class ContainerNode(Node):
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            status = self.status()
-            if status not in ("running", "paused"):
+            if not self.is_alive():
+                status = self.status()
                 raise NodeError(f"{self.name} is not running (container {status}, exit code "
                                 f"{self._state().get('ExitCode')}); output:\n{_tail(self._logs())}")
             if self.ready_check(self):
@@ -211,7 +217,7 @@ class ContainerNode(Node):
         container = self.container
         if container is None:
             return
-        if self.status() == "paused":
+        if self.paused or self.status() == "paused":
             self.resume()
         if self.is_alive():
             container.stop(timeout=max(0, int(round(timeout))))
@@ -265,6 +271,15 @@ class ContainerNode(Node):
     def describe(self) -> dict:
         return {**super().describe(), "image": self.image, "container": self.name,
                 "volume": self.volume, "provider": "containers"}
+
+
+def probes_pid_gone(pid: int) -> bool:
+    """True when no live process has this PID (gone or a zombie): /proc/PID/stat's state."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def _tail(data: bytes, lines: int = 15) -> str:

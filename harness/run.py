@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.history_schema import Kind, Phase
+from contracts.scenario import Scenario, load_scenario
 from harness.drain import PIPELINE_EMPTY, pipeline_wait_decision
 from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
-from harness.history_schema import Kind, Phase
 from harness.targets import make_target
-from ordeal.scenario import Scenario, load_scenario
 from properties.generate import make_plan
 from properties.plan import Plan
 
@@ -114,7 +115,7 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     scenario_path = Path(scenario_path)
     scenario = load_scenario(scenario_path)  # validation first: a bad file starts nothing
     if provider is not None:  # --provider: the same scenario (and plan) on another topology provider
-        from ordeal.scenario import with_provider
+        from contracts.scenario import with_provider
 
         scenario = with_provider(scenario, provider)
     if plan is None:

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.history_schema import EVENT_SCHEMA, MANIFEST_NAME, SCHEMA_VERSION, Kind, Phase
+from contracts.history_schema import EVENT_SCHEMA, MANIFEST_NAME, SCHEMA_VERSION, Kind, Phase
 
 Row = dict[str, Any]
 T0_US = 1_000_000

@@ -24,6 +24,7 @@ if netns.in_private_netns():
     # Only `lo` exists here; Spark would otherwise bind the host name's address, which is not reachable.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+import harness.model  # noqa: E402, F401  (registers the stages into the scenario model, as ordeal's commands do)
 from harness.topology import LocalTopology  # noqa: E402  (after the namespace switch, on purpose)
 from harness.topology_config import TopologyConfig  # noqa: E402
 

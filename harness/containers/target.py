@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from contracts.scenario import Scenario
 from harness.containers.engine import RUN_LABEL, Engine
 from harness.containers.images import image_reference, missing_images
 from harness.containers.node import ContainerNode
@@ -16,7 +17,6 @@ from harness.containers.sandbox import cgroup_parent
 from harness.containers.topology import GATEWAY, SUBNET, TARGET_HOST, _drop_bridge_rules, _host, run_id_for
 from harness.history import HistoryRecorder
 from harness.targets import ExternalTarget, TargetError
-from ordeal.scenario import Scenario
 
 MQTT_PORT = 1883
 

@@ -22,7 +22,8 @@ def _run_dir(path: str) -> Path:
               help="Spark master (default: $ORDEAL_SPARK_MASTER or local[2]), e.g. spark://host:7077.")
 def check(run_dir: str, spark_master: str | None) -> None:
     """Re-check a stored run: write report.json, junit.xml and report.html, print the verdict table and exit
-    0 (every invariant holds), 1 (a violation) or 2 (unknown: the checkers could not decide).
+    0 (every invariant holds), 1 (a violation), 2 (unknown: the checkers could not decide) or 3 (RUN_DIR is
+    not a run directory).
 
     RUN_DIR is a local path or a file:// URI (the checker reads the manifest and writes the reports itself;
     on a cluster, put runs on a mount every executor sees at the same path)."""
@@ -31,11 +32,8 @@ def check(run_dir: str, spark_master: str | None) -> None:
 
     try:
         local = _run_dir(str(local_run_dir(run_dir)))
-    except (ValueError, click.ClickException) as error:
-        # Why exit 2: nothing was checked, so the verdict is unknown; 1 would claim a violation.
-        click.echo(f"Error: {error.format_message() if isinstance(error, click.ClickException) else error}",
-                   err=True)
-        sys.exit(2)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from error  # a usage error: exit 3 (nothing was checked)
     try:
         code = check_run(local, spark_master)
     except Exception as error:  # noqa: BLE001 - a crashed checker decides nothing: unknown, never pass or fail

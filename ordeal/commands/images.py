@@ -8,6 +8,8 @@ import time
 
 import click
 
+from contracts.exit_codes import EXIT_USAGE
+
 
 @click.group(name="images")
 def images() -> None:
@@ -27,7 +29,7 @@ def build(names: tuple[str, ...], force: bool, as_json: bool) -> None:
         records = build_all(list(names) or None, force=force, log=lambda text: click.echo(text, err=True))
     except ImageError as error:
         click.echo(f"Error: {error}", err=True)
-        sys.exit(3)
+        sys.exit(EXIT_USAGE)
     click.echo(f"images ready in {time.monotonic() - began:.1f} s", err=True)
     if as_json:
         click.echo(json.dumps(records, indent=2))

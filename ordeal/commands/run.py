@@ -11,10 +11,10 @@ from pathlib import Path
 
 import click
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.exit_codes import EXIT_USAGE
+from contracts.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 from harness import netns
-from ordeal.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
-
-LOAD_ERROR_EXIT = 3  # a usage / load error (the brief's exit code for every command)
 
 
 def _scenario_path(name_or_path: str) -> Path:
@@ -145,8 +145,8 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
     """Run SCENARIO (a name from scenarios/ or a .toml path) end to end and record its history."""
     from rich.console import Console
 
+    from contracts.scenario import with_provider
     from harness.run import run_scenario
-    from ordeal.scenario import with_provider
 
     path = _scenario_path(scenario)
     try:
@@ -155,7 +155,7 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
             with_provider(loaded, provider)  # e.g. a fault the provider lacks: refused before anything starts
     except ScenarioError as error:
         click.echo(f"Error: {error}", err=True)
-        sys.exit(LOAD_ERROR_EXIT)
+        sys.exit(EXIT_USAGE)  # a load error (contracts/exit_codes.py)
     where = enter_isolation(isolated)
     console = Console(stderr=True)
     console.print(f"network: {where}")
@@ -211,4 +211,4 @@ def scenarios(directory: Path | None) -> None:
         click.echo(f"{s.name:<24} {s.scenario.tier:<8} {s.target.kind:<9} {s.scenario.duration_s:>6.0f}s  "
                    f"{s.scenario.description}")
     if failed:
-        sys.exit(1)
+        sys.exit(EXIT_USAGE)  # a scenario that does not load (contracts/exit_codes.py)

@@ -138,7 +138,7 @@ def test_planted_defect_is_caught_on_containers(runs):
 
 
 def test_a_fault_the_provider_lacks_is_refused_at_load(tmp_path: Path):
-    from ordeal.scenario import ScenarioError, load_scenario, with_provider
+    from contracts.scenario import ScenarioError, load_scenario, with_provider
 
     with pytest.raises(ScenarioError, match="'net_bandwidth' is not supported by provider 'containers'"):
         load_scenario(ROOT / "tests/data/net-bandwidth-containers.toml")

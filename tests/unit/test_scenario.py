@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ordeal.scenario import (
+from contracts.scenario import (
     ScenarioError,
     default_scenarios_dir,
     find_scenario,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,74 @@ PROTOCOL_KEYS = {"mqtt311": 4, "mqtt5": 5}
 RECONNECT_NODES = ("same", "other", "any")
 
 
-def known_fault_kinds() -> tuple[str, ...]:
-    """The fault kinds the nemesis implements (faults/catalog.py registers them).  A scenario naming any
-    other kind is rejected on load, never silently run without it."""
-    from faults.catalog import FAULT_KINDS
+# --------------------------------------------------------------------------------------------------
+# What the stages register into the model.  This module imports no stage (it is the bottom layer): the
+# fault kinds belong to faults/ (faults/catalog.py registers them at import), the [topology] table to the
+# harness (harness/topology_config.py registers it), the [broker] table to the reference broker (registered
+# by harness/model.py).  Whoever loads a scenario imports harness.model first (ordeal's commands do).
+# --------------------------------------------------------------------------------------------------
 
-    return tuple(sorted(FAULT_KINDS))
+
+@dataclass(frozen=True)
+class FaultCatalog:
+    """The fault-kind knowledge the scenario model validates [faults] against (faults/catalog.py)."""
+
+    kinds: tuple[str, ...]
+    target_type: Callable[[str], str]  # kind -> "node" | "client" | "none"
+    validate: Callable[[Mapping[str, Any]], Any]  # a plan fault dict; raises ValueError naming what is wrong
+    full_params: Callable[[str, Mapping[str, Any]], dict[str, Any]]  # every parameter, defaults filled
+    default_targets: Mapping[str, tuple[str, ...]]  # kind -> selectors drawn when the scenario names none
+    log_losing_kinds: tuple[str, ...]  # kinds that take a node down (an in-memory Kafka log is lost)
+    kafka_role_of: Callable[[str], str | None]  # selector -> 'kafka' | 'storage' | None
+    # (provider, kinds) -> one sentence per kind that topology provider cannot play (empty: all supported)
+    provider_gaps: Callable[[str, Iterable[str]], list[str]] = lambda provider, kinds: []
+
+
+@dataclass(frozen=True)
+class TopologyModel:
+    """The [topology] table's validation (harness/topology_config.py)."""
+
+    normalise: Callable[[Mapping[str, Any], str], dict[str, Any]]  # (mapping, source) -> every key filled
+    kill_loses_log: Callable[[Mapping[str, Any], str], str]  # (normalised, 'kafka'|'storage') -> why, or ''
+
+
+_FAULTS: list[FaultCatalog] = []
+_TOPOLOGY: list[TopologyModel] = []
+_BROKER: list[Callable[[Mapping[str, Any], str], Any]] = []
+
+
+def register_fault_catalog(catalog: FaultCatalog) -> None:
+    _FAULTS[:] = [catalog]
+
+
+def register_topology_model(model: TopologyModel) -> None:
+    _TOPOLOGY[:] = [model]
+
+
+def register_broker_validator(validate: Callable[[Mapping[str, Any], str], Any]) -> None:
+    """``validate(table, source)`` raises ValueError/TypeError naming the key when [broker] is wrong."""
+    _BROKER[:] = [validate]
+
+
+def _registered(registry: list[Any], what: str) -> Any:
+    if not registry:
+        raise RuntimeError(f"the scenario model has no {what} registered: import harness.model before loading "
+                           "or planning a scenario (contracts/ imports no stage; the stages register into it)")
+    return registry[0]
+
+
+def fault_catalog() -> FaultCatalog:
+    return _registered(_FAULTS, "fault catalog (faults/catalog.py)")
+
+
+def topology_model() -> TopologyModel:
+    return _registered(_TOPOLOGY, "topology model (harness/topology_config.py)")
+
+
+def known_fault_kinds() -> tuple[str, ...]:
+    """The fault kinds the nemesis implements.  A scenario naming any other kind is rejected on load, never
+    silently run without it."""
+    return tuple(sorted(fault_catalog().kinds))
 
 
 # The invariant vocabulary of docs/architecture.md (scenarios' checks.allowed uses these ids).
@@ -44,7 +106,7 @@ INVARIANT_IDS: tuple[str, ...] = (
     "meta.history_complete", "meta.fault_bit", "meta.checker_error",
 )
 
-MIN_PAYLOAD_SIZE = 32  # the identity header (harness/payload.py) is 23 bytes; architecture.md fixes 32
+MIN_PAYLOAD_SIZE = 32  # the identity header (contracts/payload.py) is 23 bytes; architecture.md fixes 32
 MAX_PACKET_ID = 65535
 
 
@@ -120,7 +182,7 @@ class FaultSpec:
 
     ``targets``: per kind, the selectors a fault of that kind draws from (``{subscriber}`` = a subscriber
     the plan keeps connected during the fault); ``params``: per kind, fixed parameters; ``choices``: per
-    kind, parameter -> values drawn per fault.  Kinds needing a node target default to DEFAULT_TARGETS."""
+    kind, parameter -> values drawn per fault.  Kinds needing a node target default to faults/catalog.py DEFAULT_TARGETS."""
 
     mix: tuple[tuple[str, float], ...] = ()
     quiet_s: tuple[float, float] = (2.0, 5.0)
@@ -408,7 +470,7 @@ def _read_info(s: _Section) -> ScenarioInfo:
 
 
 def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
-    """Validated by the topology's own TopologyConfig (harness/topology_config.py); the scenario keeps its
+    """Validated by the topology's own TopologyConfig (harness/topology_config.py, registered); the scenario keeps its
     normalised mapping."""
     if table is not None and not isinstance(table, dict):
         raise ScenarioError(f"{source}: [topology] must be a table, got {table!r}")
@@ -417,10 +479,8 @@ def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
     if isinstance(mapping["broker_nodes"], int) and mapping["broker_nodes"] < 1:
         raise ScenarioError(f"{source}: [topology] broker_nodes = {mapping['broker_nodes']!r}: the reference "
                             "target needs at least 1 broker node")
-    from harness.topology_config import TopologyConfig
-
     try:
-        return TopologyConfig.from_mapping(mapping, source=f"{source} [topology]").to_dict()
+        return topology_model().normalise(mapping, f"{source} [topology]")
     except ValueError as error:
         raise ScenarioError(str(error)) from error
 
@@ -465,10 +525,9 @@ def _read_broker(source: str, table: Any) -> Mapping[str, Any]:
         return {}
     if not isinstance(table, dict):
         raise ScenarioError(f"{source}: [broker] must be a table, got {table!r}")
-    from reference_broker.config import BrokerConfig  # the reference broker validates its own configuration
-
+    validate = _registered(_BROKER, "broker validator (harness/model.py)")
     try:
-        BrokerConfig.from_mapping(table, source=f"{source} [broker]")
+        validate(table, f"{source} [broker]")  # the reference broker validates its own configuration
     except (ValueError, TypeError) as error:
         raise ScenarioError(str(error) if source in str(error) else f"{source}: [broker] {error}") from error
     return dict(table)
@@ -533,17 +592,6 @@ def _read_subscribers(s: _Section) -> SubscriberSpec:
     return spec
 
 
-# Node targets a kind draws from when the scenario names none: the slot owner of a steady subscriber's
-# messages (the fault that matters most for a session store), any replica, the Kafka broker, a broker node.
-DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
-    "process_kill": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
-    "process_stop": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
-    "process_pause": ("redis-master-of:{subscriber}", "redis-random-replica"),
-    "process_restart": ("redis-master-of:{subscriber}", "kafka", "broker-random"),
-    "redis_failover": ("redis-master-of:{subscriber}",),
-    "net_isolate": ("redis-master-of:{subscriber}",),
-    "client_flap": ("{subscriber}",),
-}
 PLACEHOLDERS = ("{subscriber}",)
 PLACEHOLDER_EXAMPLE = "test_sub_client_0_0"  # stands in for {subscriber} when validating at load time
 
@@ -561,10 +609,7 @@ def fill_placeholders(value: Any, subscriber: str) -> Any:
 
 def full_fault_params(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """Every parameter of the kind with defaults filled (plan.json holds the full parameters)."""
-    import faults.catalog  # noqa: F401  (registers every kind)
-    from faults.base import normalise_params
-
-    return normalise_params(kind, params)
+    return fault_catalog().full_params(kind, params)
 
 
 def uses_placeholder(value: Any) -> bool:
@@ -596,7 +641,7 @@ def _read_faults(s: _Section) -> FaultSpec:
     params: list[tuple[str, Mapping[str, Any]]] = []
     choices: list[tuple[str, tuple[tuple[str, tuple[Any, ...]], ...]]] = []
     for kind in sorted(mix):
-        selectors = targets_raw.get(kind, DEFAULT_TARGETS.get(kind, ()))
+        selectors = targets_raw.get(kind, fault_catalog().default_targets.get(kind, ()))
         if isinstance(selectors, str):
             selectors = [selectors]
         if not isinstance(selectors, list | tuple) or not all(isinstance(t, str) and t for t in selectors):
@@ -626,13 +671,11 @@ def _read_faults(s: _Section) -> FaultSpec:
 def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fixed: dict[str, Any],
                          drawn: dict[str, list[Any]]) -> None:
     """Every target and every drawn parameter value must make a valid fault (faults/catalog.py decides)."""
-    from faults.base import FaultSpecError, kind_info
-    from faults.catalog import validate_spec
-
-    info = kind_info(kind)
-    if info.target in ("node", "client") and not selectors:
+    catalog = fault_catalog()
+    target_type = catalog.target_type(kind)
+    if target_type in ("node", "client") and not selectors:
         raise s.fail(f"targets.{kind}", [], f"fault kind {kind!r} needs a target; give a list of selectors")
-    if info.target == "none" and selectors:
+    if target_type == "none" and selectors:
         raise s.fail(f"targets.{kind}", list(selectors), f"fault kind {kind!r} takes no target")
     variants = [dict(fixed)] + [{**fixed, name: value} for name, values in drawn.items() for value in values]
     for target in selectors or (None,):
@@ -641,21 +684,15 @@ def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fix
                     "target": fill_placeholders(target, PLACEHOLDER_EXAMPLE) if target else None,
                     "params": fill_placeholders(params, PLACEHOLDER_EXAMPLE)}
             try:
-                validate_spec(spec)
-            except FaultSpecError as error:
+                catalog.validate(spec)
+            except ValueError as error:
                 where = f"targets.{kind}" if target is not None else f"params.{kind}"
                 raise s.fail(where, target if target is not None else params, str(error)) from None
 
 
-# Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
-LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart")
-
-
 def refuse_unsupported_faults(source: str, provider: str, faults: FaultSpec) -> None:
     """A fault kind the topology provider cannot play is refused at load (faults/catalog.py PROVIDER_GAPS)."""
-    from faults.catalog import unsupported_faults
-
-    problems = unsupported_faults(provider, (kind for kind, _weight in faults.mix))
+    problems = fault_catalog().provider_gaps(provider, [kind for kind, _weight in faults.mix])
     if problems:
         raise ScenarioError(f"{source} [faults]: " + "; ".join(problems))
 
@@ -665,13 +702,12 @@ def with_provider(scenario: Scenario, provider: str) -> Scenario:
     validated again (a fault the provider lacks is refused here, before anything starts)."""
     from dataclasses import replace
 
-    from harness.topology_config import PROVIDERS
-
-    if provider not in PROVIDERS:
-        raise ScenarioError(f"--provider {provider!r}: use one of {', '.join(map(repr, PROVIDERS))}")
-    topology = dict(scenario.topology)
+    try:  # the topology model says which providers exist
+        topology_model().normalise({"provider": provider}, "--provider")
+    except ValueError as error:
+        raise ScenarioError(str(error)) from error
     if scenario.target.kind == "reference":
-        topology = dict(_read_topology(scenario.source, {**topology, "provider": provider}))
+        topology = dict(_read_topology(scenario.source, {**scenario.topology, "provider": provider}))
     else:
         topology = {"provider": provider} if provider != "local" else {}
     refuse_unsupported_faults(scenario.source, provider, scenario.faults)
@@ -683,16 +719,13 @@ def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: F
     Kafka stand-in acknowledged: the run would blame the broker under test for the stand-in's loss, so the
     scenario is refused here, before a run directory exists (faults/process.py refuses it again at run time
     for plans that bypass this file)."""
-    from faults.targets import kafka_role_of
-    from harness.topology_config import TopologyConfig
-
     if not topology:
         return
-    config = TopologyConfig.from_mapping(topology, source=f"{source} [topology]")
-    for kind in LOG_LOSING_KINDS:
+    catalog = fault_catalog()
+    for kind in catalog.log_losing_kinds:
         for selector in faults.targets_of(kind):
-            role = kafka_role_of(fill_placeholders(selector, PLACEHOLDER_EXAMPLE))
-            why = config.destructive_kill_loses_log(role) if role else ""
+            role = catalog.kafka_role_of(fill_placeholders(selector, PLACEHOLDER_EXAMPLE))
+            why = topology_model().kill_loses_log(topology, role) if role else ""
             if why:
                 raise ScenarioError(f"{source}: [faults] targets.{kind} = {selector!r}: {why}.")
 

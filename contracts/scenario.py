@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.invariants import DEFAULT_CLOCK_TOLERANCE_MS, DEFAULT_PIPELINE_SLACK_MS, IDS
+
 TIERS = ("smoke", "nightly", "soak")
 TARGET_KINDS = ("reference", "external")
 PATTERNS = ("p2p", "fan-in")
@@ -67,8 +69,9 @@ def register_topology_model(model: TopologyModel) -> None:
     _TOPOLOGY[:] = [model]
 
 
-def register_broker_validator(validate: Callable[[Mapping[str, Any], str], Any]) -> None:
-    """``validate(table, source)`` raises ValueError/TypeError naming the key when [broker] is wrong."""
+def register_broker_validator(validate: Callable[[Mapping[str, Any], str], dict[str, Any]]) -> None:
+    """``validate(table, source)`` raises ValueError/TypeError naming the key when [broker] is wrong, else
+    returns the reference broker's whole configuration (every default filled: scenario.json's "broker")."""
     _BROKER[:] = [validate]
 
 
@@ -93,18 +96,8 @@ def known_fault_kinds() -> tuple[str, ...]:
     return tuple(sorted(fault_catalog().kinds))
 
 
-# The invariant vocabulary of docs/architecture.md (scenarios' checks.allowed uses these ids).
-INVARIANT_IDS: tuple[str, ...] = (
-    "durability.lost", "durability.session_lost", "durability.phantom",
-    "durability.unsubscribed_delivery", "durability.delivered_after_failed_publish",
-    "order.out_of_order", "order.packet_id_invalid", "order.packet_id_reused", "order.dup_flag",
-    "expiry.delivered_expired", "expiry.remaining_not_reduced", "expiry.dropped_early",
-    "limits.over_limit", "limits.trimmed_under_limit", "limits.trim_not_oldest",
-    "duplicates.redelivered_after_ack", "duplicates.qos2",
-    "whitebox.orphan_payloads", "whitebox.dangling_refs", "whitebox.last_packet_id_behind",
-    "liveness.unseen_over_time", "liveness.stuck_inflight",
-    "meta.history_complete", "meta.fault_bit", "meta.checker_error",
-)
+# The invariant vocabulary (scenarios' checks.allowed uses these ids): contracts/invariants.py.
+INVARIANT_IDS: tuple[str, ...] = IDS
 
 MIN_PAYLOAD_SIZE = 32  # the identity header (contracts/payload.py) is 23 bytes; architecture.md fixes 32
 MAX_PACKET_ID = 65535
@@ -205,10 +198,8 @@ class FaultSpec:
 
 @dataclass(frozen=True)
 class CheckSpec:
-    clock_tolerance_ms: int = 500
-    # How long an acknowledged message may still be in the broker's pipeline (Kafka -> Redis) when a
-    # subscriber reconnects; the black-box limit rules count only the backlog acknowledged before that.
-    pipeline_slack_ms: int = 2000
+    clock_tolerance_ms: int = DEFAULT_CLOCK_TOLERANCE_MS  # defaults: contracts/invariants.py
+    pipeline_slack_ms: int = DEFAULT_PIPELINE_SLACK_MS
     allowed: tuple[str, ...] = ()
 
 
@@ -227,6 +218,13 @@ class Scenario:
     @property
     def name(self) -> str:
         return self.scenario.name
+
+    def broker_config(self) -> dict[str, Any]:
+        """The reference broker's whole configuration for this scenario: the [broker] table with the broker's
+        own defaults filled in (so the checker judges limits and TTLs against the broker's values, and keeps
+        no copy of them)."""
+        validate = _registered(_BROKER, "broker validator (harness/model.py)")
+        return _plain(validate(self.broker, f"{self.source} [broker]"))
 
     def to_dict(self) -> dict[str, Any]:
         """The normalised scenario, JSON-able, every default filled in (written as scenario.json)."""
@@ -254,11 +252,14 @@ class Scenario:
             del workload["publishers"], workload["subscribers"]
         else:
             del workload["pairs"]
+        from contracts.versions import SCENARIO_VERSION
+
         return {
+            "schema_version": SCENARIO_VERSION,
             "scenario": asdict(self.scenario),
             "topology": _plain(self.topology),
             "target": target,
-            "broker": _plain(self.broker),
+            "broker": self.broker_config() if self.target.kind == "reference" else _plain(self.broker),
             "workload": workload,
             "subscribers": subscribers,
             "faults": faults,
@@ -421,6 +422,15 @@ def parse_scenario(text: str, *, source: str = "<string>") -> Scenario:
 
 
 def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mapping>") -> Scenario:
+    """A scenario from its TOML tables, or from a scenario.json (``schema_version``: refused if unknown)."""
+    if "schema_version" in document:
+        from contracts.versions import SchemaVersionError, check_version
+
+        try:
+            check_version(dict(document), source, "scenario.json")
+        except SchemaVersionError as error:
+            raise ScenarioError(str(error)) from error
+        document = {k: v for k, v in document.items() if k != "schema_version"}
     unknown = sorted(set(document) - set(SECTIONS))
     if unknown:
         raise ScenarioError(f"{source}: unknown section [{unknown[0]}]; allowed sections: {', '.join(SECTIONS)}")
@@ -736,7 +746,7 @@ def _read_checks(s: _Section) -> CheckSpec:
     allowed = s.strings("allowed")
     for invariant in allowed:
         if invariant not in INVARIANT_IDS:
-            raise s.fail("allowed", invariant, "unknown invariant id; see docs/architecture.md for the list")
+            raise s.fail("allowed", invariant, f"unknown invariant id; known ids: {', '.join(IDS)}")
     s.finish()
     return CheckSpec(clock_tolerance_ms=tolerance, pipeline_slack_ms=slack, allowed=tuple(sorted(set(allowed))))
 

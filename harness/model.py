@@ -17,8 +17,8 @@ from contracts import scenario as scenario_model
 from reference_broker.config import BrokerConfig
 
 
-def _validate_broker(table: Mapping[str, Any], source: str) -> None:
-    BrokerConfig.from_mapping(table, source=source)
+def _validate_broker(table: Mapping[str, Any], source: str) -> dict[str, Any]:
+    return BrokerConfig.from_mapping(table, source=source).to_dict()
 
 
 scenario_model.register_broker_validator(_validate_broker)

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contracts.versions import read_json
+
 TIERS = ("smoke", "full")
 ROLES = ("defect", "correct", "false_alarm", "blackbox")
 # outcome of one judged run
@@ -137,7 +139,7 @@ def parse_matrix(document: Mapping[str, Any], *, source: str, root: Path = REPO_
     if catalog is None:
         from reference_broker.defects import CATALOG as catalog
     if invariant_ids is None:
-        from spark_checkers.invariants import IDS as invariant_ids
+        from contracts.invariants import IDS as invariant_ids
     unknown_tables = sorted(set(document) - {"entry", "false_alarm", "blackbox"})
     if unknown_tables:
         raise MatrixError(f"{source}: unknown table(s) {', '.join(unknown_tables)}; allowed: entry, false_alarm, "
@@ -407,7 +409,7 @@ def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = N
                  log: Callable[[str], None] = print) -> SelftestResult:
     """Run every job of the tier one after the other, then check all runs in one Spark job, judge, write
     selftest.json + selftest.html under ``out``."""
-    from harness.run import run_scenario
+    from ordeal import pipeline
 
     started = time.monotonic()
     out = Path(out)
@@ -424,8 +426,7 @@ def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = N
         log(f"[{number}/{len(jobs)}] {job.label}: {_relative(job.scenario)} seed {job.seed}")
         mark = time.monotonic()
         try:
-            run = run_scenario(scenario_path, job.seed, out / "runs" / job.label, check=False,
-                               spark_master=spark_master)
+            run = pipeline.run(scenario_path, job.seed, out / "runs" / job.label, check=False)
         except KeyboardInterrupt:
             raise
         except Exception as error:  # noqa: BLE001 - one broken run is an unknown row, not a crashed selftest
@@ -472,7 +473,7 @@ def rejudge(out: Path, matrix: Matrix) -> SelftestResult:
                   tuple(row["expect"]))
         report = None
         if row["run_dir"] and (Path(row["run_dir"]) / "report.json").is_file():
-            report = json.loads((Path(row["run_dir"]) / "report.json").read_text())
+            report = read_json(Path(row["run_dir"]) / "report.json")
         result.rows.append(judge(job, report, run_s=row["run_s"], run_dir=row["run_dir"], replay=row["replay"],
                                  run_error=row["reason"] if report is None else ""))
     result.rows = discount_shared_failures(result.rows)
@@ -481,13 +482,13 @@ def rejudge(out: Path, matrix: Matrix) -> SelftestResult:
 
 
 def _check_all(run_dirs: list[Path], spark_master: str | None) -> dict[Path, dict[str, Any]]:
-    from spark_checkers.api import check_runs
-    from spark_checkers.reports import write_reports
+    """The pipeline's one check-and-write path: reports written and the check recorded in each summary.json."""
+    from ordeal import pipeline
 
-    reports = check_runs(run_dirs, spark_master=spark_master)
-    for run_dir, report in zip(run_dirs, reports, strict=True):
-        write_reports(run_dir, report)
-    return dict(zip(run_dirs, reports, strict=True))
+    checked = pipeline.check_and_record(run_dirs, spark_master=spark_master)
+    if checked and all(c.report is None for c in checked) and checked[0].failure:
+        raise RuntimeError(checked[0].failure)
+    return {c.run_dir: c.report for c in checked if c.report is not None}
 
 
 def _catalog() -> Mapping[str, Any]:
@@ -543,31 +544,30 @@ def markdown(document: Mapping[str, Any]) -> str:
 
 def junit_xml(document: Mapping[str, Any]) -> str:
     """One test case per judged run (CI): missed / violation -> <failure>, unknown -> <error>, black-box
-    findings -> a passing case whose system-out lists what failed."""
-    from xml.etree import ElementTree as ET
+    findings -> a passing case whose system-out lists what failed.  Written by the one JUnit writer."""
+    from spark_checkers.junit import Case
+    from spark_checkers.junit import junit_xml as write_junit
 
-    rows = document["rows"]
-    suite = ET.Element("testsuite", name=f"ordeal.selftest.{document['tier']}", tests=str(len(rows)),
-                       failures=str(sum(r["outcome"] in (MISSED, VIOLATION) for r in rows)),
-                       errors=str(sum(r["outcome"] == UNKNOWN for r in rows)),
-                       time=str(document.get("total_s") or 0))
-    for r in rows:
-        case = ET.SubElement(suite, "testcase", classname=f"selftest.{r['role']}", name=r["label"],
-                             time=str(r["run_s"] or 0))
+    cases = []
+    for r in document["rows"]:
+        classname, name, time_s = f"selftest.{r['role']}", r["label"], r["run_s"] or 0
         text = r["witness"] or r["reason"] or ""
         if r["outcome"] == MISSED:
-            ET.SubElement(case, "failure", message=f"defect {r['defect']} not caught by "
-                          f"{', '.join(r['expect'])}; failed: {', '.join(r['failed']) or 'nothing'}").text = text
+            cases.append(Case(classname, name, "failure", f"defect {r['defect']} not caught by "
+                              f"{', '.join(r['expect'])}; failed: {', '.join(r['failed']) or 'nothing'}", text, time_s))
         elif r["outcome"] == VIOLATION:
-            ET.SubElement(case, "failure", message=f"correct broker violated {', '.join(r['failed'])}").text = text
+            cases.append(Case(classname, name, "failure", f"correct broker violated {', '.join(r['failed'])}",
+                              text, time_s))
         elif r["outcome"] == UNKNOWN:
-            ET.SubElement(case, "error", message="unknown").text = text
+            cases.append(Case(classname, name, "error", "unknown", text, time_s))
         elif r["outcome"] == FINDING:
-            ET.SubElement(case, "system-out").text = f"failed: {', '.join(r['failed']) or 'nothing'}\n{text}"
+            cases.append(Case(classname, name, text=f"failed: {', '.join(r['failed']) or 'nothing'}\n{text}",
+                              time_s=time_s))
+        else:
+            cases.append(Case(classname, name, time_s=time_s))
     for uncovered in document.get("uncovered", []):
-        case = ET.SubElement(suite, "testcase", classname="selftest.defect", name=f"defect-{uncovered}")
-        ET.SubElement(case, "error", message="no matrix entry for this catalog defect")
-    return ET.tostring(suite, encoding="unicode")
+        cases.append(Case("selftest.defect", f"defect-{uncovered}", "error", "no matrix entry for this catalog defect"))
+    return write_junit(f"ordeal.selftest.{document['tier']}", cases, document.get("total_s") or 0)
 
 
 _COLUMNS = ("role", "defect", "scenario", "seed", "expected", "outcome", "failed", "detect s", "run s")

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The tests: set everything up (idempotent), then run lint, the unit tests and the integration tests
-# against the real local stack. Extra arguments go to pytest (e.g. -k wraparound, -m "not slow").
+# The tests: set everything up (idempotent), then run lint, the layer contract (import-linter, pyproject.toml
+# [tool.importlinter]), the unit tests and the integration tests against the real local stack. Extra
+# arguments go to pytest (e.g. -k wraparound, -m "not slow").  No reruns: an intermittent failure is a
+# finding (a test that truly needs a retry says so itself, with a marker and its reason).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$here/scripts/bootstrap.sh"
 cd "$here"
 .venv/bin/ruff check .
+.venv/bin/lint-imports
 # The containers provider's images (tests marked `containers`): built once from Debian packages, then reused
 # by content hash (first build ~2.5 min, reuse < 1 s).  Root only (rootful Podman); in the host's network
 # namespace, since apt-get inside the builds needs the mirror.
 if [ "$(id -u)" = 0 ] && command -v podman >/dev/null 2>&1 && [ "${ORDEAL_CONTAINERS:-1}" != 0 ]; then
   .venv/bin/ordeal images build
 fi
-exec .venv/bin/python -m pytest -ra --reruns 1 --reruns-delay 2 "$@"
+exec .venv/bin/python -m pytest -ra "$@"

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.invariants import INVARIANTS
+from contracts.versions import REPORT_VERSION
 from spark_checkers import CHECKER_VERSION
 from spark_checkers.explain import explain, loss_gaps
-from spark_checkers.invariants import INVARIANTS
 from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
 from spark_checkers.loader import RunInput, local_run_dir, open_run
 from spark_checkers.timeline import Timeline, build_timeline
@@ -194,6 +195,7 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
                                        invariant.reported_only, details))
     code = exit_code(results)
     return {
+        "schema_version": REPORT_VERSION,
         "checker_version": CHECKER_VERSION,
         "run_dir": str(run.run_dir),
         "verdict": {0: "pass", 1: "fail", 2: "unknown"}[code],

@@ -146,7 +146,7 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
     from rich.console import Console
 
     from contracts.scenario import with_provider
-    from harness.run import run_scenario
+    from ordeal import pipeline
 
     path = _scenario_path(scenario)
     try:
@@ -160,7 +160,7 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
     console = Console(stderr=True)
     console.print(f"network: {where}")
     with RichReporter(console) as reporter:
-        result = run_scenario(path, seed, out, reporter=reporter, check=check, spark_master=spark_master,
+        result = pipeline.run(path, seed, out, reporter=reporter, check=check, spark_master=spark_master,
                               provider=provider)
     counts = result.summary.get("counts", {})
     console.print(f"published {counts.get('published')}  acked {counts.get('acked')}  failed "

@@ -27,7 +27,7 @@ from harness import netns
 from harness.history import read_history
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not netns.is_root(), reason="isolation needs root")]
+              pytest.mark.root(reason="isolation needs root")]
 ROOT = Path(__file__).resolve().parents[2]
 
 TINY_PARTITION = """

@@ -302,7 +302,7 @@ def test_subscribers_move_between_two_reference_broker_nodes(out_dir: Path, tmp_
 def test_replay_command_hook_and_a_check_recorded_later(out_dir: Path):
     """run_scenario(replay_command=...) shows the caller's command; a --no-check run is checked afterwards
     with check_runs_later (one Spark session for many runs) and its summary.json gets the verdict."""
-    from harness.run import check_runs_later, record_check
+    from ordeal.pipeline import check_runs_later, record_check
 
     result = run_scenario(find_scenario("mosquitto-smoke"), 4, out_dir, check=False,
                           replay_command="ordeal replay {run_dir}")

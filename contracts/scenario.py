@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,8 @@ class FaultCatalog:
     # (kind, selectors, parameter variants, target name) -> why the fault cannot apply to an external target
     # (one broker node and its clients), naming the key: "targets.K = 'x': ..." / "params.K.a = ...: ..."; or ''
     external_refusal: Callable[[str, tuple[str, ...], list[Mapping[str, Any]], str], str] = lambda *args: ""
+    # (provider, kinds) -> one sentence per kind that topology provider cannot play (empty: all supported)
+    provider_gaps: Callable[[str, Iterable[str]], list[str]] = lambda provider, kinds: []
 
 
 @dataclass(frozen=True)
@@ -476,12 +478,22 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     broker_table = document.get("broker") if isinstance(document.get("broker"), dict) else {}
     target = _read_target(_Section(source, "target", document.get("target")), broker_table)
     if target.kind == "external":
-        for section in ("topology", "broker"):
-            if document.get(section):
+        # An external target may choose its topology provider; everything else in [topology] and [broker]
+        # configures the reference broker's own stack.
+        given = document.get("topology") if isinstance(document.get("topology"), dict) else {}
+        for section, extra in (("topology", sorted(set(given) - {"provider"})), ("broker", document.get("broker"))):
+            if extra:
                 raise ScenarioError(
-                    f"{source}: [{section}] configures the local reference-broker topology only; remove it "
-                    "for an external target (configure that broker through [target] config_text)")
+                    f"{source}: [{section}] configures the local reference-broker topology only (an external "
+                    "target takes [topology] provider alone); remove it for an external target (configure "
+                    "that broker through [target] config_text)")
         topology: Mapping[str, Any] = {}
+        if given.get("provider", "local") != "local":
+            try:
+                topology = {"provider": topology_model().normalise(
+                    {"provider": given["provider"]}, f"{source} [topology]")["provider"]}
+            except ValueError as error:
+                raise ScenarioError(str(error)) from error
     else:
         topology = _read_topology(source, document.get("topology"))
     broker = _read_broker(source, document.get("broker"))
@@ -492,6 +504,7 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     _refuse_log_losing_kills(source, topology, faults)
     if target.kind == "external":
         _refuse_inapplicable_to_external(source, target, faults, workload)
+    refuse_unsupported_faults(source, str(topology.get("provider", "local")), faults)
 
     return Scenario(source=source, scenario=info, topology=topology, target=target, broker=broker,
                     workload=workload, subscribers=subscribers, faults=faults, checks=checks)
@@ -815,6 +828,30 @@ def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fix
             except ValueError as error:
                 where = f"targets.{kind}" if target is not None else f"params.{kind}"
                 raise s.fail(where, target if target is not None else params, str(error)) from None
+
+
+def refuse_unsupported_faults(source: str, provider: str, faults: FaultSpec) -> None:
+    """A fault kind the topology provider cannot play is refused at load (faults/catalog.py PROVIDER_GAPS)."""
+    problems = fault_catalog().provider_gaps(provider, [kind for kind, _weight in faults.mix])
+    if problems:
+        raise ScenarioError(f"{source} [faults]: " + "; ".join(problems))
+
+
+def with_provider(scenario: Scenario, provider: str) -> Scenario:
+    """The scenario run on another topology provider (``--provider``): [topology] provider replaced,
+    validated again (a fault the provider lacks is refused here, before anything starts)."""
+    from dataclasses import replace
+
+    try:  # the topology model says which providers exist
+        topology_model().normalise({"provider": provider}, "--provider")
+    except ValueError as error:
+        raise ScenarioError(str(error)) from error
+    if scenario.target.kind == "reference":
+        topology = dict(_read_topology(scenario.source, {**scenario.topology, "provider": provider}))
+    else:
+        topology = {"provider": provider} if provider != "local" else {}
+    refuse_unsupported_faults(scenario.source, provider, scenario.faults)
+    return replace(scenario, topology=topology)
 
 
 def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: FaultSpec) -> None:

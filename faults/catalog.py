@@ -8,7 +8,7 @@ filled) or raises FaultSpecError naming the fault, the kind/parameter/target and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from contracts import scenario as scenario_model
@@ -25,7 +25,31 @@ from faults.base import (
 )
 from faults.targets import SELECTOR_HELP, kafka_role_of, parse_selector
 
-__all__ = ["FAULT_KINDS", "validate_spec", "build_fault", "is_client_fault", "kinds_by_category"]
+__all__ = ["FAULT_KINDS", "validate_spec", "build_fault", "is_client_fault", "kinds_by_category",
+           "PROVIDER_GAPS", "provider_supports", "unsupported_faults"]
+
+# Which fault kinds each topology provider lacks, and why (every kind not listed here is supported).  One
+# source: scenario loading refuses a scenario that asks a provider for one of these (exit code 3), and
+# docs/faults.md prints this table.
+PROVIDER_GAPS: dict[str, dict[str, str]] = {
+    "local": {},
+    "containers": {
+        "net_bandwidth": "bandwidth limits are tc htb classes on the harness' lo; container traffic crosses the "
+                         "run's bridge instead, and no shaping for it is built (no netem in this kernel, no "
+                         "toxiproxy binary on these machines)",
+    },
+}
+
+
+def provider_supports(provider: str, kind: str) -> bool:
+    return kind not in PROVIDER_GAPS.get(provider, {})
+
+
+def unsupported_faults(provider: str, kinds: Iterable[str]) -> list[str]:
+    """One sentence per kind the provider lacks: 'fault KIND is not supported by provider P: REASON'."""
+    gaps = PROVIDER_GAPS.get(provider, {})
+    return [f"fault {kind!r} is not supported by provider {provider!r}: {gaps[kind]}"
+            for kind in sorted(set(kinds)) if kind in gaps]
 
 
 def validate_spec(fault: FaultSpec | Mapping[str, Any]) -> FaultSpec:
@@ -155,4 +179,5 @@ scenario_model.register_fault_catalog(scenario_model.FaultCatalog(
     log_losing_kinds=LOG_LOSING_KINDS,
     kafka_role_of=kafka_role_of,
     external_refusal=external_refusal,
+    provider_gaps=unsupported_faults,
 ))

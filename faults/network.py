@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -57,8 +58,9 @@ def interfaces() -> list[str]:
     return sorted(line.split(":", 1)[0].strip() for line in lines if ":" in line)
 
 
-def require_private_netns(what: str) -> None:
+def require_private_netns(what: str, place: NftPlace | None = None) -> None:
     """Refuse, with the reason, unless network faults are safe and possible here."""
+    place = place or LOCAL_PLACE
     if os.geteuid() != 0:
         raise FaultNotApplicable(f"{what}: network faults need root (nftables/tc in a private network "
                                  f"namespace); this process runs as uid {os.geteuid()}")
@@ -66,13 +68,43 @@ def require_private_netns(what: str) -> None:
         raise FaultNotApplicable(f"{what}: network faults run only inside the run's private network "
                                  f"namespace ({NETNS_MARKER}=private, set by harness/netns.py); this run "
                                  "was not started isolated")
-    others = [name for name in interfaces() if name != "lo"]
+    others = [name for name in interfaces()
+              if name != "lo" and not name.startswith(place.allowed_interfaces or ("\0",))]
     if others:
         raise FaultNotApplicable(f"{what}: refusing to touch this network namespace: it has interfaces "
                                  f"{', '.join(others)} besides lo, so it is not a private one the run created")
     for tool in ("nft", "tc"):
         if shutil.which(tool) is None:
             raise FaultNotApplicable(f"{what}: `{tool}` is not installed (apt-get install nftables iproute2)")
+
+
+@dataclass(frozen=True)
+class NftPlace:
+    """Where a topology's drop rules go.  Local nodes share the harness' namespace on their own 127.0.0.x:
+    one chain on the inet input hook.  Containers (harness/containers/) sit on the run's bridge inside the
+    harness' namespace: bridge-family chains on the forward (container <-> container), input (container ->
+    harness) and output (harness -> container) hooks, so every packet between two addresses meets the rules
+    exactly once.  A topology names its place with a ``network_fault_place`` attribute ("bridge")."""
+
+    family: str = "inet"
+    hooks: tuple[str, ...] = ("input",)
+    # interfaces besides lo the private namespace may hold (name prefixes), e.g. the run's bridge
+    allowed_interfaces: tuple[str, ...] = ()
+
+    def chains(self, base: str) -> list[tuple[str, str]]:
+        """(chain name, hook) per hook; one hook keeps the plain chain name."""
+        if len(self.hooks) == 1:
+            return [(base, self.hooks[0])]
+        return [(f"{base}_{hook[:3]}", hook) for hook in self.hooks]
+
+
+LOCAL_PLACE = NftPlace()
+BRIDGE_PLACE = NftPlace(family="bridge", hooks=("forward", "input", "output"), allowed_interfaces=("podman", "veth"))
+
+
+def place_of(topology: Any) -> NftPlace:
+    """The topology's ``network_fault_place``: "bridge" (containers) or absent (local)."""
+    return {"bridge": BRIDGE_PLACE}.get(getattr(topology, "network_fault_place", None) or "", LOCAL_PLACE)
 
 
 def chain_name(fault_id: str) -> str:
@@ -150,40 +182,46 @@ class DropFault:
         return list(a.values()), list(b.values()), direction, params.get("percent")
 
     def apply(self, ctx: FaultContext) -> Evidence:
-        require_private_netns(f"fault {self.spec.id} ({self.spec.kind})")
+        self.place = place_of(ctx.topology)
+        family = self.place.family
+        require_private_netns(f"fault {self.spec.id} ({self.spec.kind})", self.place)
         a, b, direction, percent = self._sides(ctx)
         rules = drop_rules("isolate" if self.shape == "isolate" else "drop", a, b, percent, direction)
-        script = "\n".join([
-            f"add table inet {TABLE}",
-            f"add chain inet {TABLE} {self.chain} {{ type filter hook input priority 0; policy accept; }}",
-            *(f"add rule inet {TABLE} {self.chain} {rule}" for rule in rules),
-        ]) + "\n"
+        chains = self.place.chains(self.chain)
+        script = "\n".join([f"add table {family} {TABLE}", *(line for chain, hook in chains for line in (
+            f"add chain {family} {TABLE} {chain} {{ type filter hook {hook} priority 0; policy accept; }}",
+            *(f"add rule {family} {TABLE} {chain} {rule}" for rule in rules)))]) + "\n"
         with _lock:
             _run(["nft", "-f", "-"], stdin=script)
             self.installed = True
-            listed = parse_counters(_run(["nft", "-j", "list", "chain", "inet", TABLE, self.chain]))
+            listed = self.counters()
         sides = list(self.sides.values())
         return Evidence.of(
-            Check("drop rules installed", {"table": TABLE, "chain": self.chain, "rules": rules,
-                                           "sides": self.sides, "installed_rules": len(listed)},
-                  len(listed) == len(rules)),
+            Check("drop rules installed", {"table": f"{family} {TABLE}", "chain": self.chain, "rules": rules,
+                                           "hooks": list(self.place.hooks), "sides": self.sides,
+                                           "installed_rules": len(listed)},
+                  len(listed) == len(rules) * len(chains)),
             traffic_check(ctx.topology, sides[0], sides[1] if len(sides) > 1 else None),
         )
 
     def counters(self) -> list[dict[str, int]]:
-        return parse_counters(_run(["nft", "-j", "list", "chain", "inet", TABLE, self.chain]))
+        place = getattr(self, "place", LOCAL_PLACE)
+        return [counter for chain, _hook in place.chains(self.chain)
+                for counter in parse_counters(_run(["nft", "-j", "list", "chain", place.family, TABLE, chain]))]
 
     def heal(self, ctx: FaultContext) -> Evidence:
         if not self.installed:
             return Evidence.of(Check("nothing installed", {"chain": self.chain}, True))
+        place = getattr(self, "place", LOCAL_PLACE)
         with _lock:
             counters = self.counters()
-            _run(["nft", "-f", "-"], stdin=f"flush chain inet {TABLE} {self.chain}\n"
-                                           f"delete chain inet {TABLE} {self.chain}\n")
+            _run(["nft", "-f", "-"], stdin="".join(
+                f"flush chain {place.family} {TABLE} {chain}\ndelete chain {place.family} {TABLE} {chain}\n"
+                for chain, _hook in place.chains(self.chain)))
             self.installed = False
-            _delete_table_if_empty()
+            _delete_table_if_empty(place.family)
             remaining = _run(["nft", "list", "tables"])
-        gone = f"chain {self.chain}" not in _list_table_or_empty()
+        gone = f"chain {self.chain}" not in _list_table_or_empty(place.family)
         dropped = sum(counter["packets"] for counter in counters)
         return Evidence.of(
             Check("packets dropped", {"counters": counters, "packets": dropped}, dropped > 0),
@@ -228,15 +266,15 @@ def traffic_check(topology: Any, a: dict[str, str], b: dict[str, str] | None) ->
                  {"misrouted": misrouted[:20], "misrouted_count": len(misrouted)}, not misrouted)
 
 
-def _list_table_or_empty() -> str:
-    result = subprocess.run(["nft", "list", "table", "inet", TABLE], capture_output=True, text=True, timeout=10)
+def _list_table_or_empty(family: str = "inet") -> str:
+    result = subprocess.run(["nft", "list", "table", family, TABLE], capture_output=True, text=True, timeout=10)
     return result.stdout if result.returncode == 0 else ""
 
 
-def _delete_table_if_empty() -> None:
-    listed = _list_table_or_empty()
+def _delete_table_if_empty(family: str = "inet") -> None:
+    listed = _list_table_or_empty(family)
     if listed and "chain " not in listed:
-        _run(["nft", "delete", "table", "inet", TABLE])
+        _run(["nft", "delete", "table", family, TABLE])
 
 
 # --- bandwidth limit (tc htb on lo) -----------------------------------------------------------------
@@ -267,6 +305,9 @@ class BandwidthFault:
         self.prio: int | None = None
 
     def apply(self, ctx: FaultContext) -> Evidence:
+        if place_of(ctx.topology) is not LOCAL_PLACE:
+            raise FaultNotApplicable(f"fault {self.spec.id} ({self.spec.kind}): bandwidth limits shape lo only; "
+                                     "this topology's traffic crosses a bridge (faults/catalog.py PROVIDER_GAPS)")
         require_private_netns(f"fault {self.spec.id} ({self.spec.kind})")
         params, rng = self.spec.params, ctx.rng_for(self.spec.id)
         cache: dict = {}
@@ -320,11 +361,19 @@ class BandwidthFault:
 def heal_all_network() -> list[str]:
     """Remove every network fault (the whole table, the root qdisc on lo).  Returns what was removed.
     Only inside the private namespace; elsewhere there is nothing of ours to remove."""
+    removed = []
+    try:  # the containers' bridge table (a namespace holding the run's bridge)
+        require_private_netns("heal_all", BRIDGE_PLACE)
+        with _lock:
+            if _list_table_or_empty("bridge"):
+                _run(["nft", "delete", "table", "bridge", TABLE])
+                removed.append(f"nft table bridge {TABLE}")
+    except FaultNotApplicable:
+        pass
     try:
         require_private_netns("heal_all")
     except FaultNotApplicable:
-        return []
-    removed = []
+        return removed
     with _lock:
         if _list_table_or_empty():
             _run(["nft", "delete", "table", "inet", TABLE])

@@ -26,8 +26,34 @@ def pid_gone(pid: int | None) -> bool:
 
 
 def is_stopped(pid: int | None) -> bool:
-    """True when the process is stopped by a signal (SIGSTOP): state 'T' (or 't' under a tracer)."""
-    return proc_state(pid) in ("T", "t")
+    """True when the process is stopped by a signal (SIGSTOP): state 'T' (or 't' under a tracer), or frozen
+    by its cgroup's freezer (a paused container: ``docker/podman pause``)."""
+    return proc_state(pid) in ("T", "t") or freezer_state(pid) == "FROZEN"
+
+
+def freezer_state(pid: int | None) -> str | None:
+    """FROZEN / FREEZING / THAWED of the process' cgroup-v1 freezer (cgroup v2: cgroup.freeze 1 -> FROZEN),
+    or None when it has none or is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/cgroup") as cgroups:
+            lines = cgroups.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _hierarchy, controllers, path = line.split(":", 2)
+        try:
+            if "freezer" in controllers.split(","):
+                with open(f"/sys/fs/cgroup/freezer{path}/freezer.state") as state:
+                    return state.read().strip()
+            if controllers == "" and path != "/":
+                with open(f"/sys/fs/cgroup{path}/cgroup.freeze") as state:
+                    if state.read().strip() == "1":
+                        return "FROZEN"
+        except OSError:
+            continue
+    return None
 
 
 def port_state(host: str, port: int, timeout_s: float = 0.5) -> str:

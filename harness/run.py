@@ -104,7 +104,7 @@ def write_inputs(run_dir: Path, scenario_path: Path, scenario: Scenario, plan: P
 def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs", *,
                  reporter: Reporter | None = None, check: bool = False,
                  stop: threading.Event | None = None, plan: Plan | None = None,
-                 replay_command: str | None = None) -> RunResult:
+                 replay_command: str | None = None, provider: str | None = None) -> RunResult:
     """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts; a run
     that breaks later (a node that will not start, no client can connect, ...) returns exit code 2 with
     the error in summary.json and the traceback in logs/harness-error.log.
@@ -117,6 +117,10 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     reporter = reporter or SilentReporter()
     scenario_path = Path(scenario_path)
     scenario = load_scenario(scenario_path)  # validation first: a bad file starts nothing
+    if provider is not None:  # --provider: the same scenario (and plan) on another topology provider
+        from contracts.scenario import with_provider
+
+        scenario = with_provider(scenario, provider)
     if plan is None:
         plan = make_plan(scenario, seed)
     elif plan.scenario != scenario.name:

@@ -267,6 +267,8 @@ class ReferenceTarget:
         self.run_dir = Path(run_dir).resolve()
         self.recorder = recorder
         self.config = TopologyConfig.from_mapping(scenario.topology, source=f"{scenario.source} [topology]")
+        if self.config.provider == "containers":
+            from harness.containers.topology import ContainerTopology as LocalTopology  # same interface
         self.topology = LocalTopology(self.config, self.run_dir, broker_config=self._write_broker_config)
 
     def _write_broker_config(self, topology: Any) -> Path:
@@ -302,6 +304,9 @@ class ReferenceTarget:
 
     def client_bind_address(self) -> str:
         """With distinct node addresses (private netns) the clients own 127.0.0.1 (harness/addresses.py)."""
+        own = getattr(self.topology, "client_bind_address", None)  # containers: the run network's gateway
+        if own:
+            return own
         return "127.0.0.1" if self.topology.addresses.mode == "distinct" else ""
 
     @property
@@ -342,6 +347,10 @@ def _reference_broker_available() -> bool:
 
 
 def make_target(scenario: Scenario, run_dir: Path, recorder: HistoryRecorder) -> ExternalTarget | ReferenceTarget:
+    if scenario.target.kind == "external" and scenario.topology.get("provider") == "containers":
+        from harness.containers.target import ContainerExternalTarget
+
+        return ContainerExternalTarget(scenario, run_dir, recorder)
     if scenario.target.kind == "external":
         return ExternalTarget(scenario, run_dir, recorder)
     return ReferenceTarget(scenario, run_dir, recorder)

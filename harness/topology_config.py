@@ -18,6 +18,8 @@ from harness import binaries
 APPENDFSYNC = ("always", "everysec", "no")
 KAFKA_STORAGE = ("s3", "s3rver", "moto", "memory", "none")
 REDIS_SERVER_NAMES = ("auto", "redis-server", "valkey-server")
+# Where the topology runs: "local" (host processes, harness/topology.py) or "containers" (harness/containers/).
+PROVIDERS = ("local", "containers")
 
 
 class TopologyConfigError(ValueError):
@@ -40,6 +42,8 @@ class TopologyConfig:
     broker_nodes: int = 0
     # seconds the whole start-up may take before it is declared failed
     ready_timeout_s: float = 60.0
+    # "local" (host processes) or "containers" (the same parts as containers; `ordeal run --provider`)
+    provider: str = "local"
 
     MINIMUMS = {"redis_masters": 3, "redis_replicas_per_master": 0, "redis_node_timeout_ms": 100,
                 "broker_nodes": 0, "ready_timeout_s": 1}
@@ -81,7 +85,8 @@ class TopologyConfig:
             if value < minimum:
                 why = f" ({self.WHY[key]})" if self.WHY[key] else ""
                 raise TopologyConfigError(f"{source}: {key} = {value!r} is below the minimum {minimum}{why}")
-        for key, allowed in (("redis_appendfsync", APPENDFSYNC), ("kafka_storage", KAFKA_STORAGE)):
+        for key, allowed in (("redis_appendfsync", APPENDFSYNC), ("kafka_storage", KAFKA_STORAGE),
+                             ("provider", PROVIDERS)):
             value = getattr(self, key)
             if value not in allowed:
                 raise TopologyConfigError(
@@ -92,6 +97,10 @@ class TopologyConfig:
                 "conditional writes, so two broker nodes producing to one partition at once get the same offset "
                 "and acknowledged records are overwritten (docs/topology.md \"Kafka: Tansu on S3\").  Use "
                 "kafka_storage = 's3' (moto) with several broker nodes, or broker_nodes = 1 with s3rver.")
+        if self.provider == "containers" and self.kafka_storage == "s3rver":
+            raise TopologyConfigError(
+                f"{source}: kafka_storage = 's3rver' with provider = 'containers': there is no s3rver image; use "
+                "kafka_storage = 's3' (moto) or 'memory', or provider = 'local'")
         if not isinstance(self.redis_server, str) or not self.redis_server:
             raise TopologyConfigError(f"{source}: redis_server must be one of {REDIS_SERVER_NAMES} or a path")
         if self.redis_server not in REDIS_SERVER_NAMES and not Path(self.redis_server).is_absolute():
@@ -105,6 +114,8 @@ class TopologyConfig:
 
     def resolve_binaries(self) -> dict[str, Path]:
         """Every binary this configuration needs; raises MissingBinaryError naming the key and binary."""
+        if self.provider == "containers":
+            return {}  # the containers provider runs images (`ordeal images build`), not host binaries
         found: dict[str, Path] = {"redis": binaries.redis_server(self.redis_server)}
         if self.kafka_storage != "none":
             found["tansu"] = binaries.tansu()

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "replay": ("explore", "replay", "Re-run a stored plan against a fresh topology and compare verdicts."),
     "shrink": ("explore", "shrink", "Minimise a failing run's plan."),
     "explore": ("explore", "explore", "Run new seeds of a scenario until a time budget is spent."),
+    "images": ("images", "images", "Build (or reuse) the container images of the containers provider."),
     "selftest": ("selftest", "selftest", "Run the defect detection matrix and the false-alarm budget."),
 }
 

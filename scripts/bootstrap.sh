@@ -35,6 +35,46 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
+# Containers (the containers topology provider, harness/containers/): Podman from Debian with the runc
+# runtime, and debootstrap for the Debian base image (RECIPES.md "Containers").  Skipped with
+# ORDEAL_CONTAINERS=0.  The settings this sandbox needs go into a drop-in file of their own, so an existing
+# /etc/containers/containers.conf is left as it is.
+if [ "${ORDEAL_CONTAINERS:-1}" != 0 ]; then
+  need_ctr=()
+  for pair in podman:podman runc:runc debootstrap:debootstrap nsenter:util-linux; do
+    bin="${pair%%:*}"; pkg="${pair#*:}"
+    command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_ctr+=("$pkg")
+  done
+  if [ ${#need_ctr[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "bootstrap: apt-get install ${need_ctr[*]}"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq >/dev/null
+      apt-get install -y -qq --no-install-recommends "${need_ctr[@]}" netavark aardvark-dns conmon \
+        containernetworking-plugins uidmap >/dev/null
+    else
+      echo "bootstrap: missing container packages: ${need_ctr[*]} (not root: install them yourself; continuing)" >&2
+    fi
+  fi
+  if [ "$(id -u)" = 0 ] && command -v podman >/dev/null 2>&1; then
+    dropin=/etc/containers/containers.conf.d/50-ordeal.conf
+    if [ ! -f "$dropin" ]; then
+      mkdir -p /etc/containers/containers.conf.d
+      cat >"$dropin" <<'CONF'
+# Written by ordeal's scripts/bootstrap.sh (RECIPES.md "Containers: Podman from Debian").
+[containers]
+# the default nofile/nproc limits exceed this sandbox's hard limits: setrlimit EPERM
+default_ulimits = []
+[engine]
+# crun fails here: "cgroups in hybrid mode not supported"
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+CONF
+      echo "bootstrap: wrote $dropin"
+    fi
+  fi
+fi
+
 # s3rver: a disk-backed S3 API, for scenarios that kill Tansu's storage server (kafka_storage = "s3rver";
 # the default S3 API is moto, which honours the conditional writes Tansu needs with concurrent producers).
 if [ ! -x .cache/node/node_modules/.bin/s3rver ] && command -v npm >/dev/null 2>&1; then

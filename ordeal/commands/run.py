@@ -137,23 +137,31 @@ class RichReporter:
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Check the history with spark_checkers at the end (when available).")
 @click.option("--spark-master", default=None, help="Spark master for the checks (default local[*]).")
+@click.option("--provider", type=click.Choice(["local", "containers"]), default=None,
+              help="Topology provider, overriding the scenario's [topology] provider (default: local).")
 @isolation_option
-def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | None, isolated: bool) -> None:
+def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | None, provider: str | None,
+        isolated: bool) -> None:
     """Run SCENARIO (a name from scenarios/ or a .toml path) end to end and record its history."""
     from rich.console import Console
 
+    from contracts.scenario import with_provider
     from ordeal import pipeline
 
     path = _scenario_path(scenario)
     try:
-        load_scenario(path)  # an invalid file must fail here, before a run directory exists
+        loaded = load_scenario(path)  # an invalid file must fail here, before a run directory exists
+        if provider is not None:
+            with_provider(loaded, provider)  # e.g. a fault the provider lacks: refused before anything starts
     except ScenarioError as error:
-        raise click.ClickException(str(error)) from error
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(EXIT_USAGE)  # a load error (contracts/exit_codes.py)
     where = enter_isolation(isolated)
     console = Console(stderr=True)
     console.print(f"network: {where}")
     with RichReporter(console) as reporter:
-        result = pipeline.run(path, seed, out, reporter=reporter, check=check, spark_master=spark_master)
+        result = pipeline.run(path, seed, out, reporter=reporter, check=check, spark_master=spark_master,
+                              provider=provider)
     counts = result.summary.get("counts", {})
     console.print(f"published {counts.get('published')}  acked {counts.get('acked')}  failed "
                   f"{counts.get('failed')}  indeterminate {counts.get('indeterminate')}  delivered "

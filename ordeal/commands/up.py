@@ -10,6 +10,9 @@
             under ``unshare --net --pid --fork --kill-child --mount-proc``, each node gets its own
             127.0.0.x, and a SIGKILL of this process takes every node and the namespace with it.
             PIDs printed in that mode are PIDs inside the run's PID namespace.
+--provider containers   the same topology as containers on the run's own Podman (implies --isolated);
+            poke them from the run's namespace: `nsenter -t PID -n redis-cli -h 10.123.0.11 cluster nodes`,
+            PID being the `ordeal up` process you started (it becomes `unshare`, in the run's namespace).
 Without --isolated the nodes listen on 127.0.0.1 (free ports) so you can poke them with your own tools."""
 
 from __future__ import annotations
@@ -121,20 +124,33 @@ def _emit(document: dict) -> None:
 @click.option("--isolated", is_flag=True, help="Private network + PID namespaces (root only).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where data/ and logs/ go (default: runs/up-<utc timestamp>).")
-def up(scenario: Path | None, brokers: int | None, check: bool, isolated: bool, run_dir: Path | None) -> None:
+@click.option("--provider", type=click.Choice(["local", "containers"]), default=None,
+              help="Topology provider (default: the scenario's, else local).  containers implies --isolated: "
+                   "the containers' network lives in the run's namespace; poke it with `nsenter -t PID -n`.")
+def up(scenario: Path | None, brokers: int | None, check: bool, isolated: bool, run_dir: Path | None,
+       provider: str | None) -> None:
     """Start the local topology and print its endpoints as JSON."""
     began = time.monotonic()
+    if provider == "containers":
+        isolated = True
     if isolated and not netns.finish_reexec():
         try:
             netns.reexec_isolated([sys.executable, "-m", "ordeal.cli", *sys.argv[1:]])
         except netns.IsolationUnavailable as error:
             raise click.ClickException(str(error)) from error
     config, broker = _topology_config(scenario, brokers)
+    if provider is not None:
+        config = dataclasses.replace(config, provider=provider)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir = run_dir or Path("runs") / f"up-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    topology = LocalTopology(config, run_dir, address_mode="distinct" if isolated else "loopback",
-                             broker_config=broker)
+    if config.provider == "containers":
+        from harness.containers.topology import ContainerTopology
+
+        topology = ContainerTopology(config, run_dir, broker_config=broker)
+    else:
+        topology = LocalTopology(config, run_dir, address_mode="distinct" if isolated else "loopback",
+                                 broker_config=broker)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _on_signal)
     exit_code = 0

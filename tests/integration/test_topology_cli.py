@@ -79,4 +79,4 @@ def test_check_without_brokers(tmp_path: Path) -> None:
     assert code == 0, (summary, stderr)
     assert summary["endpoints"]["mqtt"] == {} and "mqtt" not in summary and "brokers" not in summary
     code, _, stderr = _up(tmp_path / "none", "--brokers", "-1")
-    assert code == 2 and "--brokers" in stderr
+    assert code == 3 and "--brokers" in stderr

@@ -32,10 +32,11 @@ class RunOutcome:
     fatal: list[str] = field(default_factory=list)
 
 
-def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=None, quiet: bool = False) -> int:
+def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=None, quiet: bool = False,
+              spark_remote: str | None = None) -> int:
     """Check one stored run, write report.json / junit.xml / report.html into it, return 0 / 1 / 2."""
     run_dir = local_run_dir(run_dir)
-    report = check_runs([run_dir], spark_master=spark_master, spark=spark)[0]
+    report = check_runs([run_dir], spark_master=spark_master, spark=spark, spark_remote=spark_remote)[0]
     from spark_checkers.reports import write_reports
 
     write_reports(run_dir, report)
@@ -46,24 +47,30 @@ def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=Non
     return report["exit_code"]
 
 
-def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, spark=None) -> list[dict[str, Any]]:
+def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, spark=None,
+               spark_remote: str | None = None) -> list[dict[str, Any]]:
     """Check many stored runs in one Spark job; one report dict (the report.json content) per run.  Never
-    raises for a checker failure (Spark cannot start, a job dies): those runs are unknown, with the reason."""
+    raises for a checker failure (Spark cannot start or be reached, a job dies): those runs are unknown, with
+    the reason.  The session: ``spark``, else spark_checkers.session.spark_session(spark_master, spark_remote)."""
     started = time.monotonic()
     inputs = [open_run(d, run_id=f"run{i}") for i, d in enumerate(run_dirs)]
     outcomes: dict[str, RunOutcome] = {i.run_id: RunOutcome(fatal=list(i.fatal)) for i in inputs}
     readable = [i for i in inputs if i.readable]
-    master = spark_master
+    master = spark_remote or spark_master
     if readable:
-        from spark_checkers.session import spark_session
+        from spark_checkers.session import SparkUnavailable, choose, describe, spark_session
 
         try:
-            spark = spark or spark_session(spark_master)
-            master = spark.sparkContext.master
+            spark = spark or spark_session(spark_master, remote=spark_remote)
+            master = describe(spark)
         except Exception as error:  # noqa: BLE001 - no Spark, no verdict: unknown, never a crash or a pass
+            try:
+                where = choose(spark_master, spark_remote).describe()
+            except ValueError as bad:
+                where = str(bad)
+            text = str(error) if isinstance(error, SparkUnavailable) else f"{where}: {_short(error)}"
             for run in readable:
-                outcomes[run.run_id].fatal.append(f"checker error: Spark did not start (master "
-                                                  f"{spark_master or 'default'}): {_short(error)}")
+                outcomes[run.run_id].fatal.append(f"checker error: no Spark to check with: {text}")
             readable = []
     if readable:
         _evaluate_isolating(spark, readable, outcomes)

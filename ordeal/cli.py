@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "shrink": ("explore", "shrink", "Minimise a failing run's plan."),
     "explore": ("explore", "explore", "Run new seeds of a scenario until a time budget is spent."),
     "selftest": ("selftest", "selftest", "Run the defect detection matrix and the false-alarm budget."),
+    "spark": ("spark", "spark", "The shared local Spark Connect server the checks run on: status, start, stop."),
 }
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from harness import netns
+from ordeal.commands.spark import spark_options
 from ordeal.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 
 
@@ -134,7 +135,7 @@ class RichReporter:
               help="Directory under which the run directory is created.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Check the history with spark_checkers at the end (when available).")
-@click.option("--spark-master", default=None, help="Spark master for the checks (default local[*]).")
+@spark_options
 @isolation_option
 def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | None, isolated: bool) -> None:
     """Run SCENARIO (a name from scenarios/ or a .toml path) end to end and record its history."""

@@ -53,7 +53,10 @@ def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, s
     raises for a checker failure (Spark cannot start or be reached, a job dies): those runs are unknown, with
     the reason.  The session: ``spark``, else spark_checkers.session.spark_session(spark_master, spark_remote)."""
     started = time.monotonic()
-    inputs = [open_run(d, run_id=f"run{i}") for i, d in enumerate(run_dirs)]
+    from spark_checkers.jobs import timed
+
+    with timed("open runs"):
+        inputs = [open_run(d, run_id=f"run{i}") for i, d in enumerate(run_dirs)]
     outcomes: dict[str, RunOutcome] = {i.run_id: RunOutcome(fatal=list(i.fatal)) for i in inputs}
     readable = [i for i in inputs if i.readable]
     master = spark_remote or spark_master
@@ -113,7 +116,8 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
 
     specs = [jobs.RunSpec(i.run_id, i.parts, i.guarantees) for i in inputs]
     total_bytes = sum(Path(p).stat().st_size for i in inputs for p in i.parts if "://" not in p)
-    spark.conf.set("spark.sql.shuffle.partitions", str(jobs.shuffle_partitions(total_bytes)))
+    for key, value in jobs.session_settings(total_bytes).items():
+        spark.conf.set(key, value)
     cached: list = []
     try:
         # Not cached: measured, building an in-memory columnar copy of every event cost more than the three
@@ -127,15 +131,17 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
             if rows_read.get(run.run_id, 0) != run.rows:
                 raise RuntimeError(f"{run.run_dir}: read {rows_read.get(run.run_id, 0)} rows from the history "
                                    f"parts, their footers say {run.rows}")
-        timelines = {i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees) for i in inputs}
-        violations, metrics, parts = jobs.build(spark, specs, events, timelines, topics, cached)
+        with jobs.timed("timelines"):
+            timelines = {i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees) for i in inputs}
+        violations, metrics, parts = jobs.build(spark, specs, events, timelines, topics, cached,
+                                                small=total_bytes < jobs.SMALL_BYTES)
         try:
-            with jobs.timed("violations"):
-                counts, witnesses = jobs.collect_violations(violations)
+            with jobs.timed("violations + metrics"):
+                counts, witnesses, metric_rows = jobs.collect_all(violations, metrics)
         except Exception as error:  # noqa: BLE001
-            counts, witnesses = {}, {}
+            counts, witnesses, metric_rows = {}, {}, None
             # Why one by one: find which checker broke, keep the others' answers.
-            for part in parts:
+            for part in parts():
                 try:
                     c, w = jobs.collect_violations(part)
                     counts.update(c)
@@ -146,8 +152,9 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
                         outcomes[run.run_id].errors[names[0]] = _short(part_error)
             if not any(o.errors for o in outcomes.values()):
                 raise error
-        with jobs.timed("metrics"):
-            metric_rows = metrics.collect()
+        if metric_rows is None:
+            with jobs.timed("metrics"):
+                metric_rows = metrics.collect()
     finally:
         _release(cached)
     for run in inputs:

@@ -347,7 +347,8 @@ def server_argv(port: int, master: str) -> list[str]:
     argv = [str(home / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master,
             "--name", "ordeal-spark-connect",
             "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-            "--conf", f"spark.connect.grpc.binding.port={port}"]
+            "--conf", f"spark.connect.grpc.binding.port={port}",
+            "--conf", "spark.log.level=WARN"]  # INFO logs every RPC: the log of a long-lived server would grow
     for key, value in server_conf().items():
         argv += ["--conf", f"{key}={value}"]
     return [*argv, "spark-internal"]

@@ -103,13 +103,18 @@ def spark_session(master: str | None = None, app_name: str = "ordeal-checkers", 
     if choice.kind == "remote":
         _probe(choice.target)
         return _connect(choice.target, choice.target)
+    return local_connect_session()
+
+
+def local_connect_session():
+    """A session on the shared local Spark Connect server, started if none runs."""
     from spark_checkers import connect_server
 
     try:
         state = connect_server.ensure_started()
         url = connect_server.local_endpoint(state)
     except (connect_server.ConnectServerError, OSError) as error:
-        raise SparkUnavailable(f"{choice.describe()}: {error}") from error
+        raise SparkUnavailable(f"{SparkChoice('local-connect', '').describe()}: {error}") from error
     return _connect(url, f"sc://127.0.0.1:{state['port']} (local, shared)")
 
 

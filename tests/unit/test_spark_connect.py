@@ -53,10 +53,9 @@ def cache_dir(tmp_path_factory):
 def connect_session(cache_dir):
     """A session on this module's shared local server (the classic ``spark`` fixture may be active in this
     process too, so the choice is not left to spark_session())."""
-    from spark_checkers import session
+    from spark_checkers.session import local_connect_session
 
-    state = connect_server.ensure_started()
-    return session._connect(connect_server.local_endpoint(state), f"sc://127.0.0.1:{state['port']} (local, shared)")
+    return local_connect_session()
 
 
 def _run(args, env=None, **kwargs):

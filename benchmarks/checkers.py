@@ -223,7 +223,7 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
     import subprocess
     import sys
 
-    from spark_checkers import connect_server, session
+    from spark_checkers import session
     from spark_checkers.api import check_runs
 
     dirs = {}
@@ -248,7 +248,34 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
             report = check_runs([dirs[events]], spark=classic)[0]
             times.append(time.monotonic() - started)
         rows[events].update(classic_warm_s=round(min(times), 2), found=_found(report))
-    # Spark Connect: a private state directory, so this benchmark's server is its own.
+    # Spark Connect in a process of its own: pyspark refuses classic and Connect sessions in one process (a
+    # Connect session switches pyspark.sql.functions to Connect columns process-wide).
+    done = subprocess.run([sys.executable, __file__, "--connect-child", "--out", str(out), "--events",
+                           "--latency", *map(str, sizes)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    if done.returncode != 0:
+        raise RuntimeError(f"the Spark Connect latency child failed:\n{done.stderr[-3000:]}")
+    for row in json.loads(done.stdout.strip().splitlines()[-1]):
+        rows[row["events"]].update(row)
+    for row in rows.values():
+        row["connect_warm_vs_classic_warm"] = round(row["connect_warm_s"] / row["classic_warm_s"], 2)
+        row["connect_warm_vs_duckdb"] = round(row["connect_warm_s"] / max(row["duckdb_s"], 0.01), 1)
+        row["classic_cold_total_vs_connect_warm"] = round(
+            (row["classic_cold_start_s"] + row["classic_cold_check_s"]) / row["connect_warm_s"], 1)
+        row["load_avg_1m"] = round(os.getloadavg()[0], 1)
+        print(json.dumps(row), flush=True)
+    return list(rows.values())
+
+
+def connect_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]:
+    """The Spark Connect half of per_run_latency (run in a child process): cold = a fresh local server's
+    start, then its first check; warm = best of ``repeats`` further checks."""
+    from spark_checkers import connect_server, session
+    from spark_checkers.api import check_runs
+
+    dirs = {events: out / f"latency-{events}" for events in sizes}
+    rows = {events: {"events": events} for events in sizes}
+    # A private state directory, so this benchmark's server is its own.
     os.environ["ORDEAL_CACHE_DIR"] = str((out / "cache").resolve())
     try:
         for events in sizes:
@@ -271,13 +298,6 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
     finally:
         connect_server.release_lease()
         connect_server.stop()
-    for row in rows.values():
-        row["connect_warm_vs_classic_warm"] = round(row["connect_warm_s"] / row["classic_warm_s"], 2)
-        row["connect_warm_vs_duckdb"] = round(row["connect_warm_s"] / max(row["duckdb_s"], 0.01), 1)
-        row["classic_cold_total_vs_connect_warm"] = round(
-            (row["classic_cold_start_s"] + row["classic_cold_check_s"]) / row["connect_warm_s"], 1)
-        row["load_avg_1m"] = round(os.getloadavg()[0], 1)
-        print(json.dumps(row), flush=True)
     return list(rows.values())
 
 
@@ -287,23 +307,21 @@ def main() -> None:
     parser.add_argument("--latency", type=int, nargs="*", default=[10_000, 100_000, 1_000_000],
                         help="History sizes for the per-run latency figures (none: skip them).")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-checkers"))
+    parser.add_argument("--connect-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--spark-master", default="local[2]",
-                        help="The 10M comparison's engine: a classic master, or 'connect' (the local server).")
+                        help="The 1M/10M comparison's classic session (Spark Connect figures: the latency part).")
     args = parser.parse_args()
     from spark_checkers.api import check_runs
     from spark_checkers.session import spark_session
 
+    if args.connect_child:
+        print(json.dumps(connect_latency(args.latency, args.out)))
+        return
     latency = per_run_latency(args.latency, args.out) if args.latency else []
     (args.out / "latency.json").write_text(json.dumps(latency, indent=2))
     if not args.events:
         return
-    if args.spark_master == "connect":
-        from spark_checkers.session import local_connect_session
-
-        os.environ["ORDEAL_CACHE_DIR"] = str((args.out / "cache").resolve())
-        spark = local_connect_session()
-    else:
-        spark = spark_session(args.spark_master)
+    spark = spark_session(args.spark_master)
     warm = args.out / "warm-up"
     generate(warm, 20_000)
     check_runs([warm], spark=spark)  # JIT and codegen warm-up, not timed

@@ -115,7 +115,8 @@ def local_connect_session():
         url = connect_server.local_endpoint(state)
     except (connect_server.ConnectServerError, OSError) as error:
         raise SparkUnavailable(f"{SparkChoice('local-connect', '').describe()}: {error}") from error
-    return _connect(url, f"sc://127.0.0.1:{state['port']} (local, shared)")
+    # Keyed by the server's start too: a restarted server behind the same bridge port is a new session.
+    return _connect(url, f"sc://127.0.0.1:{state['port']} (local, shared)", key=f"{url}@{state.get('started_unix')}")
 
 
 def prepare(master: str | None = None, remote: str | None = None) -> None:
@@ -185,10 +186,11 @@ def _probe(url: str, timeout: float = 5.0) -> None:
         raise SparkUnavailable(f"Spark Connect endpoint {url} is unreachable: {error}") from None
 
 
-def _connect(url: str, label: str):
+def _connect(url: str, label: str, key: str | None = None):
     from pyspark.sql import SparkSession
 
-    known = _connect_sessions.get(url)
+    key = key or url
+    known = _connect_sessions.get(key)
     if known is not None and not getattr(known, "is_stopped", False):
         return known
     try:
@@ -198,6 +200,6 @@ def _connect(url: str, label: str):
     except Exception as error:  # noqa: BLE001 - gRPC errors: name the endpoint
         raise SparkUnavailable(f"Spark Connect endpoint {label}: {type(error).__name__}: "
                                f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error
-    _connect_sessions[url] = spark
+    _connect_sessions[key] = spark
     _labels[id(spark)] = label
     return spark

@@ -50,12 +50,20 @@ def cache_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def connect_session(cache_dir):
-    """A session on this module's shared local server (the classic ``spark`` fixture may be active in this
-    process too, so the choice is not left to spark_session())."""
-    from spark_checkers.session import local_connect_session
+def server(cache_dir):
+    """This module's shared local server, started here; used by child processes only: pyspark refuses classic
+    and Connect sessions in one process (a Connect session switches pyspark.sql.functions to Connect columns
+    process-wide), and this process holds the classic ``spark`` fixture."""
+    return connect_server.ensure_started()
 
-    return local_connect_session()
+
+CONNECT_CHILD = """
+import json, sys
+from spark_checkers.api import check_runs
+from spark_checkers.session import spark_session
+reports = check_runs(sys.argv[2:], spark=spark_session())
+open(sys.argv[1], "w").write(json.dumps(reports))
+"""
 
 
 def _run(args, env=None, **kwargs):
@@ -116,10 +124,15 @@ def catalog_dirs(tmp_path_factory):
 
 @pytest.mark.spark
 @pytest.mark.timeout(1200)
-def test_connect_and_classic_agree_on_the_anomaly_catalog(spark, connect_session, catalog_dirs):
+def test_connect_and_classic_agree_on_the_anomaly_catalog(spark, server, catalog_dirs, tmp_path):
+    out = tmp_path / "connect-reports.json"
+    done = subprocess.run([sys.executable, "-c", CONNECT_CHILD, str(out), *map(str, catalog_dirs)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    connect = json.loads(out.read_text())
     classic = check_runs(catalog_dirs, spark=spark)
-    connect = check_runs(catalog_dirs, spark=connect_session)
-    assert connect[0]["environment"]["spark_master"].startswith("sc://")
+    assert connect[0]["environment"]["spark_master"] == f"sc://127.0.0.1:{server['port']} (local, shared)"
+    assert classic[0]["environment"]["spark_master"] == "local[2]"
     assert {r["verdict"] for r in classic} == {"pass", "fail", "unknown"}  # the catalog has all three
     for d, a, b in zip(catalog_dirs, classic, connect, strict=True):
         assert _essence(a) == _essence(b), d.name
@@ -140,7 +153,7 @@ def test_unreachable_remote_is_unknown_naming_the_endpoint(catalog_dirs):
 
 @pytest.mark.spark
 @pytest.mark.timeout(900)
-def test_a_second_command_reuses_the_running_server(connect_session, cache_dir, catalog_dirs):
+def test_a_second_command_reuses_the_running_server(server, catalog_dirs):
     state = connect_server.read_state(connect_server.paths())
     done = _run(["check", str(catalog_dirs[0])])
     assert done.returncode in (0, 1), done.stdout + done.stderr

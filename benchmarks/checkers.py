@@ -239,6 +239,7 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
                               check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
         cold = json.loads(done.stdout.strip().splitlines()[-1])
         rows[events].update(classic_cold_start_s=round(cold["start_s"], 2), classic_cold_check_s=round(cold["check_s"], 2))
+        print(json.dumps(rows[events]), flush=True)
     classic = session.spark_session("local[2]")
     for events in sizes:
         check_runs([dirs[events]], spark=classic)  # warm-up of this size
@@ -248,13 +249,14 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
             report = check_runs([dirs[events]], spark=classic)[0]
             times.append(time.monotonic() - started)
         rows[events].update(classic_warm_s=round(min(times), 2), found=_found(report))
+        print(json.dumps(rows[events]), flush=True)
     # Spark Connect in a process of its own: pyspark refuses classic and Connect sessions in one process (a
     # Connect session switches pyspark.sql.functions to Connect columns process-wide).
     done = subprocess.run([sys.executable, __file__, "--connect-child", "--out", str(out), "--events",
-                           "--latency", *map(str, sizes)], capture_output=True, text=True,
+                           "--latency", *map(str, sizes)], stdout=subprocess.PIPE, text=True,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     if done.returncode != 0:
-        raise RuntimeError(f"the Spark Connect latency child failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError("the Spark Connect latency child failed (its stderr is above)")
     for row in json.loads(done.stdout.strip().splitlines()[-1]):
         rows[row["events"]].update(row)
     for row in rows.values():
@@ -270,6 +272,8 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
 def connect_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]:
     """The Spark Connect half of per_run_latency (run in a child process): cold = a fresh local server's
     start, then its first check; warm = best of ``repeats`` further checks."""
+    import sys
+
     from spark_checkers import connect_server, session
     from spark_checkers.api import check_runs
 
@@ -295,6 +299,7 @@ def connect_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
                 report = check_runs([dirs[events]], spark=spark)[0]
                 times.append(time.monotonic() - started)
             rows[events].update(connect_warm_s=round(min(times), 2), connect_found=_found(report))
+            print(json.dumps(rows[events]), file=sys.stderr, flush=True)
     finally:
         connect_server.release_lease()
         connect_server.stop()

@@ -33,9 +33,12 @@ def spark_options(command):
             _usage_error("--spark-master and --spark-remote exclude each other: pick one Spark")
         if spark_remote:
             os.environ["ORDEAL_SPARK_REMOTE"] = spark_remote
+        from spark_checkers import connect_server
+
         try:
             choose(spark_master, None)  # validates the URL from either source
-        except ValueError as error:
+            connect_server.idle_timeout_s()  # and $ORDEAL_SPARK_IDLE_TIMEOUT, at start-up
+        except (ValueError, connect_server.ConnectServerError) as error:
             _usage_error(str(error))
         if kwargs.get("check", True) and not kwargs.get("rejudge") and not kwargs.get("promote_entry"):
             prepare(spark_master)

@@ -19,7 +19,6 @@ import pytest
 
 from spark_checkers import connect_server
 from spark_checkers import synthetic as s
-from spark_checkers.api import check_runs
 from spark_checkers.session import SparkChoice, choose, validate_remote
 
 ORDEAL = [sys.executable, "-m", "ordeal.cli"]
@@ -57,13 +56,21 @@ def server(cache_dir):
     return connect_server.ensure_started()
 
 
-CONNECT_CHILD = """
+CHECK_CHILD = """
 import json, sys
-from spark_checkers.api import check_runs
 from spark_checkers.session import spark_session
-reports = check_runs(sys.argv[2:], spark=spark_session())
+reports = check_runs(sys.argv[3:], spark=spark_session(sys.argv[2] or None))
 open(sys.argv[1], "w").write(json.dumps(reports))
 """
+
+
+def _check_in_child(dirs, out: Path, master: str = "") -> list[dict]:
+    """check_runs in a process of its own, on the local server ("") or a classic session (a master)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ORDEAL_SPARK_MASTER", "ORDEAL_SPARK_REMOTE")}
+    done = subprocess.run([sys.executable, "-c", CHECK_CHILD, str(out), master, *map(str, dirs)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1100, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 def _run(args, env=None, **kwargs):
@@ -124,13 +131,10 @@ def catalog_dirs(tmp_path_factory):
 
 @pytest.mark.spark
 @pytest.mark.timeout(1200)
-def test_connect_and_classic_agree_on_the_anomaly_catalog(spark, server, catalog_dirs, tmp_path):
-    out = tmp_path / "connect-reports.json"
-    done = subprocess.run([sys.executable, "-c", CONNECT_CHILD, str(out), *map(str, catalog_dirs)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1100)
-    assert done.returncode == 0, done.stderr[-3000:]
-    connect = json.loads(out.read_text())
-    classic = check_runs(catalog_dirs, spark=spark)
+def test_connect_and_classic_agree_on_the_anomaly_catalog(server, catalog_dirs, tmp_path):
+    """Both in child processes, so whichever engine this pytest process holds does not matter."""
+    connect = _check_in_child(catalog_dirs, tmp_path / "connect.json")
+    classic = _check_in_child(catalog_dirs, tmp_path / "classic.json", "local[2]")
     assert connect[0]["environment"]["spark_master"] == f"sc://127.0.0.1:{server['port']} (local, shared)"
     assert classic[0]["environment"]["spark_master"] == "local[2]"
     assert {r["verdict"] for r in classic} == {"pass", "fail", "unknown"}  # the catalog has all three

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.history_schema import EVENT_SCHEMA, MANIFEST_NAME, SCHEMA_VERSION, Kind, Phase
+from contracts.history_schema import EVENT_SCHEMA, MANIFEST_NAME, SCHEMA_VERSION, Kind, Phase
 
 INTERVAL_US = 1_000_000  # one message per second per publisher, as in the seeds' P2P test
 ROWS_PER_MESSAGE = 4  # invoke, ack, delivery, delivery_ack_sent

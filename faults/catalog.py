@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from contracts import scenario as scenario_model
 from faults import client, network, process, redis_failover  # noqa: F401  (registration side effects)
 from faults.base import (
     FAULT_KINDS,
@@ -22,7 +23,7 @@ from faults.base import (
     normalise_params,
     registered_kinds,
 )
-from faults.targets import SELECTOR_HELP, parse_selector
+from faults.targets import SELECTOR_HELP, kafka_role_of, parse_selector
 
 __all__ = ["FAULT_KINDS", "validate_spec", "build_fault", "is_client_fault", "kinds_by_category"]
 
@@ -83,3 +84,29 @@ def kinds_by_category() -> dict[str, list[str]]:
     for name, info in sorted(registered_kinds().items()):
         grouped.setdefault(info.category, []).append(name)
     return grouped
+
+
+# Node targets a kind draws from when the scenario names none: the slot owner of a steady subscriber's
+# messages (the fault that matters most for a session store), any replica, the Kafka broker, a broker node.
+DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
+    "process_kill": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
+    "process_stop": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
+    "process_pause": ("redis-master-of:{subscriber}", "redis-random-replica"),
+    "process_restart": ("redis-master-of:{subscriber}", "kafka", "broker-random"),
+    "redis_failover": ("redis-master-of:{subscriber}",),
+    "net_isolate": ("redis-master-of:{subscriber}",),
+    "client_flap": ("{subscriber}",),
+}
+# Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
+LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart")
+
+# The scenario model (contracts/scenario.py) imports no stage: the fault kinds are registered into it here.
+scenario_model.register_fault_catalog(scenario_model.FaultCatalog(
+    kinds=tuple(sorted(FAULT_KINDS)),
+    target_type=lambda kind: kind_info(kind).target,
+    validate=validate_spec,
+    full_params=normalise_params,
+    default_targets=DEFAULT_TARGETS,
+    log_losing_kinds=LOG_LOSING_KINDS,
+    kafka_role_of=kafka_role_of,
+))

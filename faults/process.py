@@ -85,7 +85,7 @@ class _NodeFault:
     def _refuse_log_loss(self, ctx: FaultContext) -> None:
         """Taking down the Kafka stand-in's only copy of its log (moto's memory, Tansu's memory engine) loses
         every acknowledged record: the verdict would blame the broker under test, so the fault is refused.
-        ordeal/scenario.py refuses such scenarios on load; this catches plans that bypass it."""
+        contracts/scenario.py refuses such scenarios on load; this catches plans that bypass it."""
         config = getattr(ctx.topology, "config", None)
         why = config.destructive_kill_loses_log(self.node.role) if hasattr(config, "destructive_kill_loses_log") else ""
         if why:

@@ -28,9 +28,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from harness import payload as identity_codec
+from contracts import payload as identity_codec
+from contracts.history_schema import Kind
 from harness.history import HistoryRecorder
-from harness.history_schema import Kind
 from properties.plan import PUBLISHER, ClientPlan, PublishPlan
 
 PROTOCOLS = {4: mqtt.MQTTv311, 5: mqtt.MQTTv5}

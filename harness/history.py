@@ -5,7 +5,7 @@ Rows are buffered in memory and a background thread writes a part file (``events
 a temporary name and renamed, and ``manifest.json`` is rewritten (also atomically) after every part, so at
 any moment the directory holds only whole part files and a manifest that lists them.  The manifest says
 ``"complete": false`` until ``close()`` is called after the ``run_end`` phase row: a crashed or killed run
-leaves a readable history that says it is incomplete.  Schema: harness/history_schema.py, docs/history.md.
+leaves a readable history that says it is incomplete.  Schema: contracts/history_schema.py, docs/history.md.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.history_schema import (
+from contracts.history_schema import (
     COLUMNS,
     EVENT_SCHEMA,
     MANIFEST_NAME,
@@ -83,10 +83,10 @@ class HistoryRecorder:
                t_wall_us: int | None = None, **columns: Any) -> int:
         """Record one observation; returns its seq.  Unknown kinds or columns are programming errors."""
         if kind not in Kind.ALL:
-            raise HistoryError(f"unknown history kind {kind!r}; see harness/history_schema.Kind")
+            raise HistoryError(f"unknown history kind {kind!r}; see contracts/history_schema.Kind")
         unknown = set(columns) - _SETTABLE
         if unknown:
-            raise HistoryError(f"unknown history column(s) {sorted(unknown)}; see harness/history_schema.py")
+            raise HistoryError(f"unknown history column(s) {sorted(unknown)}; see contracts/history_schema.py")
         if t_mono_us is None or t_wall_us is None:
             mono, wall = self.now()
             t_mono_us = mono if t_mono_us is None else t_mono_us

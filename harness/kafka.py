@@ -184,11 +184,11 @@ def topics_backlog(bootstrap: str, groups: Mapping[str, str], **kwargs: float) -
 
 def record_identity(value: bytes | None) -> tuple[str, int] | None:
     """(publisher client id, sequence) of a reference-broker record (JSON with "publisher" and a base64
-    "payload" carrying an Ordeal identity, harness/payload.py), or None for anything else."""
+    "payload" carrying an Ordeal identity, contracts/payload.py), or None for anything else."""
     import base64
     import json
 
-    from harness.payload import try_decode
+    from contracts.payload import try_decode
 
     try:
         message = json.loads(value or b"")

@@ -1,4 +1,7 @@
-"""One run, end to end: scenario + seed → plan → target → execute → drain → snapshot → history → summary.
+"""One run: scenario + seed → plan → target → execute → drain → snapshot → history → summary.
+
+The run stage stops here, once the history and summary.json are written: checking and reporting are the
+next stages, joined to this one by ordeal/pipeline.py (no import of spark_checkers from here).
 
 The run directory (docs/architecture.md): scenario.toml, scenario.json, plan.json, topology.json,
 history/, logs/, data/, summary.json.  Everything the run started is stopped in ``finally`` blocks; a
@@ -22,16 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.exit_codes import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN  # noqa: F401  (re-exported for callers)
+from contracts.history_schema import Kind, Phase
+from contracts.scenario import Scenario, load_scenario
 from harness.drain import PIPELINE_EMPTY, pipeline_wait_decision
 from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
-from harness.history_schema import Kind, Phase
 from harness.targets import make_target
-from ordeal.scenario import Scenario, load_scenario
 from properties.generate import make_plan
 from properties.plan import Plan
-
-EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -98,7 +101,7 @@ def write_inputs(run_dir: Path, scenario_path: Path, scenario: Scenario, plan: P
 
 
 def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs", *,
-                 reporter: Reporter | None = None, check: bool = True, spark_master: str | None = None,
+                 reporter: Reporter | None = None, check: bool = False,
                  stop: threading.Event | None = None, plan: Plan | None = None,
                  replay_command: str | None = None) -> RunResult:
     """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts; a run
@@ -108,8 +111,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     scenario.
     ``replay_command``: the command that really reproduces this run, shown in summary.json and the history's
     run_start row (``{run_dir}`` is replaced by the run directory); default ``ordeal run SCENARIO --seed N``.
-    ``check=False``: no check; summary.json says so and ``record_check`` / ``check_runs_later`` add the
-    verdict afterwards (several runs checked in one Spark session)."""
+    Never checks (ordeal/pipeline.py does): ``check`` only says whether a check follows, for summary.json
+    ("skipped (--no-check)" when it does not; ordeal.pipeline.record_check writes the verdict)."""
     reporter = reporter or SilentReporter()
     scenario_path = Path(scenario_path)
     scenario = load_scenario(scenario_path)  # validation first: a bad file starts nothing
@@ -237,80 +240,14 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     exit_code = EXIT_UNKNOWN if (not complete or outcome["error"] or summary["counts"]["fault_errors"]) else EXIT_PASS
     summary["checked"] = False
     summary["exit_code"] = summary["run_exit_code"] = exit_code
-    summary["check"] = "skipped (--no-check)" if not check else "not run: the history is incomplete"
-    _write_summary(run_dir, summary)  # before the check: a checker crash must not lose the summary
-    if check and complete:
-        check_run = _checker()
-        if check_run is None:
-            summary["check"] = "not run: spark_checkers.check_run is not available yet"
-            _write_summary(run_dir, summary)
-        else:
-            reporter.phase("checking")
-            mark = time.monotonic()
-            try:
-                check_exit = int(check_run(run_dir, spark_master=spark_master))
-            except Exception as error:  # noqa: BLE001 - a broken checker makes the verdict unknown
-                check_exit = None
-                summary["check"] = f"the checker failed: {type(error).__name__}: {error}"
-                reporter.message(f"check failed, verdict unknown: {summary['check']}")
-            summary = record_check(run_dir, check_exit, check_s=time.monotonic() - mark,
-                                   failure=summary["check"] if check_exit is None else "")
-            exit_code = summary["exit_code"]
-    reporter.message(f"seed {seed}  exit {exit_code}  run dir {run_dir}\nreplay: {replay}")
-    return RunResult(run_dir=run_dir, exit_code=exit_code, summary=summary)
-
-
-def combined_exit_code(run_exit: int, check_exit: int) -> int:
-    """The run's verdict once checked: the checker's, except that a pass cannot hide a run-level unknown
-    (a fault that could not be applied: the run did not test what it planned)."""
-    if check_exit == EXIT_PASS and run_exit == EXIT_UNKNOWN:
-        return EXIT_UNKNOWN
-    return check_exit
-
-
-def record_check(run_dir: Path | str, check_exit: int | None, *, check_s: float | None = None,
-                 failure: str = "") -> dict[str, Any]:
-    """Write a check's outcome into a run's summary.json (a run made with ``check=False``, checked later).
-    ``check_exit`` None = the checker failed (``failure`` says how): the verdict is unknown.  Returns the
-    updated summary; its ``exit_code`` is the run's verdict."""
-    path = Path(run_dir) / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{path}: cannot record a check: no readable summary.json ({error})") from error
-    run_exit = int(summary.get("run_exit_code", summary.get("exit_code", EXIT_UNKNOWN)))
-    summary["run_exit_code"] = run_exit  # before any check, so a re-check starts from the run again
-    if check_exit is None:
-        summary["check"] = failure or "the checker failed"
-        summary["exit_code"] = EXIT_UNKNOWN
-        summary["checked"] = False
+    if not check:
+        summary["check"] = "skipped (--no-check)"
     else:
-        summary["check"] = {"exit_code": int(check_exit)}
-        summary["exit_code"] = combined_exit_code(run_exit, int(check_exit))
-        summary["checked"] = True
-    if check_s is not None:
-        summary.setdefault("timings_s", {})["check_s"] = round(check_s, 3)
-    _write_summary(Path(run_dir), summary)
-    return summary
-
-
-def check_runs_later(run_dirs: list[Path | str], spark_master: str | None = None) -> list[int]:
-    """Check runs made with ``check=False`` in one Spark session (spark_checkers.api.check_runs), write
-    their reports and summary.json verdicts; returns each run's exit code.  A run whose history is
-    incomplete is not checked (its summary already says unknown)."""
-    from spark_checkers.api import check_runs
-    from spark_checkers.reports import write_reports
-
-    dirs = [Path(d) for d in run_dirs]
-    summaries = {d: json.loads((d / "summary.json").read_text()) for d in dirs}
-    checkable = [d for d in dirs if summaries[d].get("history_complete")]
-    began = time.monotonic()
-    reports = check_runs(checkable, spark_master=spark_master) if checkable else []
-    each_s = (time.monotonic() - began) / max(len(checkable), 1)
-    for run_dir, report in zip(checkable, reports, strict=True):
-        write_reports(run_dir, report)
-        summaries[run_dir] = record_check(run_dir, int(report["exit_code"]), check_s=each_s)
-    return [int(summaries[d]["exit_code"]) for d in dirs]
+        summary["check"] = "pending: checked next" if complete else "not run: the history is incomplete"
+    write_summary(run_dir, summary)  # before the check: a checker crash must not lose the summary
+    if not (check and complete):  # else the pipeline says it once the check is recorded
+        reporter.message(f"seed {seed}  exit {exit_code}  run dir {run_dir}\nreplay: {replay}")
+    return RunResult(run_dir=run_dir, exit_code=exit_code, summary=summary)
 
 
 def _wait_for_pipeline(topology: Any, run_dir: Path, executor: Any, drain: dict[str, Any], quiet_s: float, *,
@@ -446,7 +383,7 @@ def _write_traceback(run_dir: Path) -> None:
     (run_dir / "logs" / "harness-error.log").write_text(traceback.format_exc())
 
 
-def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
 
 
@@ -462,14 +399,6 @@ def _quietly(action: Callable[[], None]) -> None:
         action()
     except Exception:  # noqa: BLE001 - teardown goes on; the error is already recorded or irrelevant
         pass
-
-
-def _checker():
-    try:
-        from spark_checkers import check_run
-    except ImportError:
-        return None
-    return check_run
 
 
 def _raise_if_stopped(stop: threading.Event) -> None:

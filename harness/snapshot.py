@@ -21,9 +21,9 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from harness import payload as identity_codec
+from contracts import payload as identity_codec
+from contracts.history_schema import Kind
 from harness.history import HistoryRecorder
-from harness.history_schema import Kind
 
 MAX_MEMBERS_IN_DETAIL = 20000
 

@@ -21,9 +21,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from contracts.history_schema import Kind
+from contracts.scenario import Scenario
 from harness.history import HistoryRecorder
-from harness.history_schema import Kind
-from ordeal.scenario import Scenario
 from properties.plan import Plan
 
 Endpoint = tuple[str, int, str]

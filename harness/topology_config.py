@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts import scenario as scenario_model
 from harness import binaries
 
 APPENDFSYNC = ("always", "everysec", "no")
@@ -143,3 +144,10 @@ def _check_type(source: str, key: str, value: Any, expected: type) -> None:
     if isinstance(value, bool) or not isinstance(value, expected):
         raise TopologyConfigError(
             f"{source}: {key} = {value!r} must be {'an integer' if expected is int else 'a number' if expected is float else 'a string'}")
+
+
+# The scenario model (contracts/scenario.py) imports no stage: the [topology] table is registered into it here.
+scenario_model.register_topology_model(scenario_model.TopologyModel(
+    normalise=lambda mapping, source: TopologyConfig.from_mapping(mapping, source=source).to_dict(),
+    kill_loses_log=lambda mapping, role: TopologyConfig.from_mapping(mapping).destructive_kill_loses_log(role),
+))

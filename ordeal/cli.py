@@ -4,8 +4,11 @@ only when used, so ``ordeal --help`` stays fast and a broken stage cannot take t
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
+
+from contracts.exit_codes import EXIT_USAGE, HELP
 
 # command name -> (module under ordeal.commands, attribute, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -26,6 +29,20 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 class LazyGroup(click.Group):
+    def main(self, *args, **kwargs):  # noqa: ANN201 - click's signature
+        """Every usage or load error (a ClickException: bad option, a scenario that does not load, a run
+        directory that is not one) exits 3, never 1 (a violation) or 2 (unknown)."""
+        kwargs.pop("standalone_mode", None)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as error:
+            error.show()
+            sys.exit(EXIT_USAGE)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
 
@@ -52,7 +69,7 @@ def _not_built(name: str, short_help: str) -> click.Command:
     return command
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=HELP)
 @click.version_option(package_name="ordeal")
 def main() -> None:
     """Ordeal: chaos and correctness verification for MQTT brokers with persistent sessions."""

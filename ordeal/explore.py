@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.scenario import load_scenario
 from ordeal.replay import Played, first_witness, play, replay_command
-from ordeal.scenario import load_scenario
 from properties.generate import make_plan
 
 FIRST_RUN_OVERHEAD_S = 60.0  # measured: start 3-4 s + stop 0.5-1.5 s + a cold Spark check 40-80 s on 2 busy cores

@@ -134,12 +134,12 @@ def play(scenario_path: Path, plan: Plan, out: Path, *, quiet: bool = True, repo
     explore run many plans)."""
     import time
 
-    from harness.run import run_scenario
+    from ordeal import pipeline
 
     began = time.monotonic()
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured) if quiet else contextlib.nullcontext():
-        result = run_scenario(scenario_path, plan.seed, out, reporter=reporter, check=check,
+        result = pipeline.run(scenario_path, plan.seed, out, reporter=reporter, check=check,
                               spark_master=spark_master, stop=stop, plan=plan,
                               replay_command="ordeal replay {run_dir}")  # its plan.json is what reproduces it
     if quiet and captured.getvalue():

@@ -137,7 +137,7 @@ def parse_matrix(document: Mapping[str, Any], *, source: str, root: Path = REPO_
     if catalog is None:
         from reference_broker.defects import CATALOG as catalog
     if invariant_ids is None:
-        from spark_checkers.invariants import IDS as invariant_ids
+        from contracts.invariants import IDS as invariant_ids
     unknown_tables = sorted(set(document) - {"entry", "false_alarm", "blackbox"})
     if unknown_tables:
         raise MatrixError(f"{source}: unknown table(s) {', '.join(unknown_tables)}; allowed: entry, false_alarm, "
@@ -407,7 +407,7 @@ def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = N
                  log: Callable[[str], None] = print) -> SelftestResult:
     """Run every job of the tier one after the other, then check all runs in one Spark job, judge, write
     selftest.json + selftest.html under ``out``."""
-    from harness.run import run_scenario
+    from ordeal import pipeline
 
     started = time.monotonic()
     out = Path(out)
@@ -424,8 +424,7 @@ def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = N
         log(f"[{number}/{len(jobs)}] {job.label}: {_relative(job.scenario)} seed {job.seed}")
         mark = time.monotonic()
         try:
-            run = run_scenario(scenario_path, job.seed, out / "runs" / job.label, check=False,
-                               spark_master=spark_master)
+            run = pipeline.run(scenario_path, job.seed, out / "runs" / job.label, check=False)
         except KeyboardInterrupt:
             raise
         except Exception as error:  # noqa: BLE001 - one broken run is an unknown row, not a crashed selftest
@@ -481,13 +480,13 @@ def rejudge(out: Path, matrix: Matrix) -> SelftestResult:
 
 
 def _check_all(run_dirs: list[Path], spark_master: str | None) -> dict[Path, dict[str, Any]]:
-    from spark_checkers.api import check_runs
-    from spark_checkers.reports import write_reports
+    """The pipeline's one check-and-write path: reports written and the check recorded in each summary.json."""
+    from ordeal import pipeline
 
-    reports = check_runs(run_dirs, spark_master=spark_master)
-    for run_dir, report in zip(run_dirs, reports, strict=True):
-        write_reports(run_dir, report)
-    return dict(zip(run_dirs, reports, strict=True))
+    checked = pipeline.check_and_record(run_dirs, spark_master=spark_master)
+    if checked and all(c.report is None for c in checked) and checked[0].failure:
+        raise RuntimeError(checked[0].failure)
+    return {c.run_dir: c.report for c in checked if c.report is not None}
 
 
 def _catalog() -> Mapping[str, Any]:

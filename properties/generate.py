@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from ordeal.scenario import Scenario, fill_placeholders, full_fault_params, uses_placeholder
+from contracts.scenario import Scenario, fill_placeholders, full_fault_params, uses_placeholder
 from properties.plan import (
     CONNECT,
     DISCONNECT,

@@ -40,7 +40,7 @@ class ClientPlan:
     persistent: bool = False  # keeps its session across connections (clean_session=0 / expiry > 0)
     session_expiry_s: int | None = None  # MQTT 5 only
     preset_last_packet_id: int = 0  # 0 = none; a white-box target presets the session's last packet id
-    publisher_index: int | None = None  # the payload identity's publisher field (harness/payload.py)
+    publisher_index: int | None = None  # the payload identity's publisher field (contracts/payload.py)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from reference_broker.defects import CATALOG, require_known
+
 MAX_PERSISTED_LIMIT = 65535  # a larger limit would let packet ids collide with still-stored messages
 
 PRODUCER_ACKS = ("0", "1", "all")
@@ -98,14 +100,16 @@ class BrokerConfig:
         if isinstance(self.defects, (str, bytes)) or not all(isinstance(d, str) for d in self.defects):
             raise ConfigError(f"{src}: defects = {self.defects!r}: expected a list of defect names")
         object.__setattr__(self, "defects", tuple(self.defects))
-        from reference_broker.defects import CATALOG  # late: defects imports nothing from here at import
-
         unknown = [name for name in self.defects if name not in CATALOG]
         if unknown:
             raise ConfigError(f"{src}: defects: unknown {', '.join(map(repr, unknown))}; "
                               f"known defects: {', '.join(sorted(CATALOG))}")
 
     def has(self, defect: str) -> bool:
+        """Whether the named defect is switched on.  The name must be in the catalog: a misspelt switch in the
+        broker's code would otherwise silently never turn on (the defect then goes uncaught by design)."""
+        if defect not in CATALOG:
+            require_known((defect,), "BrokerConfig.has")  # raises, naming every valid defect
         return defect in self.defects
 
     @classmethod

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.invariants import INVARIANTS
 from spark_checkers import CHECKER_VERSION
 from spark_checkers.explain import explain, loss_gaps
-from spark_checkers.invariants import INVARIANTS
 from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
 from spark_checkers.loader import RunInput, local_run_dir, open_run
 from spark_checkers.timeline import Timeline, build_timeline
@@ -71,9 +71,10 @@ def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, s
                 where = choose(spark_master, spark_remote).describe()
             except ValueError as bad:
                 where = str(bad)
-            text = str(error) if isinstance(error, SparkUnavailable) else f"{where}: {_short(error)}"
+            text = (f"no Spark to check with: {error}" if isinstance(error, SparkUnavailable)
+                    else f"Spark did not start ({where}): {_short(error)}")
             for run in readable:
-                outcomes[run.run_id].fatal.append(f"checker error: no Spark to check with: {text}")
+                outcomes[run.run_id].fatal.append(f"checker error: {text}")
             readable = []
     if readable:
         _evaluate_isolating(spark, readable, outcomes)

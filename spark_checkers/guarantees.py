@@ -6,14 +6,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_checkers.invariants import validate_ids
+from contracts.invariants import (
+    DEFAULT_CLOCK_TOLERANCE_MS,
+    DEFAULT_PIPELINE_SLACK_MS,
+    MAX_QUEUE_LIMIT,
+    UNDECLARED_QUEUE_LIMIT,
+    UNDECLARED_TTL_S,
+    validate_ids,
+)
+from contracts.scenario import TARGET_KINDS
 
-DEFAULT_LIMIT = 10000
-MAX_LIMIT = 65535
-DEFAULT_TTL_S = 604800
-DEFAULT_CLOCK_TOLERANCE_MS = 200
-DEFAULT_PIPELINE_SLACK_MS = 2000  # a publish acked this close to a reconnect may still be on its way to Redis
-TARGET_KINDS = ("reference", "external")
+# Every default lives in contracts/invariants.py; the names here are the ones the checker reads.
+DEFAULT_LIMIT, MAX_LIMIT, DEFAULT_TTL_S = UNDECLARED_QUEUE_LIMIT, MAX_QUEUE_LIMIT, UNDECLARED_TTL_S
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import reduce
 from urllib.parse import quote
 
-from harness.history_schema import EVENT_SCHEMA, Kind
+from contracts.history_schema import EVENT_SCHEMA, Kind
 from spark_checkers.guarantees import Guarantees
 from spark_checkers.timeline import NEVER, SMALL_KINDS, Timeline
 from spark_checkers.topics import filter_matches

@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
 
-from harness.history_schema import COLUMNS, EVENT_SCHEMA, MANIFEST_NAME, PARQUET_META_KEY, SCHEMA_VERSION
+from contracts.history_schema import COLUMNS, EVENT_SCHEMA, MANIFEST_NAME, PARQUET_META_KEY, SCHEMA_VERSION
 from spark_checkers.guarantees import Guarantees
 
 
@@ -132,7 +132,7 @@ def validate_history(history_dir: Path) -> tuple[tuple[str, ...], dict, list[str
         missing = [column for column in COLUMNS if column not in schema.names]
         if missing:
             fatal.append(f"{path}: missing column(s) {missing}; the history schema v{SCHEMA_VERSION} needs all of "
-                         f"harness/history_schema.py COLUMNS")
+                         f"contracts/history_schema.py COLUMNS")
         for column in COLUMNS:
             if column in schema.names:
                 expected = EVENT_SCHEMA.field(column).type

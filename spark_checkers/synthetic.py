@@ -20,7 +20,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.history_schema import EVENT_SCHEMA, MANIFEST_NAME, SCHEMA_VERSION, Kind, Phase
+from contracts.history_schema import EVENT_SCHEMA, MANIFEST_NAME, SCHEMA_VERSION, Kind, Phase
+from contracts.invariants import UNDECLARED_QUEUE_LIMIT, UNDECLARED_TTL_S
 
 Row = dict[str, Any]
 T0_US = 1_000_000
@@ -58,9 +59,9 @@ class Spec:
     expiry_s: int | None = None  # MQTT 5 message expiry on every publish
     offline: tuple[Offline, ...] = ()
     first_packet_id: int = 1
-    limit: int = 10000
-    ttl_s: int = 604800
-    tolerance_ms: int = 200
+    limit: int = UNDECLARED_QUEUE_LIMIT
+    ttl_s: int = UNDECLARED_TTL_S
+    tolerance_ms: int = 200  # a fixture tighter than the default (500): the planted near-misses are built on it
     pipeline_slack_ms: int = 20  # under the 25 ms between a reconnect and the next slot: every backlog settled
     allowed: tuple[str, ...] = ()
     target_kind: str = "reference"

@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.history_schema import Kind, Phase
+from contracts.history_schema import Kind, Phase
 from spark_checkers.guarantees import Guarantees
 
 SMALL_KINDS = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spark_checkers.invariants import Invariant
+from contracts.invariants import Invariant
 
 PASS, FAIL, UNKNOWN, NOT_APPLICABLE = "pass", "fail", "unknown", "not_applicable"
 EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from capabilities import CI, missing_capability  # noqa: E402
 
 from harness import netns
 
@@ -19,6 +20,8 @@ if netns.is_root() and os.environ.get("ORDEAL_TEST_NETNS", "1") != "0":
     try:
         netns.enter_private_netns()
     except netns.IsolationUnavailable as error:
+        if CI:  # a CI machine that cannot isolate must not report green by skipping the isolation tests
+            raise RuntimeError(f"CI=true and the test session cannot be isolated: {error}") from error
         warnings.warn(f"test session not isolated: {error}", stacklevel=1)
 if netns.in_private_netns():
     # Only `lo` exists here; Spark would otherwise bind the host name's address, which is not reachable.
@@ -32,8 +35,16 @@ if "ORDEAL_CACHE_DIR" not in os.environ:
 
     os.environ["ORDEAL_CACHE_DIR"] = tempfile.mkdtemp(prefix="ordeal-test-cache-")
 
+import harness.model  # noqa: E402, F401  (registers the stages into the scenario model, as ordeal's commands do)
 from harness.topology import LocalTopology  # noqa: E402  (after the namespace switch, on purpose)
 from harness.topology_config import TopologyConfig  # noqa: E402
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.root``: needs root (network namespaces, nftables); skips without it, fails under CI=true."""
+    marker = item.get_closest_marker("root")
+    if marker is not None and not netns.is_root():
+        missing_capability(marker.kwargs.get("reason") or "needs root (network namespaces, nftables)")
 
 
 @pytest.fixture(scope="session", autouse=True)

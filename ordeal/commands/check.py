@@ -23,25 +23,25 @@ def _run_dir(path: str) -> Path:
 @spark_options
 def check(run_dir: str, spark_master: str | None) -> None:
     """Re-check a stored run: write report.json, junit.xml and report.html, print the verdict table and exit
-    0 (every invariant holds), 1 (a violation) or 2 (unknown: the checkers could not decide).
+    0 (every invariant holds), 1 (a violation), 2 (unknown: the checkers could not decide) or 3 (RUN_DIR is
+    not a run directory).
 
     RUN_DIR is a local path or a file:// URI (the checker reads the manifest and writes the reports itself;
     on a cluster, put runs on a mount every executor sees at the same path)."""
-    from spark_checkers.api import check_run
+    from ordeal import pipeline
     from spark_checkers.loader import local_run_dir
 
     try:
         local = _run_dir(str(local_run_dir(run_dir)))
-    except (ValueError, click.ClickException) as error:
-        # Why exit 2: nothing was checked, so the verdict is unknown; 1 would claim a violation.
-        click.echo(f"Error: {error.format_message() if isinstance(error, click.ClickException) else error}",
-                   err=True)
-        sys.exit(2)
-    try:
-        code = check_run(local, spark_master)
-    except Exception as error:  # noqa: BLE001 - a crashed checker decides nothing: unknown, never pass or fail
-        click.echo(f"Error: the checker failed, verdict unknown: {type(error).__name__}: {error}", err=True)
-        sys.exit(2)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from error  # a usage error: exit 3 (nothing was checked)
+    # The pipeline's one check-and-write path: the reports, and the check recorded in summary.json when the
+    # run has one.  A crashed checker decides nothing: unknown (2), never pass or fail.
+    [checked] = pipeline.check_and_record([local], spark_master=spark_master, print_tables=True)
+    if checked.failure:
+        click.echo(f"Error: {checked.failure}, verdict unknown", err=True)
+        sys.exit(checked.exit_code)
+    code = checked.exit_code
     click.echo(f"reports: {local / 'report.html'}  {local / 'report.json'}  {local / 'junit.xml'}")
     sys.exit(code)
 

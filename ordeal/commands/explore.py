@@ -9,15 +9,16 @@ from pathlib import Path
 
 import click
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.scenario import ScenarioError, load_scenario
 from ordeal.commands.run import enter_isolation, isolation_option
 from ordeal.commands.spark import spark_options
-from ordeal.scenario import ScenarioError, load_scenario
 
 
 class InputError(click.ClickException):
-    """Bad input: exit 2 (like unknown), so it is never mistaken for a failing verdict (exit 1)."""
+    """Bad input: exit 3 (contracts/exit_codes.py), never mistaken for a verdict (1) or unknown (2)."""
 
-    exit_code = 2
+    exit_code = 3
 
 
 def parse_duration(text: str, option: str = "--budget") -> float:

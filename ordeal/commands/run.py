@@ -11,9 +11,11 @@ from pathlib import Path
 
 import click
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.exit_codes import EXIT_USAGE
+from contracts.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 from harness import netns
 from ordeal.commands.spark import spark_options
-from ordeal.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 
 
 def _scenario_path(name_or_path: str) -> Path:
@@ -141,7 +143,7 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
     """Run SCENARIO (a name from scenarios/ or a .toml path) end to end and record its history."""
     from rich.console import Console
 
-    from harness.run import run_scenario
+    from ordeal import pipeline
 
     path = _scenario_path(scenario)
     try:
@@ -152,7 +154,7 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
     console = Console(stderr=True)
     console.print(f"network: {where}")
     with RichReporter(console) as reporter:
-        result = run_scenario(path, seed, out, reporter=reporter, check=check, spark_master=spark_master)
+        result = pipeline.run(path, seed, out, reporter=reporter, check=check, spark_master=spark_master)
     counts = result.summary.get("counts", {})
     console.print(f"published {counts.get('published')}  acked {counts.get('acked')}  failed "
                   f"{counts.get('failed')}  indeterminate {counts.get('indeterminate')}  delivered "
@@ -202,4 +204,4 @@ def scenarios(directory: Path | None) -> None:
         click.echo(f"{s.name:<24} {s.scenario.tier:<8} {s.target.kind:<9} {s.scenario.duration_s:>6.0f}s  "
                    f"{s.scenario.description}")
     if failed:
-        sys.exit(1)
+        sys.exit(EXIT_USAGE)  # a scenario that does not load (contracts/exit_codes.py)

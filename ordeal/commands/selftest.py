@@ -11,9 +11,9 @@ from ordeal.commands.spark import spark_options
 
 
 class InputError(click.ClickException):
-    """Bad input: exit 2 (like unknown), never mistaken for a failing self-test (exit 1)."""
+    """Bad input: exit 3 (contracts/exit_codes.py), never mistaken for a verdict (1) or unknown (2)."""
 
-    exit_code = 2
+    exit_code = 3
 
 
 @click.command(name="selftest")
@@ -38,7 +38,7 @@ def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None,
     """Run the defect detection matrix: each catalog defect switched on in its scenario must be caught by
     its expected invariant, and the correct broker must pass the same scenarios.  Writes OUT/selftest.json
     and OUT/selftest.html.  Exit 0: all caught, no false alarm; 1: a defect missed or a correct run
-    violated; 2: something unknown."""
+    violated; 2: something unknown; 3: a usage error (bad matrix, option or --out)."""
     from ordeal.selftest import (
         DEFAULT_MATRIX,
         MatrixError,

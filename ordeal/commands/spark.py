@@ -10,7 +10,7 @@ import sys
 
 import click
 
-USAGE_EXIT = 3  # a usage / load error: distinct from 1 (violation) and 2 (unknown)
+from contracts.exit_codes import EXIT_UNKNOWN, EXIT_USAGE
 
 
 def spark_options(command):
@@ -49,7 +49,7 @@ def spark_options(command):
 
 def _usage_error(text: str) -> None:
     click.echo(f"Error: {text}", err=True)
-    sys.exit(USAGE_EXIT)
+    sys.exit(EXIT_USAGE)
 
 
 @click.group(name="spark")
@@ -82,7 +82,7 @@ def start(idle_timeout: float | None, master: str | None) -> None:
         state = connect_server.ensure_started(master=master)
     except connect_server.ConnectServerError as error:
         click.echo(f"Error: {error}", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_UNKNOWN)
     finally:
         connect_server.release_lease()  # this command does not use it: the idle clock starts now
     click.echo(f"Spark Connect server ready: sc://127.0.0.1:{state['port']} (pid {state['watchdog_pid']}, "
@@ -98,5 +98,5 @@ def stop() -> None:
         stopped = connect_server.stop()
     except connect_server.ConnectServerError as error:
         click.echo(f"Error: {error}", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_UNKNOWN)
     click.echo("stopped" if stopped else "no Spark Connect server was running")

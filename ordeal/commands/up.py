@@ -67,7 +67,8 @@ def _topology_config(scenario: Path | None, brokers: int | None) -> tuple[Topolo
 
 def _scenario_config(scenario: Path) -> tuple[TopologyConfig, dict]:
     try:
-        from ordeal.scenario import load_scenario
+        import harness.model  # noqa: F401  (registers the stages into the scenario model)
+        from contracts.scenario import load_scenario
     except ImportError:
         load_scenario = None
     if load_scenario is not None:

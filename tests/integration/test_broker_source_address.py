@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+from capabilities import missing_capability
 from test_broker_flow import brokers  # noqa: F401 - the fixture (broker nodes on the shared topology)
 
 from reference_broker.source_address import source_address_for
@@ -45,8 +46,8 @@ def test_source_address_choice():
 @pytest.mark.integration
 def test_broker_connections_leave_from_its_own_address(brokers, topology):  # noqa: F811
     if topology.addresses.mode != "distinct":
-        pytest.skip("needs the private network namespace (own 127.0.0.x per node); on 127.0.0.1 the "
-                    "source address is the listen address anyway")
+        missing_capability("needs the private network namespace (own 127.0.0.x per node); on 127.0.0.1 the "
+                           "source address is the listen address anyway")
     cluster = brokers(count=2)
     first, second = cluster.nodes
     redis = {(h, p) for h, p in topology.redis_startup_nodes()}

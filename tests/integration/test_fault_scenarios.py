@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from contracts.history_schema import Kind, Phase
+from contracts.scenario import find_scenario, load_scenario
 from harness.history import read_history, read_manifest
-from harness.history_schema import Kind, Phase
 from harness.run import EXIT_PASS, run_scenario
-from ordeal.scenario import find_scenario, load_scenario
 
 pytestmark = pytest.mark.integration
 

@@ -5,9 +5,11 @@ client socket, rules gone and traffic flowing again after heal."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import pytest
+from capabilities import missing_capability
 
 from faults import probes
 from faults.base import FaultContext, FaultNotApplicable
@@ -19,8 +21,11 @@ from harness.topology_config import TopologyConfig
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
 if os.environ.get("ORDEAL_NETNS") != "private":
-    pytest.skip("network faults need the private network namespace (root test session); the refusal "
-                "without it is tested in tests/unit/test_faults_guard.py", allow_module_level=True)
+    missing_capability("network faults need the private network namespace (root test session); the refusal "
+                       "without it is tested in tests/unit/test_faults_guard.py", allow_module_level=True)
+if shutil.which("nft") is None:
+    missing_capability("network faults need nftables (the nft binary): apt-get install nftables",
+                       allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import time
 import pytest
 from redis.cluster import ClusterNode, RedisCluster
 
+from contracts.history_schema import Kind
 from harness.history import HistoryRecorder, read_history
-from harness.history_schema import Kind
 from harness.snapshot import QueueSizeProbe, messages_key
 
 pytestmark = pytest.mark.integration

@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from contracts.history_schema import Kind
 from harness.executor import Executor
 from harness.history import HistoryRecorder, read_history
-from harness.history_schema import Kind
 from properties.plan import (
     CONNECT,
     DISCONNECT,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from test_run_pipeline import out_dir, pid_alive  # noqa: F401  (same directory: fixture re-use)
 
+from contracts.history_schema import Kind
 from harness.history import read_history, read_manifest
-from harness.history_schema import Kind
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,12 +22,12 @@ from test_run_interrupted import (
 )
 from test_run_pipeline import out_dir  # noqa: F401  (same directory: fixture re-use)
 
+from contracts.history_schema import Kind
 from harness import netns
 from harness.history import read_history
-from harness.history_schema import Kind
 
 pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not netns.is_root(), reason="isolation needs root")]
+              pytest.mark.root(reason="isolation needs root")]
 ROOT = Path(__file__).resolve().parents[2]
 
 TINY_PARTITION = """
@@ -179,7 +179,7 @@ def _holders_of(namespaces: set[str]) -> set[int]:
 def test_replay_runs_in_its_own_namespace_and_leaves_no_process_nor_namespace(tiny_partition, out_dir, tmp_path):  # noqa: F811
     """`ordeal replay` isolates itself like `ordeal run`: its run happens in a network namespace that is not
     the caller's (the partition is applied there), and when it ends no process and so no namespace is left."""
-    from ordeal.scenario import load_scenario
+    from contracts.scenario import load_scenario
     from properties.generate import make_plan
 
     stored = tmp_path / "stored"  # a replayable directory: scenario.toml + plan.json, never checked

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from contracts.history_schema import Kind, Phase
+from contracts.scenario import find_scenario
 from harness.history import read_history, read_manifest
-from harness.history_schema import Kind, Phase
 from harness.run import EXIT_PASS, run_scenario
-from ordeal.scenario import find_scenario
 
 pytestmark = pytest.mark.integration
 
@@ -161,7 +161,7 @@ def test_a_stored_plan_with_a_fault_slot_is_played_by_the_nemesis(out_dir: Path)
     The reference broker is killed for 1.5 s; a correct broker still delivers every acknowledged publish."""
     import dataclasses
 
-    from ordeal.scenario import load_scenario
+    from contracts.scenario import load_scenario
     from properties.generate import make_plan
     from properties.plan import FaultSlot
 
@@ -251,10 +251,10 @@ def test_fan_in_with_every_qos_and_expiry(out_dir: Path, tmp_path: Path):
 
 def test_an_unreachable_broker_gives_connect_fail_rows_and_a_clear_error(tmp_path: Path):
     """Non-blocking connects: a refused port surfaces as connect_fail rows (and retries), never a hang."""
+    from contracts.scenario import load_scenario
     from harness.executor import Executor, ExecutorError, ExecutorSettings
     from harness.history import HistoryRecorder
     from harness.targets import free_port
-    from ordeal.scenario import load_scenario
     from properties.generate import make_plan
 
     plan = make_plan(load_scenario(find_scenario("p2p-smoke")), 1)
@@ -302,7 +302,7 @@ def test_subscribers_move_between_two_reference_broker_nodes(out_dir: Path, tmp_
 def test_replay_command_hook_and_a_check_recorded_later(out_dir: Path):
     """run_scenario(replay_command=...) shows the caller's command; a --no-check run is checked afterwards
     with check_runs_later (one Spark session for many runs) and its summary.json gets the verdict."""
-    from harness.run import check_runs_later, record_check
+    from ordeal.pipeline import check_runs_later, record_check
 
     result = run_scenario(find_scenario("mosquitto-smoke"), 4, out_dir, check=False,
                           replay_command="ordeal replay {run_dir}")

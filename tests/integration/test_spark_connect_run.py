@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.scenario import find_scenario
 from harness.run import run_scenario
-from ordeal.scenario import find_scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(1200)]
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness import netns, reaper
+from harness import reaper
 from harness.node import ProcessNode
 from harness.topology import LocalTopology
 from harness.topology_config import TopologyConfig
@@ -107,7 +107,7 @@ def test_sigkill_of_ordeal_up_leaves_no_process(tmp_path: Path) -> None:
     assert left == [], f"processes left after SIGKILL of ordeal up: {left}"
 
 
-@pytest.mark.skipif(not netns.is_root(), reason="--isolated needs root")
+@pytest.mark.root(reason="--isolated needs root")
 def test_sigkill_of_ordeal_up_isolated_leaves_no_process_and_no_namespace(tmp_path: Path) -> None:
     process, endpoints = _start_up(tmp_path, "--isolated")
     try:
@@ -201,7 +201,7 @@ def test_restart_from_a_short_lived_thread_survives_that_thread(tmp_path: Path) 
     assert not node.is_alive() and node.pid is None
 
 
-@pytest.mark.skipif(not netns.is_root(), reason="simulates a non-root user from root with a user namespace")
+@pytest.mark.root(reason="simulates a non-root user from root with a user namespace")
 def test_isolated_is_refused_clearly_for_a_non_root_user(tmp_path: Path) -> None:
     # inside a fresh user namespace without a uid map this process is uid 65534, with no privileges
     result = subprocess.run(["unshare", "--user", "--", sys.executable, "-m", "ordeal.cli", "up", "--isolated",

@@ -27,7 +27,7 @@ def test_check_on_a_history_it_cannot_read_exits_2_and_writes_reports(tmp_path):
 
 def test_check_rejects_a_missing_directory(tmp_path):
     result = CliRunner().invoke(main, ["check", str(tmp_path / "nope")])
-    assert result.exit_code == 2 and "not a directory" in result.output  # nothing checked: unknown, not fail
+    assert result.exit_code == 3 and "not a directory" in result.output  # a usage error: not a verdict
 
 
 @pytest.mark.parametrize("location,needle", [
@@ -37,7 +37,7 @@ def test_check_rejects_a_missing_directory(tmp_path):
 ])
 def test_check_refuses_run_dirs_it_cannot_read_itself(location, needle):
     result = CliRunner().invoke(main, ["check", location])
-    assert result.exit_code == 2 and needle in result.output, result.output
+    assert result.exit_code == 3 and needle in result.output, result.output
 
 
 def test_local_run_dir_accepts_paths_and_file_uris(tmp_path):
@@ -81,7 +81,7 @@ def test_runs_given_as_file_uris_are_checked_in_one_batch(spark, tmp_path):
 
 def test_report_needs_report_json(tmp_path):
     result = CliRunner().invoke(main, ["report", str(tmp_path)])
-    assert result.exit_code == 1 and "report.json is missing" in result.output
+    assert result.exit_code == 3 and "report.json is missing" in result.output
 
 
 @pytest.mark.spark

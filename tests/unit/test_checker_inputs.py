@@ -8,11 +8,11 @@ from xml.etree import ElementTree as ET
 import pyarrow.parquet as pq
 import pytest
 
+from contracts.invariants import BY_ID, IDS
 from spark_checkers import synthetic as s
 from spark_checkers.api import check_runs
 from spark_checkers.explain import loss_gaps
 from spark_checkers.guarantees import Guarantees
-from spark_checkers.invariants import BY_ID, IDS
 from spark_checkers.loader import open_run
 from spark_checkers.reports import junit_xml
 from spark_checkers.timeline import Timeline
@@ -123,10 +123,26 @@ def test_topic_filters(topic_filter, topic, expected):
     assert filter_matches(topic_filter, topic) is expected
 
 
+def test_the_scenario_model_and_the_checker_share_every_default():
+    """One source (contracts/invariants.py): a scenario.json without [checks] is judged like a scenario that
+    left [checks] out (the checker once fell back to 200 ms while every scenario said 500 ms)."""
+    from contracts.scenario import CheckSpec, parse_scenario
+
+    assert Guarantees.from_scenario({}).clock_tolerance_ms == CheckSpec().clock_tolerance_ms == 500
+    assert Guarantees.from_scenario({}).pipeline_slack_ms == CheckSpec().pipeline_slack_ms
+    scenario = parse_scenario("[scenario]\nname = 'x'\nduration_s = 5\n[broker]\npersisted_messages_limit = 7\n")
+    g = Guarantees.from_scenario(scenario.to_dict())
+    # The reference broker's own TTL default reaches the checker through scenario.json, not through a copy.
+    from reference_broker.config import BrokerConfig
+
+    assert (g.persisted_messages_limit, g.persisted_message_ttl_s) == (7, BrokerConfig().persisted_message_ttl_s)
+    assert scenario.to_dict()["broker"]["persisted_message_ttl_s"] == BrokerConfig().persisted_message_ttl_s
+
+
 def test_guarantees_from_scenario_and_errors():
     g = Guarantees.from_scenario({"broker": {"persisted_messages_limit": 5}, "checks": {"allowed": ["order.dup_flag"]},
                                   "target": {"kind": "external"}})
-    assert (g.persisted_messages_limit, g.persisted_message_ttl_s, g.clock_tolerance_ms) == (5, 604800, 200)
+    assert (g.persisted_messages_limit, g.persisted_message_ttl_s, g.clock_tolerance_ms) == (5, 604800, 500)
     assert g.allowed == ("order.dup_flag",) and not g.white_box
     with pytest.raises(ValueError, match=r"broker\.persisted_messages_limit must be between 1 and 65535, got 70000"):
         Guarantees.from_scenario({"broker": {"persisted_messages_limit": 70000}})

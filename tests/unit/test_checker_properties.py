@@ -75,7 +75,10 @@ def cases():
         lambda m: st.tuples(st.just(m), specs(m), st.integers(0, 1000))), min_size=8, max_size=8)
 
 
-@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+# derandomize: a fixed seed, so every run checks the same batch and always asserts what it asserted before
+# (a random single draw could skip every case and assert nothing); explore new draws with
+# --hypothesis-seed=random or by raising max_examples locally.
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
 @given(batch=cases())
 def test_valid_histories_pass_and_one_mutation_fails_its_invariant(spark, tmp_path_factory, batch):
     root = tmp_path_factory.mktemp("prop")
@@ -90,6 +93,7 @@ def test_valid_histories_pass_and_one_mutation_fails_its_invariant(spark, tmp_pa
         expected.append((f"clean {mutation} {spec}", set()))
         dirs.append(s.write_run(root / f"mutated{index}", mutate(rows, mutation, choice), replace(spec)))
         expected.append((f"{mutation} #{choice} {spec}", {EXPECTED[mutation]}))
+    assert len(dirs) >= 4, f"the batch left only {len(dirs)} histories with deliveries: too little was checked"
     reports = check_runs(dirs, spark=spark)
     for (label, want), report in zip(expected, reports, strict=True):
         failing = {i["id"] for i in report["invariants"] if i["verdict"] == "fail"}

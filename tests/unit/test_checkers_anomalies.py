@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from harness.history_schema import Kind, Phase
+from contracts.history_schema import Kind, Phase
 from spark_checkers import synthetic as s
 from spark_checkers.api import check_runs
 

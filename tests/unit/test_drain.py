@@ -77,7 +77,7 @@ def _record(publisher: str, seq: int) -> bytes:
     import base64
     import json
 
-    from harness.payload import Identity, encode
+    from contracts.payload import Identity, encode
 
     payload = encode(Identity(publisher_index=0, seq=seq, send_wall_us=1), 40)
     return json.dumps({"publisher": publisher, "payload": base64.b64encode(payload).decode()}).encode()

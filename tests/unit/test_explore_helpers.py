@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 import pytest
 
+from contracts.scenario import find_scenario, load_scenario
 from ordeal.commands.explore import parse_duration
 from ordeal.explore import (
     FIRST_RUN_OVERHEAD_S,
@@ -23,7 +24,6 @@ from ordeal.explore import (
     summary_lines,
 )
 from ordeal.replay import StoredRunError, compare, comparison_lines, first_witness, load_stored_run
-from ordeal.scenario import find_scenario, load_scenario
 from ordeal.shrink import RunsRule, ShrinkError
 from properties.generate import make_plan
 

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from contracts.scenario import ScenarioError, default_scenarios_dir, load_scenario, parse_scenario
 from faults.nemesis import schedule_from_slots
-from ordeal.scenario import ScenarioError, default_scenarios_dir, load_scenario, parse_scenario
 from properties.generate import _online_intervals, make_plan, plans
 from properties.plan import Plan
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from contracts.history_schema import EVENT_SCHEMA, PARQUET_META_KEY, Kind, Phase
 from harness.history import HistoryError, HistoryRecorder, read_history, read_manifest
-from harness.history_schema import EVENT_SCHEMA, PARQUET_META_KEY, Kind, Phase
 
 
 def test_rows_land_in_the_exact_schema(tmp_path: Path):
@@ -109,7 +109,7 @@ def test_a_killed_writer_leaves_a_readable_incomplete_history(tmp_path: Path):
     script = (
         "import sys, time\n"
         "from harness.history import HistoryRecorder\n"
-        "from harness.history_schema import Kind\n"
+        "from contracts.history_schema import Kind\n"
         "r = HistoryRecorder(sys.argv[1], run_id='k', flush_rows=50, flush_interval_s=0.1)\n"
         "i = 0\n"
         "print('ready', flush=True)\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.payload import HEADER_SIZE, Identity, PayloadError, body_hash, decode, encode, try_decode
+from contracts.payload import HEADER_SIZE, Identity, PayloadError, body_hash, decode, encode, try_decode
 
 
 def test_round_trip_at_the_seeds_size():

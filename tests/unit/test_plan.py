@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from ordeal.scenario import find_scenario, load_scenario, parse_scenario
+from contracts.scenario import find_scenario, load_scenario, parse_scenario
 from properties.generate import make_plan, plans
 from properties.plan import CONNECT, DISCONNECT, Plan, PlanError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ordeal.scenario import parse_scenario
+from contracts.scenario import parse_scenario
 from ordeal.selftest import (
     CAUGHT,
     EXIT_FAIL,
@@ -240,7 +240,7 @@ def test_junit_has_one_case_per_row_with_failures_and_errors():
     assert "no matrix entry" in xml
 
 
-def test_cli_bad_matrix_exits_2_naming_the_file(tmp_path):
+def test_cli_bad_matrix_exits_3_naming_the_file(tmp_path):
     from click.testing import CliRunner
 
     from ordeal.cli import main
@@ -248,7 +248,7 @@ def test_cli_bad_matrix_exits_2_naming_the_file(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[entry]]\ndefect = "no_such_defect"\nscenario = "x.toml"\nseed = 1\nexpect = ["durability.lost"]\n')
     result = CliRunner().invoke(main, ["selftest", "--matrix", str(bad), "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert f"{bad}: [[entry]] #1" in result.output and "not in the catalog" in result.output
     assert not (tmp_path / "out").exists()
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.scenario import find_scenario, load_scenario
 from ordeal.replay import Played, load_stored_run
-from ordeal.scenario import find_scenario, load_scenario
 from ordeal.shrink import RunsRule, ShrinkError, ShrinkSettings, shrink
 from properties.generate import make_plan
 from properties.plan import Plan

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from ordeal.scenario import find_scenario, load_scenario
+from contracts.scenario import find_scenario, load_scenario
 from properties.generate import make_plan, plans
 from properties.plan import CONNECT, DISCONNECT, FaultSlot, Plan
 from properties.shrink import (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.scenario import ScenarioError, load_scenario, parse_scenario
 from harness.executor import withhold_starts
-from ordeal.scenario import ScenarioError, load_scenario, parse_scenario
 from properties.generate import make_plan
 from properties.plan import CONNECT, DISCONNECT, Plan, SubscriberAction
 

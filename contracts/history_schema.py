@@ -87,7 +87,7 @@ EVENT_SCHEMA = pa.schema(
         pa.field("payload_size", pa.int32()),
         pa.field("expiry_s", pa.int64()),  # publish: requested message expiry interval (null = none)
         pa.field("remaining_expiry_s", pa.int64()),  # delivery: MQTT 5 message expiry interval received
-        # Identity decoded from the payload (see harness/payload.py); null when undecodable.
+        # Identity decoded from the payload (see contracts/payload.py); null when undecodable.
         pa.field("publisher", pa.string()),  # the publishing client's id
         pa.field("pub_seq", pa.int64()),  # per-publisher sequence number, from 1
         pa.field("send_wall_us", pa.int64()),  # when the publisher built the payload

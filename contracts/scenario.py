@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from contracts.invariants import DEFAULT_CLOCK_TOLERANCE_MS, DEFAULT_PIPELINE_SLACK_MS, IDS
 
 TIERS = ("smoke", "nightly", "soak")
 TARGET_KINDS = ("reference", "external")
@@ -23,28 +25,79 @@ PROTOCOL_KEYS = {"mqtt311": 4, "mqtt5": 5}
 RECONNECT_NODES = ("same", "other", "any")
 
 
+# --------------------------------------------------------------------------------------------------
+# What the stages register into the model.  This module imports no stage (it is the bottom layer): the
+# fault kinds belong to faults/ (faults/catalog.py registers them at import), the [topology] table to the
+# harness (harness/topology_config.py registers it), the [broker] table to the reference broker (registered
+# by harness/model.py).  Whoever loads a scenario imports harness.model first (ordeal's commands do).
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultCatalog:
+    """The fault-kind knowledge the scenario model validates [faults] against (faults/catalog.py)."""
+
+    kinds: tuple[str, ...]
+    target_type: Callable[[str], str]  # kind -> "node" | "client" | "none"
+    validate: Callable[[Mapping[str, Any]], Any]  # a plan fault dict; raises ValueError naming what is wrong
+    full_params: Callable[[str, Mapping[str, Any]], dict[str, Any]]  # every parameter, defaults filled
+    default_targets: Mapping[str, tuple[str, ...]]  # kind -> selectors drawn when the scenario names none
+    log_losing_kinds: tuple[str, ...]  # kinds that take a node down (an in-memory Kafka log is lost)
+    kafka_role_of: Callable[[str], str | None]  # selector -> 'kafka' | 'storage' | None
+
+
+@dataclass(frozen=True)
+class TopologyModel:
+    """The [topology] table's validation (harness/topology_config.py)."""
+
+    normalise: Callable[[Mapping[str, Any], str], dict[str, Any]]  # (mapping, source) -> every key filled
+    kill_loses_log: Callable[[Mapping[str, Any], str], str]  # (normalised, 'kafka'|'storage') -> why, or ''
+
+
+_FAULTS: list[FaultCatalog] = []
+_TOPOLOGY: list[TopologyModel] = []
+_BROKER: list[Callable[[Mapping[str, Any], str], Any]] = []
+
+
+def register_fault_catalog(catalog: FaultCatalog) -> None:
+    _FAULTS[:] = [catalog]
+
+
+def register_topology_model(model: TopologyModel) -> None:
+    _TOPOLOGY[:] = [model]
+
+
+def register_broker_validator(validate: Callable[[Mapping[str, Any], str], dict[str, Any]]) -> None:
+    """``validate(table, source)`` raises ValueError/TypeError naming the key when [broker] is wrong, else
+    returns the reference broker's whole configuration (every default filled: scenario.json's "broker")."""
+    _BROKER[:] = [validate]
+
+
+def _registered(registry: list[Any], what: str) -> Any:
+    if not registry:
+        raise RuntimeError(f"the scenario model has no {what} registered: import harness.model before loading "
+                           "or planning a scenario (contracts/ imports no stage; the stages register into it)")
+    return registry[0]
+
+
+def fault_catalog() -> FaultCatalog:
+    return _registered(_FAULTS, "fault catalog (faults/catalog.py)")
+
+
+def topology_model() -> TopologyModel:
+    return _registered(_TOPOLOGY, "topology model (harness/topology_config.py)")
+
+
 def known_fault_kinds() -> tuple[str, ...]:
-    """The fault kinds the nemesis implements (faults/catalog.py registers them).  A scenario naming any
-    other kind is rejected on load, never silently run without it."""
-    from faults.catalog import FAULT_KINDS
-
-    return tuple(sorted(FAULT_KINDS))
+    """The fault kinds the nemesis implements.  A scenario naming any other kind is rejected on load, never
+    silently run without it."""
+    return tuple(sorted(fault_catalog().kinds))
 
 
-# The invariant vocabulary of docs/architecture.md (scenarios' checks.allowed uses these ids).
-INVARIANT_IDS: tuple[str, ...] = (
-    "durability.lost", "durability.session_lost", "durability.phantom",
-    "durability.unsubscribed_delivery", "durability.delivered_after_failed_publish",
-    "order.out_of_order", "order.packet_id_invalid", "order.packet_id_reused", "order.dup_flag",
-    "expiry.delivered_expired", "expiry.remaining_not_reduced", "expiry.dropped_early",
-    "limits.over_limit", "limits.trimmed_under_limit", "limits.trim_not_oldest",
-    "duplicates.redelivered_after_ack", "duplicates.qos2",
-    "whitebox.orphan_payloads", "whitebox.dangling_refs", "whitebox.last_packet_id_behind",
-    "liveness.unseen_over_time", "liveness.stuck_inflight",
-    "meta.history_complete", "meta.fault_bit", "meta.checker_error",
-)
+# The invariant vocabulary (scenarios' checks.allowed uses these ids): contracts/invariants.py.
+INVARIANT_IDS: tuple[str, ...] = IDS
 
-MIN_PAYLOAD_SIZE = 32  # the identity header (harness/payload.py) is 23 bytes; architecture.md fixes 32
+MIN_PAYLOAD_SIZE = 32  # the identity header (contracts/payload.py) is 23 bytes; architecture.md fixes 32
 MAX_PACKET_ID = 65535
 
 
@@ -120,7 +173,7 @@ class FaultSpec:
 
     ``targets``: per kind, the selectors a fault of that kind draws from (``{subscriber}`` = a subscriber
     the plan keeps connected during the fault); ``params``: per kind, fixed parameters; ``choices``: per
-    kind, parameter -> values drawn per fault.  Kinds needing a node target default to DEFAULT_TARGETS."""
+    kind, parameter -> values drawn per fault.  Kinds needing a node target default to faults/catalog.py DEFAULT_TARGETS."""
 
     mix: tuple[tuple[str, float], ...] = ()
     quiet_s: tuple[float, float] = (2.0, 5.0)
@@ -143,10 +196,8 @@ class FaultSpec:
 
 @dataclass(frozen=True)
 class CheckSpec:
-    clock_tolerance_ms: int = 500
-    # How long an acknowledged message may still be in the broker's pipeline (Kafka -> Redis) when a
-    # subscriber reconnects; the black-box limit rules count only the backlog acknowledged before that.
-    pipeline_slack_ms: int = 2000
+    clock_tolerance_ms: int = DEFAULT_CLOCK_TOLERANCE_MS  # defaults: contracts/invariants.py
+    pipeline_slack_ms: int = DEFAULT_PIPELINE_SLACK_MS
     allowed: tuple[str, ...] = ()
 
 
@@ -165,6 +216,13 @@ class Scenario:
     @property
     def name(self) -> str:
         return self.scenario.name
+
+    def broker_config(self) -> dict[str, Any]:
+        """The reference broker's whole configuration for this scenario: the [broker] table with the broker's
+        own defaults filled in (so the checker judges limits and TTLs against the broker's values, and keeps
+        no copy of them)."""
+        validate = _registered(_BROKER, "broker validator (harness/model.py)")
+        return _plain(validate(self.broker, f"{self.source} [broker]"))
 
     def to_dict(self) -> dict[str, Any]:
         """The normalised scenario, JSON-able, every default filled in (written as scenario.json)."""
@@ -196,7 +254,7 @@ class Scenario:
             "scenario": asdict(self.scenario),
             "topology": _plain(self.topology),
             "target": target,
-            "broker": _plain(self.broker),
+            "broker": self.broker_config() if self.target.kind == "reference" else _plain(self.broker),
             "workload": workload,
             "subscribers": subscribers,
             "faults": faults,
@@ -407,7 +465,7 @@ def _read_info(s: _Section) -> ScenarioInfo:
 
 
 def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
-    """Validated by the topology's own TopologyConfig (harness/topology_config.py); the scenario keeps its
+    """Validated by the topology's own TopologyConfig (harness/topology_config.py, registered); the scenario keeps its
     normalised mapping."""
     if table is not None and not isinstance(table, dict):
         raise ScenarioError(f"{source}: [topology] must be a table, got {table!r}")
@@ -416,10 +474,8 @@ def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
     if isinstance(mapping["broker_nodes"], int) and mapping["broker_nodes"] < 1:
         raise ScenarioError(f"{source}: [topology] broker_nodes = {mapping['broker_nodes']!r}: the reference "
                             "target needs at least 1 broker node")
-    from harness.topology_config import TopologyConfig
-
     try:
-        return TopologyConfig.from_mapping(mapping, source=f"{source} [topology]").to_dict()
+        return topology_model().normalise(mapping, f"{source} [topology]")
     except ValueError as error:
         raise ScenarioError(str(error)) from error
 
@@ -464,10 +520,9 @@ def _read_broker(source: str, table: Any) -> Mapping[str, Any]:
         return {}
     if not isinstance(table, dict):
         raise ScenarioError(f"{source}: [broker] must be a table, got {table!r}")
-    from reference_broker.config import BrokerConfig  # the reference broker validates its own configuration
-
+    validate = _registered(_BROKER, "broker validator (harness/model.py)")
     try:
-        BrokerConfig.from_mapping(table, source=f"{source} [broker]")
+        validate(table, f"{source} [broker]")  # the reference broker validates its own configuration
     except (ValueError, TypeError) as error:
         raise ScenarioError(str(error) if source in str(error) else f"{source}: [broker] {error}") from error
     return dict(table)
@@ -532,17 +587,6 @@ def _read_subscribers(s: _Section) -> SubscriberSpec:
     return spec
 
 
-# Node targets a kind draws from when the scenario names none: the slot owner of a steady subscriber's
-# messages (the fault that matters most for a session store), any replica, the Kafka broker, a broker node.
-DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
-    "process_kill": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
-    "process_stop": ("redis-master-of:{subscriber}", "redis-random-replica", "kafka", "broker-random"),
-    "process_pause": ("redis-master-of:{subscriber}", "redis-random-replica"),
-    "process_restart": ("redis-master-of:{subscriber}", "kafka", "broker-random"),
-    "redis_failover": ("redis-master-of:{subscriber}",),
-    "net_isolate": ("redis-master-of:{subscriber}",),
-    "client_flap": ("{subscriber}",),
-}
 PLACEHOLDERS = ("{subscriber}",)
 PLACEHOLDER_EXAMPLE = "test_sub_client_0_0"  # stands in for {subscriber} when validating at load time
 
@@ -560,10 +604,7 @@ def fill_placeholders(value: Any, subscriber: str) -> Any:
 
 def full_fault_params(kind: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """Every parameter of the kind with defaults filled (plan.json holds the full parameters)."""
-    import faults.catalog  # noqa: F401  (registers every kind)
-    from faults.base import normalise_params
-
-    return normalise_params(kind, params)
+    return fault_catalog().full_params(kind, params)
 
 
 def uses_placeholder(value: Any) -> bool:
@@ -595,7 +636,7 @@ def _read_faults(s: _Section) -> FaultSpec:
     params: list[tuple[str, Mapping[str, Any]]] = []
     choices: list[tuple[str, tuple[tuple[str, tuple[Any, ...]], ...]]] = []
     for kind in sorted(mix):
-        selectors = targets_raw.get(kind, DEFAULT_TARGETS.get(kind, ()))
+        selectors = targets_raw.get(kind, fault_catalog().default_targets.get(kind, ()))
         if isinstance(selectors, str):
             selectors = [selectors]
         if not isinstance(selectors, list | tuple) or not all(isinstance(t, str) and t for t in selectors):
@@ -625,13 +666,11 @@ def _read_faults(s: _Section) -> FaultSpec:
 def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fixed: dict[str, Any],
                          drawn: dict[str, list[Any]]) -> None:
     """Every target and every drawn parameter value must make a valid fault (faults/catalog.py decides)."""
-    from faults.base import FaultSpecError, kind_info
-    from faults.catalog import validate_spec
-
-    info = kind_info(kind)
-    if info.target in ("node", "client") and not selectors:
+    catalog = fault_catalog()
+    target_type = catalog.target_type(kind)
+    if target_type in ("node", "client") and not selectors:
         raise s.fail(f"targets.{kind}", [], f"fault kind {kind!r} needs a target; give a list of selectors")
-    if info.target == "none" and selectors:
+    if target_type == "none" and selectors:
         raise s.fail(f"targets.{kind}", list(selectors), f"fault kind {kind!r} takes no target")
     variants = [dict(fixed)] + [{**fixed, name: value} for name, values in drawn.items() for value in values]
     for target in selectors or (None,):
@@ -640,14 +679,10 @@ def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fix
                     "target": fill_placeholders(target, PLACEHOLDER_EXAMPLE) if target else None,
                     "params": fill_placeholders(params, PLACEHOLDER_EXAMPLE)}
             try:
-                validate_spec(spec)
-            except FaultSpecError as error:
+                catalog.validate(spec)
+            except ValueError as error:
                 where = f"targets.{kind}" if target is not None else f"params.{kind}"
                 raise s.fail(where, target if target is not None else params, str(error)) from None
-
-
-# Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
-LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart")
 
 
 def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: FaultSpec) -> None:
@@ -655,16 +690,13 @@ def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: F
     Kafka stand-in acknowledged: the run would blame the broker under test for the stand-in's loss, so the
     scenario is refused here, before a run directory exists (faults/process.py refuses it again at run time
     for plans that bypass this file)."""
-    from faults.targets import kafka_role_of
-    from harness.topology_config import TopologyConfig
-
     if not topology:
         return
-    config = TopologyConfig.from_mapping(topology, source=f"{source} [topology]")
-    for kind in LOG_LOSING_KINDS:
+    catalog = fault_catalog()
+    for kind in catalog.log_losing_kinds:
         for selector in faults.targets_of(kind):
-            role = kafka_role_of(fill_placeholders(selector, PLACEHOLDER_EXAMPLE))
-            why = config.destructive_kill_loses_log(role) if role else ""
+            role = catalog.kafka_role_of(fill_placeholders(selector, PLACEHOLDER_EXAMPLE))
+            why = topology_model().kill_loses_log(topology, role) if role else ""
             if why:
                 raise ScenarioError(f"{source}: [faults] targets.{kind} = {selector!r}: {why}.")
 
@@ -675,7 +707,7 @@ def _read_checks(s: _Section) -> CheckSpec:
     allowed = s.strings("allowed")
     for invariant in allowed:
         if invariant not in INVARIANT_IDS:
-            raise s.fail("allowed", invariant, "unknown invariant id; see docs/architecture.md for the list")
+            raise s.fail("allowed", invariant, f"unknown invariant id; known ids: {', '.join(IDS)}")
     s.finish()
     return CheckSpec(clock_tolerance_ms=tolerance, pipeline_slack_ms=slack, allowed=tuple(sorted(set(allowed))))
 

@@ -1,12 +1,31 @@
-"""The invariant vocabulary (docs/architecture.md) with what each id means, in one table.
+"""The invariant vocabulary (docs/architecture.md) with what each id means, and the defaults every check
+is judged with: one table, one place.
 
-The ids are the contract between scenarios' ``checks.allowed``, the defect catalog and the reports; this
-module is the only place in spark_checkers that spells them.
+The ids are the contract between scenarios' ``checks.allowed``, the defect catalog, the checkers and the
+reports; this module is the only place that spells them (contracts/scenario.py validates ``allowed``
+against it, spark_checkers decides each one).  Each default below exists only here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# -- The defaults the checks are judged with (scenario [checks]; docs/scenarios.md, docs/invariants.md) -----
+# How far apart two clocks of this machine may be read for the same event (a publisher's send stamp vs the
+# subscriber's receive stamp; an expiry deadline vs a delivery).  500 ms: the value every scenario has
+# carried into scenario.json (contracts/scenario.py CheckSpec), so every stored run was judged with it; the
+# checker's own fallback of 200 ms only ever applied to hand-written scenario.json files without the key
+# (synthetic histories, benchmarks), a drift, not a second policy.
+DEFAULT_CLOCK_TOLERANCE_MS = 500
+# How long an acknowledged message may still be in the broker's pipeline (Kafka -> Redis) when a subscriber
+# reconnects; the black-box limit rules count only the backlog acknowledged before that.
+DEFAULT_PIPELINE_SLACK_MS = 2000
+# What a target that declares no per-session queue limit or message TTL is judged against: TBMQ's defaults
+# (the reference broker's own defaults are its config's, reference_broker/config.py, written into
+# scenario.json by the scenario model; an external target declares none yet, so these apply to it).
+UNDECLARED_QUEUE_LIMIT = 10000
+UNDECLARED_TTL_S = 604800
+MAX_QUEUE_LIMIT = 65535  # a larger limit would let packet ids (1..65535) collide with stored messages
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,17 @@ _labels: dict[int, str] = {}
 _connect_sessions: dict[str, object] = {}
 
 
+def close_sessions() -> None:
+    """Stop this process's Spark Connect sessions (before stopping their server: a client of a dead server
+    retries for minutes when its process exits)."""
+    for spark in list(_connect_sessions.values()):
+        try:
+            spark.stop()
+        except Exception:  # noqa: BLE001, S110 - best effort at shutdown
+            pass
+    _connect_sessions.clear()
+
+
 def describe(spark) -> str:
     """The master (classic) or the endpoint (Connect) a session runs on, for reports."""
     label = _labels.get(id(spark))

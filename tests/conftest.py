@@ -51,7 +51,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def _stop_shared_spark_server() -> Iterator[None]:
     yield
     from spark_checkers import connect_server
+    from spark_checkers.session import close_sessions
 
+    close_sessions()
     connect_server.release_lease()
     connect_server.stop()
 

@@ -11,6 +11,13 @@ not know.
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
@@ -116,3 +123,78 @@ EVENT_SCHEMA = pa.schema(
 
 COLUMNS = tuple(EVENT_SCHEMA.names)
 REQUIRED_COLUMNS = ("seq", "t_mono_us", "t_wall_us", "kind")
+
+
+# -- The manifest: one type, one writer (harness/history.py, spark_checkers/synthetic.py, benchmarks) -------
+
+
+def part_name(index: int) -> str:
+    return f"events-{index:05d}.parquet"
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    file: str
+    rows: int
+    first_seq: int
+    last_seq: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """history/manifest.json (docs/history.md, docs/schemas/manifest.schema.json).  ``complete`` is true only
+    after the run_end phase row was recorded and the writer closed; ``meta`` holds extra keys (scenario, seed)."""
+
+    run_id: str
+    complete: bool
+    parts: tuple[PartInfo, ...] = ()
+    incomplete_reason: str = ""
+    end_reason: str = ""
+    started_wall_us: int = 0
+    updated_wall_us: int = 0
+    counts_recorded: Mapping[str, int] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.meta,
+            "schema_version": self.schema_version,
+            "run_id": self.run_id,
+            "complete": self.complete,
+            "incomplete_reason": self.incomplete_reason,
+            "end_reason": self.end_reason,
+            "started_wall_us": self.started_wall_us,
+            "updated_wall_us": self.updated_wall_us,
+            "rows": self.rows,
+            "parts": [p.file for p in self.parts],  # part file names, in seq order
+            "part_details": [asdict(p) for p in self.parts],
+            "counts_recorded": dict(sorted(self.counts_recorded.items())),
+        }
+
+
+def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
+    """Write (atomically: a temporary file renamed over the old one) ``directory``/manifest.json."""
+    directory = Path(directory)
+    temporary = directory / f".{MANIFEST_NAME}.tmp"
+    temporary.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n")
+    os.replace(temporary, directory / MANIFEST_NAME)
+    return directory / MANIFEST_NAME
+
+
+def write_part(directory: str | Path, index: int, table: pa.Table, *, compression: str = "zstd") -> PartInfo:
+    """Write one part file (atomically) from a table whose rows carry ``seq``; returns its manifest entry."""
+    import pyarrow.parquet as pq
+
+    directory = Path(directory)
+    name = part_name(index)
+    temporary = directory / f".{name}.tmp"
+    pq.write_table(table, temporary, compression=compression)
+    os.replace(temporary, directory / name)
+    seqs = table.column("seq")
+    return PartInfo(name, table.num_rows, int(seqs[0].as_py()) if table.num_rows else 0,
+                    int(seqs[-1].as_py()) if table.num_rows else 0)

@@ -250,7 +250,10 @@ class Scenario:
             del workload["publishers"], workload["subscribers"]
         else:
             del workload["pairs"]
+        from contracts.versions import SCENARIO_VERSION
+
         return {
+            "schema_version": SCENARIO_VERSION,
             "scenario": asdict(self.scenario),
             "topology": _plain(self.topology),
             "target": target,
@@ -417,6 +420,15 @@ def parse_scenario(text: str, *, source: str = "<string>") -> Scenario:
 
 
 def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mapping>") -> Scenario:
+    """A scenario from its TOML tables, or from a scenario.json (``schema_version``: refused if unknown)."""
+    if "schema_version" in document:
+        from contracts.versions import SchemaVersionError, check_version
+
+        try:
+            check_version(dict(document), source, "scenario.json")
+        except SchemaVersionError as error:
+            raise ScenarioError(str(error)) from error
+        document = {k: v for k, v in document.items() if k != "schema_version"}
     unknown = sorted(set(document) - set(SECTIONS))
     if unknown:
         raise ScenarioError(f"{source}: unknown section [{unknown[0]}]; allowed sections: {', '.join(SECTIONS)}")

@@ -11,7 +11,6 @@ leaves a readable history that says it is incomplete.  Schema: contracts/history
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections import Counter
@@ -27,9 +26,12 @@ from contracts.history_schema import (
     EVENT_SCHEMA,
     MANIFEST_NAME,
     PART_GLOB,
-    SCHEMA_VERSION,
     Kind,
+    Manifest,
+    PartInfo,
     Phase,
+    write_manifest,
+    write_part,
 )
 
 _SETTABLE = frozenset(COLUMNS) - {"seq", "kind"}
@@ -37,10 +39,6 @@ _SETTABLE = frozenset(COLUMNS) - {"seq", "kind"}
 
 class HistoryError(RuntimeError):
     """A history that cannot be written or read."""
-
-
-def part_name(index: int) -> str:
-    return f"events-{index:05d}.parquet"
 
 
 class HistoryRecorder:
@@ -64,7 +62,7 @@ class HistoryRecorder:
         self._buffer: list[dict[str, Any]] = []
         self._seq = 0
         self._counts: Counter[str] = Counter()
-        self._parts: list[dict[str, Any]] = []
+        self._parts: list[PartInfo] = []
         self._run_end_seen = False
         self._closed = False
         self._wake = threading.Event()
@@ -141,37 +139,17 @@ class HistoryRecorder:
                 counts = dict(self._counts)
             if not rows:
                 return
-            index = len(self._parts)
-            name = part_name(index)
             table = pa.Table.from_pylist(rows, schema=EVENT_SCHEMA)
-            temporary = self.directory / f".{name}.tmp"
-            pq.write_table(table, temporary, compression="zstd")
-            os.replace(temporary, self.directory / name)
-            self._parts.append({"file": name, "rows": len(rows), "first_seq": rows[0]["seq"],
-                                "last_seq": rows[-1]["seq"]})
+            self._parts.append(write_part(self.directory, len(self._parts), table))
             self._write_manifest(complete=False, counts=counts)
 
     def _write_manifest(self, *, complete: bool, counts: Mapping[str, int] | None = None,
                         reason: str = "") -> None:
-        written = sum(p["rows"] for p in self._parts)
         incomplete_reason = "" if complete else (reason or "the run has not finished (or was killed)")
-        manifest = {
-            **self.meta,
-            "schema_version": SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "complete": complete,
-            "incomplete_reason": incomplete_reason,
-            "end_reason": "run_end" if complete else incomplete_reason,
-            "started_wall_us": self.started_wall_us,
-            "updated_wall_us": time.time_ns() // 1000,
-            "rows": written,
-            "parts": [p["file"] for p in self._parts],  # part file names, in seq order
-            "part_details": list(self._parts),
-            "counts_recorded": dict(sorted((counts or {}).items())),
-        }
-        temporary = self.directory / f".{MANIFEST_NAME}.tmp"
-        temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        os.replace(temporary, self.directory / MANIFEST_NAME)
+        write_manifest(self.directory, Manifest(
+            run_id=self.run_id, complete=complete, parts=tuple(self._parts), incomplete_reason=incomplete_reason,
+            end_reason="run_end" if complete else incomplete_reason, started_wall_us=self.started_wall_us,
+            updated_wall_us=time.time_ns() // 1000, counts_recorded=dict(counts or {}), meta=self.meta))
 
     def close(self, *, reason: str = "") -> bool:
         """Flush, stop the writer, and mark the history complete if the run_end phase was recorded.

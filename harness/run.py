@@ -29,6 +29,7 @@ import harness.model  # noqa: F401  (registers the stages into the scenario mode
 from contracts.exit_codes import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN  # noqa: F401  (re-exported for callers)
 from contracts.history_schema import Kind, Phase
 from contracts.scenario import Scenario, load_scenario
+from contracts.versions import SUMMARY_VERSION
 from harness.drain import PIPELINE_EMPTY, pipeline_wait_decision
 from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
@@ -433,6 +434,7 @@ def build_summary(run_dir: Path, scenario: Scenario, plan: Plan, replay: str, ti
                   if r["kind"] == Kind.DELIVERY]
     unique = {(r["client"], r["publisher"], r["pub_seq"]) for r in deliveries if r["publisher"] is not None}
     return {
+        "schema_version": SUMMARY_VERSION,
         "scenario": scenario.name,
         "seed": plan.seed,
         "run_dir": str(run_dir),

@@ -9,13 +9,13 @@ below never call each other: ``harness`` stops once the history and summary.json
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from contracts.exit_codes import EXIT_PASS, EXIT_UNKNOWN
+from contracts.versions import SUMMARY_VERSION, SchemaVersionError, read_json
 from harness.run import Reporter, RunResult, SilentReporter, run_scenario, write_summary
 from properties.plan import Plan
 
@@ -97,9 +97,12 @@ def record_check(run_dir: Path | str, check_exit: int | None, *, check_s: float 
     run's verdict."""
     path = Path(run_dir) / SUMMARY
     try:
-        summary = json.loads(path.read_text())
+        summary = read_json(path)  # an unknown schema_version is refused (SchemaVersionError is a ValueError)
+    except SchemaVersionError:
+        raise
     except (OSError, ValueError) as error:
         raise ValueError(f"{path}: cannot record a check: no readable summary.json ({error})") from error
+    summary.setdefault("schema_version", SUMMARY_VERSION)  # an unversioned summary has version 1's layout
     run_exit = int(summary.get("run_exit_code", summary.get("exit_code", EXIT_UNKNOWN)))
     summary["run_exit_code"] = run_exit  # before any check, so a re-check starts from the run again
     if check_exit is None:
@@ -120,7 +123,7 @@ def check_runs_later(run_dirs: list[Path | str], spark_master: str | None = None
     """Check runs made with ``check=False`` in one Spark session; returns each run's exit code.  A run whose
     history is incomplete is not checked (its summary already says unknown)."""
     dirs = [Path(d) for d in run_dirs]
-    summaries = {d: json.loads((d / SUMMARY).read_text()) for d in dirs}
+    summaries = {d: read_json(d / SUMMARY) for d in dirs}
     checkable = [d for d in dirs if summaries[d].get("history_complete")]
     for item in check_and_record(checkable, spark_master=spark_master) if checkable else []:
         summaries[item.run_dir] = item.summary

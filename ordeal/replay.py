@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.versions import read_json
 from properties.plan import Plan, PlanError
 
 FAIL, PASS, UNKNOWN = "fail", "pass", "unknown"
@@ -84,7 +85,7 @@ def load_stored_run(directory: str | Path) -> StoredRun:
 def read_report(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / "report.json"
     try:
-        report = json.loads(path.read_text())
+        report = read_json(path)  # an unknown schema_version raises SchemaVersionError, naming the file
     except (OSError, json.JSONDecodeError):
         return None
     return report if isinstance(report, dict) and "invariants" in report else None

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contracts.versions import read_json
+
 TIERS = ("smoke", "full")
 ROLES = ("defect", "correct", "false_alarm", "blackbox")
 # outcome of one judged run
@@ -471,7 +473,7 @@ def rejudge(out: Path, matrix: Matrix) -> SelftestResult:
                   tuple(row["expect"]))
         report = None
         if row["run_dir"] and (Path(row["run_dir"]) / "report.json").is_file():
-            report = json.loads((Path(row["run_dir"]) / "report.json").read_text())
+            report = read_json(Path(row["run_dir"]) / "report.json")
         result.rows.append(judge(job, report, run_s=row["run_s"], run_dir=row["run_dir"], replay=row["replay"],
                                  run_error=row["reason"] if report is None else ""))
     result.rows = discount_shared_failures(result.rows)
@@ -542,31 +544,30 @@ def markdown(document: Mapping[str, Any]) -> str:
 
 def junit_xml(document: Mapping[str, Any]) -> str:
     """One test case per judged run (CI): missed / violation -> <failure>, unknown -> <error>, black-box
-    findings -> a passing case whose system-out lists what failed."""
-    from xml.etree import ElementTree as ET
+    findings -> a passing case whose system-out lists what failed.  Written by the one JUnit writer."""
+    from spark_checkers.junit import Case
+    from spark_checkers.junit import junit_xml as write_junit
 
-    rows = document["rows"]
-    suite = ET.Element("testsuite", name=f"ordeal.selftest.{document['tier']}", tests=str(len(rows)),
-                       failures=str(sum(r["outcome"] in (MISSED, VIOLATION) for r in rows)),
-                       errors=str(sum(r["outcome"] == UNKNOWN for r in rows)),
-                       time=str(document.get("total_s") or 0))
-    for r in rows:
-        case = ET.SubElement(suite, "testcase", classname=f"selftest.{r['role']}", name=r["label"],
-                             time=str(r["run_s"] or 0))
+    cases = []
+    for r in document["rows"]:
+        classname, name, time_s = f"selftest.{r['role']}", r["label"], r["run_s"] or 0
         text = r["witness"] or r["reason"] or ""
         if r["outcome"] == MISSED:
-            ET.SubElement(case, "failure", message=f"defect {r['defect']} not caught by "
-                          f"{', '.join(r['expect'])}; failed: {', '.join(r['failed']) or 'nothing'}").text = text
+            cases.append(Case(classname, name, "failure", f"defect {r['defect']} not caught by "
+                              f"{', '.join(r['expect'])}; failed: {', '.join(r['failed']) or 'nothing'}", text, time_s))
         elif r["outcome"] == VIOLATION:
-            ET.SubElement(case, "failure", message=f"correct broker violated {', '.join(r['failed'])}").text = text
+            cases.append(Case(classname, name, "failure", f"correct broker violated {', '.join(r['failed'])}",
+                              text, time_s))
         elif r["outcome"] == UNKNOWN:
-            ET.SubElement(case, "error", message="unknown").text = text
+            cases.append(Case(classname, name, "error", "unknown", text, time_s))
         elif r["outcome"] == FINDING:
-            ET.SubElement(case, "system-out").text = f"failed: {', '.join(r['failed']) or 'nothing'}\n{text}"
+            cases.append(Case(classname, name, text=f"failed: {', '.join(r['failed']) or 'nothing'}\n{text}",
+                              time_s=time_s))
+        else:
+            cases.append(Case(classname, name, time_s=time_s))
     for uncovered in document.get("uncovered", []):
-        case = ET.SubElement(suite, "testcase", classname="selftest.defect", name=f"defect-{uncovered}")
-        ET.SubElement(case, "error", message="no matrix entry for this catalog defect")
-    return ET.tostring(suite, encoding="unicode")
+        cases.append(Case("selftest.defect", f"defect-{uncovered}", "error", "no matrix entry for this catalog defect"))
+    return write_junit(f"ordeal.selftest.{document['tier']}", cases, document.get("total_s") or 0)
 
 
 _COLUMNS = ("role", "defect", "scenario", "seed", "expected", "outcome", "failed", "detect s", "run s")

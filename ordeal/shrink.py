@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.versions import read_json
 from ordeal.replay import Played, StoredRun, play, replay_command
 from properties.plan import Plan
 from properties.shrink import PlanSize, candidates, plan_size
@@ -223,7 +224,7 @@ def _try(candidate, number: int, settings: ShrinkSettings, target: frozenset[str
 def _measured_run_seconds(stored: StoredRun) -> float | None:
     """The original run's own wall time (run + check), when its summary and report say."""
     try:
-        summary = json.loads((stored.directory / "summary.json").read_text())
+        summary = read_json(stored.directory / "summary.json")
         total = float(summary["timings_s"]["total_s"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

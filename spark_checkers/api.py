@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.invariants import INVARIANTS
+from contracts.versions import REPORT_VERSION
 from spark_checkers import CHECKER_VERSION
 from spark_checkers.explain import explain, loss_gaps
 from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
@@ -209,6 +210,7 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
                                        invariant.reported_only, details))
     code = exit_code(results)
     return {
+        "schema_version": REPORT_VERSION,
         "checker_version": CHECKER_VERSION,
         "run_dir": str(run.run_dir),
         "verdict": {0: "pass", 1: "fail", 2: "unknown"}[code],

@@ -15,6 +15,7 @@ from contracts.invariants import (
     validate_ids,
 )
 from contracts.scenario import TARGET_KINDS
+from contracts.versions import check_version
 
 # Every default lives in contracts/invariants.py; the names here are the ones the checker reads.
 DEFAULT_LIMIT, MAX_LIMIT, DEFAULT_TTL_S = UNDECLARED_QUEUE_LIMIT, MAX_QUEUE_LIMIT, UNDECLARED_TTL_S
@@ -63,6 +64,7 @@ class Guarantees:
         """Build from a normalised scenario dict; missing keys take the documented defaults."""
         if not isinstance(scenario, Mapping):
             raise ValueError(f"{source}: expected a JSON object at the top level, got {type(scenario).__name__}")
+        check_version(dict(scenario), source, "scenario.json")  # an unknown version: refused, naming the file
         broker = _section(scenario, "broker", source)
         checks = _section(scenario, "checks", source)
         target = _section(scenario, "target", source)

@@ -2,75 +2,43 @@
 
 from __future__ import annotations
 
-import html
 import io
 from typing import Any
+
+import jinja2
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "unknown": "#9a6700", "not_applicable": "#6e7781"}
 
 
-def _esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
-
-
-def _secs(value: float | None) -> str:
-    return "" if value is None else f"{value:.3f}"
+_ENVIRONMENT = jinja2.Environment(
+    loader=jinja2.PackageLoader("spark_checkers", "templates"),
+    autoescape=True,  # every value is escaped: witnesses and reasons carry broker-supplied text
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+)
 
 
 def render_html(report: dict[str, Any]) -> str:
-    rows = []
-    for item in report["invariants"]:
-        colour = COLOURS.get(item["verdict"], "#000")
-        note = item.get("reason") or ""
-        if item.get("allowed"):
-            note = "allowed: " + note
-        rows.append(f"<tr><td><a href='#{_esc(item['id'])}'>{_esc(item['id'])}</a></td><td>{_esc(item['title'])}</td>"
-                    f"<td style='color:{colour};font-weight:bold'>{_esc(item['verdict'])}</td>"
-                    f"<td class='n'>{item['count']}</td><td>{_esc(note)}</td></tr>")
-    sections = []
-    for item in report["invariants"]:
-        if not item.get("witnesses") and item["verdict"] != "unknown":
-            continue
-        shown = len(item.get("witnesses", []))
-        bullets = "".join(f"<li>{_esc(w['text'])}</li>" for w in item.get("witnesses", []))
-        extra = ""
-        if item.get("details", {}).get("positions"):
-            extra = "<p>gaps by position (of the lost messages shown): " + ", ".join(
-                f"{_esc(k)}: {v}" for k, v in item["details"]["positions"].items()) + "</p>"
-        sections.append(f"<section id='{_esc(item['id'])}'><h3>{_esc(item['id'])} — {_esc(item['verdict'])}</h3>"
-                        f"<p>{_esc(item.get('reason') or '')}</p><p>{item['count']} in total; the smallest "
-                        f"{shown} shown.</p>{extra}<ol>{bullets}</ol></section>")
-    faults = "".join(
-        f"<tr><td>{_esc(f['fault_id'])}</td><td>{_esc(f['kind'])}</td><td>{_esc(f['node'])}</td>"
-        f"<td class='n'>{f['t_start_s']:.3f}</td><td class='n'>{_secs(f['t_heal_s'])}"
-        f"</td><td>{_esc(f['bit'])}</td><td>{_esc(f.get('error') or '')}</td></tr>" for f in report.get("faults", []))
-    counts = "".join(f"<tr><td>{_esc(k)}</td><td class='n'>{v}</td></tr>" for k, v in sorted(report.get("counts", {}).items()))
-    env = report.get("environment", {})
-    history = report.get("history", {})
-    overall = report["verdict"]
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>Ordeal report — {_esc(overall)}</title>
-<style>
-body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#1f2328}}
-table{{border-collapse:collapse;margin:1em 0}} td,th{{border:1px solid #d0d7de;padding:4px 8px;vertical-align:top}}
-th{{background:#f6f8fa}} td.n{{text-align:right;font-variant-numeric:tabular-nums}}
-h1 span{{color:{COLOURS.get(overall, '#000')}}} section{{margin:1.5em 0}} li{{margin:.4em 0}}
-.plots svg{{max-width:100%;height:auto}} small{{color:#57606a}}
-</style></head><body>
-<h1>Ordeal invariant report: <span>{_esc(overall)}</span> (exit {report['exit_code']})</h1>
-<p><small>run {_esc(report['run_dir'])} · checker {_esc(report['checker_version'])} · history sha256
-{_esc(history.get('hash_sha256', ''))[:16]}… · Spark {_esc(env.get('spark_master'))} · checked in
-{_esc(env.get('check_seconds'))} s</small></p>
-<h2>Verdicts</h2>
-<table><tr><th>invariant</th><th>meaning</th><th>verdict</th><th>count</th><th>note</th></tr>{''.join(rows)}</table>
-<h2>Witnesses</h2>{''.join(sections) or '<p>No violations.</p>'}
-<h2>Traffic over time</h2><div class="plots">{_plots(report)}</div>
-<h2>Faults</h2><table><tr><th>id</th><th>kind</th><th>node</th><th>start s</th><th>heal s</th><th>bit</th><th>error</th></tr>
-{faults}</table>
-<h2>Counts</h2><table>{counts}</table>
-<h2>Guarantees declared</h2><pre>{_esc(report.get('guarantees'))}</pre>
-</body></html>
-"""
+    sections = [item for item in report["invariants"] if item.get("witnesses") or item["verdict"] == "unknown"]
+    return _ENVIRONMENT.get_template("report.html.j2").render(
+        report=_Lenient(report), history=_Lenient(report.get("history") or {}),
+        env=_Lenient(report.get("environment") or {}), sections=[_Lenient(i) for i in sections],
+        colours=COLOURS, plots=_plots(report))
+
+
+class _Lenient(dict):
+    """A report mapping whose missing optional keys read as None in the template (reports from older
+    checkers lack some); StrictUndefined still catches a misspelt name."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # __html__ and friends: not report keys
+            raise AttributeError(name)
+        value = self.get(name)
+        if isinstance(value, dict) and not isinstance(value, _Lenient):
+            return _Lenient(value)
+        if isinstance(value, list):
+            return [_Lenient(v) if isinstance(v, dict) else v for v in value]
+        return value
 
 
 def _plots(report: dict[str, Any]) -> str:

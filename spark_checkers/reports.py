@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
-from xml.etree import ElementTree as ET
+
+from contracts.versions import read_json
+from spark_checkers.junit import Case
+from spark_checkers.junit import junit_xml as write_junit
 
 REPORT_JSON, JUNIT_XML, REPORT_HTML = "report.json", "junit.xml", "report.html"
 
@@ -22,7 +25,7 @@ def render_from_report(run_dir: Path, report: dict[str, Any] | None = None) -> d
     if report is None:
         path = run_dir / REPORT_JSON
         try:
-            report = json.loads(path.read_text())
+            report = read_json(path)  # refuses an unknown schema_version, naming the file
         except FileNotFoundError as error:
             raise FileNotFoundError(f"{path} is missing: run 'ordeal check {run_dir}' first") from error
         if not isinstance(report, dict) or "invariants" not in report:
@@ -36,29 +39,21 @@ def render_from_report(run_dir: Path, report: dict[str, Any] | None = None) -> d
 
 def junit_xml(report: dict[str, Any]) -> str:
     """One test case per invariant: fail → <failure>, unknown → <error>, not applicable → <skipped>."""
-    invariants = report["invariants"]
-    suite = ET.Element("testsuite", name="ordeal.invariants", tests=str(len(invariants)),
-                       failures=str(sum(1 for i in invariants if i["verdict"] == "fail")),
-                       errors=str(sum(1 for i in invariants if i["verdict"] == "unknown")),
-                       skipped=str(sum(1 for i in invariants if i["verdict"] == "not_applicable")),
-                       time=str(report.get("environment", {}).get("check_seconds", 0)))
-    for item in invariants:
-        case = ET.SubElement(suite, "testcase", classname=item["id"].split(".")[0], name=item["id"])
+    cases = []
+    for item in report["invariants"]:
         texts = "\n".join(w["text"] for w in item.get("witnesses", []))
+        classname, name = item["id"].split(".")[0], item["id"]
         if item["verdict"] == "fail":
-            node = ET.SubElement(case, "failure", message=f"{item['count']} violation(s): {item['title']}")
-            node.text = texts
+            cases.append(Case(classname, name, "failure", f"{item['count']} violation(s): {item['title']}", texts))
         elif item["verdict"] == "unknown":
-            node = ET.SubElement(case, "error", message=f"unknown: {item.get('reason')}")
-            node.text = texts
+            cases.append(Case(classname, name, "error", f"unknown: {item.get('reason')}", texts))
         elif item["verdict"] == "not_applicable":
-            ET.SubElement(case, "skipped", message=item.get("reason") or "not applicable")
+            cases.append(Case(classname, name, "skipped", item.get("reason") or "not applicable"))
         elif item.get("count"):
-            out = ET.SubElement(case, "system-out")
-            out.text = f"{item['count']} reported ({item.get('reason') or ''})\n{texts}"
-    suites = ET.Element("testsuites")
-    suites.append(suite)
-    return ET.tostring(suites, encoding="unicode", xml_declaration=True)
+            cases.append(Case(classname, name, text=f"{item['count']} reported ({item.get('reason') or ''})\n{texts}"))
+        else:
+            cases.append(Case(classname, name))
+    return write_junit("ordeal.invariants", cases, report.get("environment", {}).get("check_seconds", 0))
 
 
 def print_table(report: dict[str, Any], file=None) -> None:

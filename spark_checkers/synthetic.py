@@ -18,9 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from contracts.history_schema import EVENT_SCHEMA, MANIFEST_NAME, SCHEMA_VERSION, Kind, Phase
+from contracts.history_schema import (
+    EVENT_SCHEMA,
+    SCHEMA_VERSION,
+    Kind,
+    Manifest,
+    Phase,
+    write_manifest,
+    write_part,
+)
 from contracts.invariants import UNDECLARED_QUEUE_LIMIT, UNDECLARED_TTL_S
 
 Row = dict[str, Any]
@@ -272,19 +279,18 @@ def write_run(run_dir: Path, rows: list[Row], spec: Spec, *, complete: bool = Tr
         records.append(record)
     schema = EVENT_SCHEMA.with_metadata({b"ordeal.history.schema_version": str(schema_version).encode()})
     table = pa.Table.from_pylist(records, schema=schema)
-    names = []
+    written = []
     chunk = max(1, -(-len(records) // parts))
     for index in range(parts):
         part = table.slice(index * chunk, chunk)
         if part.num_rows == 0 and index > 0:
             break
-        name = f"events-{index:05d}.parquet"
-        pq.write_table(part, history_dir / name)
-        names.append(name)
-    manifest = {"schema_version": schema_version, "complete": complete, "parts": names, "rows": len(records),
-                "end_reason": end_reason, "scenario": spec.scenario_name, "seed": spec.seed,
-                "started_wall_us": START_WALL_US}
-    (history_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+        written.append(write_part(history_dir, index, part))
+    write_manifest(history_dir, Manifest(
+        run_id=run_dir.name, complete=complete, parts=tuple(written), end_reason=end_reason,
+        incomplete_reason="" if complete else end_reason, started_wall_us=START_WALL_US,
+        updated_wall_us=START_WALL_US, meta={"scenario": spec.scenario_name, "seed": spec.seed},
+        schema_version=schema_version))
     return run_dir
 
 

@@ -24,7 +24,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from contracts.history_schema import EVENT_SCHEMA, Kind, Manifest, Phase, write_manifest, write_part
+from contracts.history_schema import (
+    EVENT_SCHEMA,
+    MANIFEST_NAME,
+    Kind,
+    Manifest,
+    Phase,
+    write_manifest,
+    write_part,
+)
 
 INTERVAL_US = 1_000_000  # one message per second per publisher, as in the seeds' P2P test
 ROWS_PER_MESSAGE = 4  # invoke, ack, delivery, delivery_ack_sent

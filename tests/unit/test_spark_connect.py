@@ -58,6 +58,7 @@ def server(cache_dir):
 
 CHECK_CHILD = """
 import json, sys
+from spark_checkers.api import check_runs
 from spark_checkers.session import spark_session
 reports = check_runs(sys.argv[3:], spark=spark_session(sys.argv[2] or None))
 open(sys.argv[1], "w").write(json.dumps(reports))

@@ -1,9 +1,11 @@
-"""Benchmark of the checkers (issue 5 item 5): all checkers at 1M and 10M events on local[2], side by side
-with (a) a raw Parquet scan of the same files, (b) one shuffle + sort of the deliveries by subscriber (the floor
-of any Spark plan that orders each subscriber's deliveries) and (c) the loss + order rules in DuckDB, single
-process.
+"""Benchmark of the checkers: first the per-run latency (10k, 100k, 1M events; cold and warm; a classic
+in-process session and the shared Spark Connect server), then all checkers at 1M and 10M events on local[2],
+side by side with (a) a raw Parquet scan of the same files, (b) one shuffle + sort of the deliveries by
+subscriber (the floor of any Spark plan that orders each subscriber's deliveries) and (c) the loss + order
+rules in DuckDB, single process.  Every figure of one invocation is measured in the same conditions: compare
+ratios, not seconds across runs (the machine is shared).
 
-    .venv/bin/python benchmarks/checkers.py --events 1000000 10000000 [--out runs/bench]
+    .venv/bin/python benchmarks/checkers.py [--latency 10000 100000 1000000] [--events 1000000 10000000]
 
 The history is synthetic and columnar (numpy + pyarrow, seconds for 10M rows): the seeds' P2P pattern, every
 publisher with its own persistent subscriber, packet ids that wrap, and anomalies planted at known places
@@ -22,7 +24,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from contracts.history_schema import EVENT_SCHEMA, Kind, Manifest, Phase, write_manifest, write_part
+from contracts.history_schema import (
+    EVENT_SCHEMA,
+    MANIFEST_NAME,
+    Kind,
+    Manifest,
+    Phase,
+    write_manifest,
+    write_part,
+)
 
 INTERVAL_US = 1_000_000  # one message per second per publisher, as in the seeds' P2P test
 ROWS_PER_MESSAGE = 4  # invoke, ack, delivery, delivery_ack_sent
@@ -192,15 +202,139 @@ def duckdb_seconds(run_dir: Path) -> tuple[float, dict]:
     return time.monotonic() - started, {"lost": lost, "out_of_order": inverted}
 
 
+COLD_CLASSIC = """
+import json, sys, time
+t0 = time.monotonic()
+from spark_checkers.api import check_runs
+from spark_checkers.session import spark_session
+spark = spark_session("local[2]")
+spark.range(1).count()
+t1 = time.monotonic()
+report = check_runs([sys.argv[1]], spark=spark)[0]
+print(json.dumps({"start_s": t1 - t0, "check_s": time.monotonic() - t1, "verdict": report["verdict"]}))
+"""
+
+
+def _found(report: dict) -> dict:
+    return {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
+
+
+def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]:
+    """Per-run check latency, the figure a command pays: for each history size, a classic in-process session
+    and the shared Spark Connect server, cold (a fresh JVM: engine start + the first check, each measured) and
+    warm (the engine has checked before; best of ``repeats`` further checks).  Side by side in one run, with the
+    DuckDB loss + order rules on the same files as the yardstick."""
+    import subprocess
+    import sys
+
+    from spark_checkers import session
+    from spark_checkers.api import check_runs
+
+    dirs = {}
+    for events in sizes:
+        dirs[events] = out / f"latency-{events}"
+        if not (dirs[events] / "history" / MANIFEST_NAME).exists():
+            generate(dirs[events], events)
+    rows = {events: {"events": events} for events in sizes}
+    for events in sizes:
+        rows[events]["duckdb_s"] = round(duckdb_seconds(dirs[events])[0], 2)
+        # Classic cold: what a command paid before the shared server (its own JVM, then the check).
+        done = subprocess.run([sys.executable, "-c", COLD_CLASSIC, str(dirs[events])], capture_output=True, text=True,
+                              check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        cold = json.loads(done.stdout.strip().splitlines()[-1])
+        rows[events].update(classic_cold_start_s=round(cold["start_s"], 2), classic_cold_check_s=round(cold["check_s"], 2))
+        print(json.dumps(rows[events]), flush=True)
+    classic = session.spark_session("local[2]")
+    for events in sizes:
+        check_runs([dirs[events]], spark=classic)  # warm-up of this size
+        times = []
+        for _ in range(repeats):
+            started = time.monotonic()
+            report = check_runs([dirs[events]], spark=classic)[0]
+            times.append(time.monotonic() - started)
+        rows[events].update(classic_warm_s=round(min(times), 2), found=_found(report))
+        print(json.dumps(rows[events]), flush=True)
+    # Spark Connect in a process of its own: pyspark refuses classic and Connect sessions in one process (a
+    # Connect session switches pyspark.sql.functions to Connect columns process-wide).
+    done = subprocess.run([sys.executable, __file__, "--connect-child", "--out", str(out), "--events",
+                           "--latency", *map(str, sizes)], stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    if done.returncode != 0:
+        raise RuntimeError("the Spark Connect latency child failed (its stderr is above)")
+    for row in json.loads(done.stdout.strip().splitlines()[-1]):
+        rows[row["events"]].update(row)
+    for row in rows.values():
+        row["connect_warm_vs_classic_warm"] = round(row["connect_warm_s"] / row["classic_warm_s"], 2)
+        row["connect_warm_vs_duckdb"] = round(row["connect_warm_s"] / max(row["duckdb_s"], 0.01), 1)
+        row["classic_cold_total_vs_connect_warm"] = round(
+            (row["classic_cold_start_s"] + row["classic_cold_check_s"]) / row["connect_warm_s"], 1)
+        row["load_avg_1m"] = round(os.getloadavg()[0], 1)
+        print(json.dumps(row), flush=True)
+    return list(rows.values())
+
+
+def connect_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]:
+    """The Spark Connect half of per_run_latency (run in a child process): cold = a fresh local server's
+    start, then its first check; warm = best of ``repeats`` further checks."""
+    import sys
+
+    from spark_checkers import connect_server, session
+    from spark_checkers.api import check_runs
+
+    dirs = {events: out / f"latency-{events}" for events in sizes}
+    rows = {events: {"events": events} for events in sizes}
+    # A private state directory, so this benchmark's server is its own.
+    os.environ["ORDEAL_CACHE_DIR"] = str((out / "cache").resolve())
+    spark = None
+    try:
+        for events in sizes:
+            if spark is not None:
+                spark.stop()  # before its server goes: a client of a dead server retries for minutes at exit
+            connect_server.release_lease()
+            connect_server.stop()
+            started = time.monotonic()
+            spark = session.local_connect_session()
+            spark.range(1).count()
+            start_s = time.monotonic() - started
+            started = time.monotonic()
+            report = check_runs([dirs[events]], spark=spark)[0]
+            rows[events].update(connect_cold_start_s=round(start_s, 2),
+                                connect_cold_check_s=round(time.monotonic() - started, 2))
+            times = []
+            for _ in range(repeats):
+                started = time.monotonic()
+                report = check_runs([dirs[events]], spark=spark)[0]
+                times.append(time.monotonic() - started)
+            rows[events].update(connect_warm_s=round(min(times), 2), connect_found=_found(report))
+            print(json.dumps(rows[events]), file=sys.stderr, flush=True)
+    finally:
+        if spark is not None:
+            spark.stop()
+        connect_server.release_lease()
+        connect_server.stop()
+    return list(rows.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--events", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    parser.add_argument("--latency", type=int, nargs="*", default=[10_000, 100_000, 1_000_000],
+                        help="History sizes for the per-run latency figures (none: skip them).")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-checkers"))
-    parser.add_argument("--spark-master", default="local[2]")
+    parser.add_argument("--connect-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spark-master", default="local[2]",
+                        help="The 1M/10M comparison's classic session (Spark Connect figures: the latency part).")
     args = parser.parse_args()
     from spark_checkers.api import check_runs
     from spark_checkers.session import spark_session
 
+    if args.connect_child:
+        print(json.dumps(connect_latency(args.latency, args.out)))
+        return
+    latency = per_run_latency(args.latency, args.out) if args.latency else []
+    (args.out / "latency.json").write_text(json.dumps(latency, indent=2))
+    if not args.events:
+        return
     spark = spark_session(args.spark_master)
     warm = args.out / "warm-up"
     generate(warm, 20_000)

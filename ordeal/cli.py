@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "explore": ("explore", "explore", "Run new seeds of a scenario until a time budget is spent."),
     "images": ("images", "images", "Build (or reuse) the container images of the containers provider."),
     "selftest": ("selftest", "selftest", "Run the defect detection matrix and the false-alarm budget."),
+    "spark": ("spark", "spark", "The shared local Spark Connect server the checks run on: status, start, stop."),
 }
 
 

@@ -64,6 +64,20 @@ class ExploredRun:
     failing: tuple[str, ...]
     unknown: tuple[str, ...]  # reasons
     entry: str | None  # the corpus entry (failing runs)
+    phases: tuple[tuple[str, float], ...] = ()  # where the run's wall time went (overhead_phases)
+
+
+# A run's wall time by phase, from its summary.json timings: everything but the workload is overhead.
+PHASES = (("topology start", ("target_start_s",)), ("workload", ("workload_s",)),
+          ("heal + drain", ("heal_all_s", "drain_s", "snapshot_s", "kafka_backlog_s")),
+          ("topology stop", ("target_stop_s",)), ("check", ("check_s",)))
+
+
+def overhead_phases(summary: dict[str, Any], wall_s: float) -> tuple[tuple[str, float], ...]:
+    """(phase, seconds) for one run, plus "other" (plan, history writing, reports: the rest of the wall time)."""
+    timings = summary.get("timings_s") or {}
+    phases = [(name, round(sum(float(timings.get(k) or 0.0) for k in keys), 2)) for name, keys in PHASES]
+    return (*phases, ("other", round(max(0.0, wall_s - sum(v for _, v in phases)), 2)))
 
 
 @dataclass
@@ -71,6 +85,8 @@ class ExploreResult:
     scenario: str
     runs: list[ExploredRun] = field(default_factory=list)
     stop_reason: str = ""
+    started: float = field(default_factory=time.monotonic)
+    elapsed_s: float = 0.0
 
     @property
     def exit_code(self) -> int:
@@ -122,6 +138,7 @@ def explore(scenario_path: Path, settings: ExploreSettings, log: Callable[[str],
         _loop(result, scenario, scenario_path, settings, seed, deadline, log)
     except KeyboardInterrupt:
         result.stop_reason = "interrupted (SIGINT/SIGTERM)"
+    result.elapsed_s = time.monotonic() - result.started
     log(f"stopped: {result.stop_reason}")
     return result
 
@@ -169,7 +186,8 @@ def _record(played: Played, plan, scenario_path: Path, corpus: Path, *, cut: boo
     explored = ExploredRun(
         seed=plan.seed, exit_code=played.exit_code, run_dir=str(played.run_dir), seconds=played.seconds,
         faults_planned=len(plan.faults), faults_applied=sum(1 for f in faults if not f.get("error")),
-        failing=failing, unknown=unknown if played.exit_code == 2 else (), entry=str(entry) if entry else None)
+        failing=failing, unknown=unknown if played.exit_code == 2 else (), entry=str(entry) if entry else None,
+        phases=overhead_phases(played.summary, played.seconds))
     row = {"scenario": plan.scenario, **asdict(explored)}
     _append_jsonl(corpus / "explored.jsonl", row)
     if played.exit_code == 2:
@@ -220,12 +238,29 @@ def summary_lines(result: ExploreResult) -> list[str]:
             "unknown: " + "; ".join(r.unknown)[:100] if r.exit_code != 0 else "pass")
         lines.append(f"{r.seed:>6}  {r.exit_code:>4}  {r.seconds:>5.0f}  "
                      f"{f'{r.faults_applied}/{r.faults_planned}':>9}  {outcome}")
+    lines += throughput_lines(result)
     failed_invariants = sorted({i for r in result.runs for i in r.failing})
     lines.append(
         f"runs {len(result.runs)}  faults applied {sum(r.faults_applied for r in result.runs)}  "
         f"failing runs {sum(1 for r in result.runs if r.exit_code == 1)}  invariants failed "
         f"{len(failed_invariants)}{' (' + ', '.join(failed_invariants) + ')' if failed_invariants else ''}  "
         f"unknowns {sum(1 for r in result.runs if r.exit_code not in (0, 1))}  exit {result.exit_code}")
+    return lines
+
+
+def throughput_lines(result: ExploreResult) -> list[str]:
+    """Faulted runs per hour and where each run's time went (the nightly's figures)."""
+    lines: list[str] = []
+    if result.runs:
+        faulted = sum(1 for r in result.runs if r.faults_applied > 0)
+        hours = max(result.elapsed_s, sum(r.seconds for r in result.runs)) / 3600
+        lines.append(f"throughput: {len(result.runs) / hours:.0f} runs/hour, {faulted / hours:.0f} faulted runs/hour "
+                     f"({faulted} of {len(result.runs)} runs had a fault applied)")
+        mean = {name: sum(dict(r.phases).get(name, 0.0) for r in result.runs) / len(result.runs)
+                for name, _ in (*PHASES, ("other", ()))}
+        overhead = sum(v for k, v in mean.items() if k != "workload")
+        lines.append("per run (mean s): " + "  ".join(f"{k} {v:.1f}" for k, v in mean.items())
+                     + f"  -> overhead {overhead:.1f} s per run")
     return lines
 
 

@@ -33,10 +33,11 @@ class RunOutcome:
     fatal: list[str] = field(default_factory=list)
 
 
-def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=None, quiet: bool = False) -> int:
+def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=None, quiet: bool = False,
+              spark_remote: str | None = None) -> int:
     """Check one stored run, write report.json / junit.xml / report.html into it, return 0 / 1 / 2."""
     run_dir = local_run_dir(run_dir)
-    report = check_runs([run_dir], spark_master=spark_master, spark=spark)[0]
+    report = check_runs([run_dir], spark_master=spark_master, spark=spark, spark_remote=spark_remote)[0]
     from spark_checkers.reports import write_reports
 
     write_reports(run_dir, report)
@@ -47,24 +48,34 @@ def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=Non
     return report["exit_code"]
 
 
-def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, spark=None) -> list[dict[str, Any]]:
+def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, spark=None,
+               spark_remote: str | None = None) -> list[dict[str, Any]]:
     """Check many stored runs in one Spark job; one report dict (the report.json content) per run.  Never
-    raises for a checker failure (Spark cannot start, a job dies): those runs are unknown, with the reason."""
+    raises for a checker failure (Spark cannot start or be reached, a job dies): those runs are unknown, with
+    the reason.  The session: ``spark``, else spark_checkers.session.spark_session(spark_master, spark_remote)."""
     started = time.monotonic()
-    inputs = [open_run(d, run_id=f"run{i}") for i, d in enumerate(run_dirs)]
+    from spark_checkers.jobs import timed
+
+    with timed("open runs"):
+        inputs = [open_run(d, run_id=f"run{i}") for i, d in enumerate(run_dirs)]
     outcomes: dict[str, RunOutcome] = {i.run_id: RunOutcome(fatal=list(i.fatal)) for i in inputs}
     readable = [i for i in inputs if i.readable]
-    master = spark_master
+    master = spark_remote or spark_master
     if readable:
-        from spark_checkers.session import spark_session
+        from spark_checkers.session import SparkUnavailable, choose, describe, spark_session
 
         try:
-            spark = spark or spark_session(spark_master)
-            master = spark.sparkContext.master
+            spark = spark or spark_session(spark_master, remote=spark_remote)
+            master = describe(spark)
         except Exception as error:  # noqa: BLE001 - no Spark, no verdict: unknown, never a crash or a pass
+            try:
+                where = choose(spark_master, spark_remote).describe()
+            except ValueError as bad:
+                where = str(bad)
+            text = (f"no Spark to check with: {error}" if isinstance(error, SparkUnavailable)
+                    else f"Spark did not start ({where}): {_short(error)}")
             for run in readable:
-                outcomes[run.run_id].fatal.append(f"checker error: Spark did not start (master "
-                                                  f"{spark_master or 'default'}): {_short(error)}")
+                outcomes[run.run_id].fatal.append(f"checker error: {text}")
             readable = []
     if readable:
         _evaluate_isolating(spark, readable, outcomes)
@@ -107,7 +118,8 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
 
     specs = [jobs.RunSpec(i.run_id, i.parts, i.guarantees) for i in inputs]
     total_bytes = sum(Path(p).stat().st_size for i in inputs for p in i.parts if "://" not in p)
-    spark.conf.set("spark.sql.shuffle.partitions", str(jobs.shuffle_partitions(total_bytes)))
+    for key, value in jobs.session_settings(total_bytes).items():
+        spark.conf.set(key, value)
     cached: list = []
     try:
         # Not cached: measured, building an in-memory columnar copy of every event cost more than the three
@@ -121,15 +133,17 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
             if rows_read.get(run.run_id, 0) != run.rows:
                 raise RuntimeError(f"{run.run_dir}: read {rows_read.get(run.run_id, 0)} rows from the history "
                                    f"parts, their footers say {run.rows}")
-        timelines = {i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees) for i in inputs}
-        violations, metrics, parts = jobs.build(spark, specs, events, timelines, topics, cached)
+        with jobs.timed("timelines"):
+            timelines = {i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees) for i in inputs}
+        violations, metrics, parts = jobs.build(spark, specs, events, timelines, topics, cached,
+                                                small=total_bytes < jobs.SMALL_BYTES)
         try:
-            with jobs.timed("violations"):
-                counts, witnesses = jobs.collect_violations(violations)
+            with jobs.timed("violations + metrics"):
+                counts, witnesses, metric_rows = jobs.collect_all(violations, metrics)
         except Exception as error:  # noqa: BLE001
-            counts, witnesses = {}, {}
+            counts, witnesses, metric_rows = {}, {}, None
             # Why one by one: find which checker broke, keep the others' answers.
-            for part in parts:
+            for part in parts():
                 try:
                     c, w = jobs.collect_violations(part)
                     counts.update(c)
@@ -140,8 +154,9 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
                         outcomes[run.run_id].errors[names[0]] = _short(part_error)
             if not any(o.errors for o in outcomes.values()):
                 raise error
-        with jobs.timed("metrics"):
-            metric_rows = metrics.collect()
+        if metric_rows is None:
+            with jobs.timed("metrics"):
+                metric_rows = metrics.collect()
     finally:
         _release(cached)
     for run in inputs:

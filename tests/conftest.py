@@ -27,6 +27,14 @@ if netns.in_private_netns():
     # Only `lo` exists here; Spark would otherwise bind the host name's address, which is not reachable.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+# The checks of this session's commands share one Spark Connect server of the session's own (not a user's),
+# stopped at the end; the short idle timeout ends it also if this session is killed.
+os.environ.setdefault("ORDEAL_SPARK_IDLE_TIMEOUT", "120")
+if "ORDEAL_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["ORDEAL_CACHE_DIR"] = tempfile.mkdtemp(prefix="ordeal-test-cache-")
+
 import harness.model  # noqa: E402, F401  (registers the stages into the scenario model, as ordeal's commands do)
 from harness.topology import LocalTopology  # noqa: E402  (after the namespace switch, on purpose)
 from harness.topology_config import TopologyConfig  # noqa: E402
@@ -37,6 +45,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marker = item.get_closest_marker("root")
     if marker is not None and not netns.is_root():
         missing_capability(marker.kwargs.get("reason") or "needs root (network namespaces, nftables)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_shared_spark_server() -> Iterator[None]:
+    yield
+    from spark_checkers import connect_server
+    from spark_checkers.session import close_sessions
+
+    close_sessions()
+    connect_server.release_lease()
+    connect_server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from ordeal.commands.spark import spark_options
+
 
 def _run_dir(path: str) -> Path:
     run_dir = Path(path)
@@ -18,8 +20,7 @@ def _run_dir(path: str) -> Path:
 
 @click.command(name="check")
 @click.argument("run_dir")
-@click.option("--spark-master", default=None, metavar="URL",
-              help="Spark master (default: $ORDEAL_SPARK_MASTER or local[2]), e.g. spark://host:7077.")
+@spark_options
 def check(run_dir: str, spark_master: str | None) -> None:
     """Re-check a stored run: write report.json, junit.xml and report.html, print the verdict table and exit
     0 (every invariant holds), 1 (a violation), 2 (unknown: the checkers could not decide) or 3 (RUN_DIR is

@@ -12,6 +12,7 @@ import click
 import harness.model  # noqa: F401  (registers the stages into the scenario model)
 from contracts.scenario import ScenarioError, load_scenario
 from ordeal.commands.run import enter_isolation, isolation_option
+from ordeal.commands.spark import spark_options
 
 
 class InputError(click.ClickException):
@@ -54,7 +55,7 @@ def _stored(run_dir: str):
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Directory under which the new run directory is created.")
-@click.option("--spark-master", default=None, help="Spark master for the check (default local[2]).")
+@spark_options
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Check the new run (--no-check: no verdicts, the agreement is unknown).")
 @isolation_option
@@ -98,7 +99,7 @@ def replay(run_dir: str, out: Path, spark_master: str | None, check: bool, isola
               help="Shrink for this failing invariant only (repeatable; default: every invariant the run failed).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Directory under which shrink-<run>-<time>/ is created.")
-@click.option("--spark-master", default=None, help="Spark master for the checks (default local[2]).")
+@spark_options
 @isolation_option
 def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invariants: tuple[str, ...], out: Path,
            spark_master: str | None, isolated: bool) -> None:
@@ -132,7 +133,7 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
               help="First seed (default: one after the highest seed of this scenario in the corpus).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Directory under which the run directories are created.")
-@click.option("--spark-master", default=None, help="Spark master for the checks (default local[2]).")
+@spark_options
 @click.option("--promote", "promote_entry", type=click.Path(file_okay=False, path_type=Path), default=None,
               metavar="ENTRY", help="Instead of exploring: copy this corpus entry into the smoke tier's "
                                     "regression list (tests/data/regressions/).")

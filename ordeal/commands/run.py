@@ -15,6 +15,7 @@ import harness.model  # noqa: F401  (registers the stages into the scenario mode
 from contracts.exit_codes import EXIT_USAGE
 from contracts.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
 from harness import netns
+from ordeal.commands.spark import spark_options
 
 
 def _scenario_path(name_or_path: str) -> Path:
@@ -136,9 +137,9 @@ class RichReporter:
               help="Directory under which the run directory is created.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Check the history with spark_checkers at the end (when available).")
-@click.option("--spark-master", default=None, help="Spark master for the checks (default local[*]).")
 @click.option("--provider", type=click.Choice(["local", "containers"]), default=None,
               help="Topology provider, overriding the scenario's [topology] provider (default: local).")
+@spark_options
 @isolation_option
 def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | None, provider: str | None,
         isolated: bool) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from ordeal.commands.spark import spark_options
+
 
 class InputError(click.ClickException):
     """Bad input: exit 3 (contracts/exit_codes.py), never mistaken for a verdict (1) or unknown (2)."""
@@ -28,7 +30,7 @@ class InputError(click.ClickException):
               help="Run the black-box scenarios (default: only in the full tier).")
 @click.option("--defect", "defects", multiple=True,
               help="Only this defect's entry (repeatable); skips the false-alarm repeats.")
-@click.option("--spark-master", default=None, help="Spark master for the check (default local[2]).")
+@spark_options
 @click.option("--rejudge", is_flag=True,
               help="Run nothing: judge OUT's stored runs again (their report.json) and rewrite its outputs.")
 def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None, blackbox: bool | None,

@@ -8,9 +8,15 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark():
-    from spark_checkers.session import spark_session
+    """A classic local[2] session; a Spark Connect one if this process already made one (a test that checked
+    through ``ordeal`` in-process, or an integration test of the same pytest run): pyspark allows no classic
+    session in a process once it has a Connect session."""
+    import os
 
-    session = spark_session("local[2]")
+    from spark_checkers.session import local_connect_session, spark_session
+
+    connect = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+    session = local_connect_session() if connect else spark_session("local[2]")
     try:
         yield session
     finally:

@@ -1,0 +1,102 @@
+"""`ordeal spark status|start|stop` (the shared local Spark Connect server) and the Spark options every
+checking command shares (``spark_options``).  The choice itself lives in spark_checkers/session.py."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+import click
+
+from contracts.exit_codes import EXIT_UNKNOWN, EXIT_USAGE
+
+
+def spark_options(command):
+    """``--spark-master`` and ``--spark-remote`` for a command that checks runs.  ``--spark-remote`` is passed
+    on through $ORDEAL_SPARK_REMOTE (so every stage below, and an isolated re-exec, sees it); the command
+    function receives ``spark_master`` only.  When the command will use the shared local server, its start
+    begins here, in the background, so the JVM starts while the command does its own work."""
+
+    @click.option("--spark-remote", default=None, metavar="sc://HOST:PORT",
+                  help="Check on this Spark Connect endpoint (default: $ORDEAL_SPARK_REMOTE, else the shared local "
+                       "server Ordeal starts on demand; `ordeal spark status`).")
+    @click.option("--spark-master", default=None, metavar="URL",
+                  help="Check in a classic in-process Spark session with this master (local[2], spark://host:7077) "
+                       "instead of Spark Connect (default: $ORDEAL_SPARK_MASTER).")
+    @functools.wraps(command)
+    def wrapper(*args, spark_master: str | None, spark_remote: str | None, **kwargs):
+        from spark_checkers.session import choose, prepare
+
+        if spark_master and spark_remote:
+            _usage_error("--spark-master and --spark-remote exclude each other: pick one Spark")
+        if spark_remote:
+            os.environ["ORDEAL_SPARK_REMOTE"] = spark_remote
+        from spark_checkers import connect_server
+
+        try:
+            choose(spark_master, None)  # validates the URL from either source
+            connect_server.idle_timeout_s()  # and $ORDEAL_SPARK_IDLE_TIMEOUT, at start-up
+        except (ValueError, connect_server.ConnectServerError) as error:
+            _usage_error(str(error))
+        if kwargs.get("check", True) and not kwargs.get("rejudge") and not kwargs.get("promote_entry"):
+            prepare(spark_master)
+        return command(*args, spark_master=spark_master, **kwargs)
+
+    return wrapper
+
+
+def _usage_error(text: str) -> None:
+    click.echo(f"Error: {text}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+@click.group(name="spark")
+def spark() -> None:
+    """The shared local Spark Connect server the checks run on (started on demand by every checking command,
+    stopped after $ORDEAL_SPARK_IDLE_TIMEOUT seconds without a client, default 600)."""
+
+
+@spark.command(name="status")
+def status() -> None:
+    """Print the server's state as JSON; exit 0 if it runs, 1 if not."""
+    from spark_checkers import connect_server
+
+    state = connect_server.status()
+    click.echo(json.dumps(state, indent=2))
+    sys.exit(0 if state["running"] else 1)
+
+
+@spark.command(name="start")
+@click.option("--idle-timeout", type=click.FloatRange(min=1), default=None,
+              help="Seconds without a client before it stops itself (default $ORDEAL_SPARK_IDLE_TIMEOUT or 600).")
+@click.option("--master", default=None, help="The server's own master (default local[2]).")
+def start(idle_timeout: float | None, master: str | None) -> None:
+    """Start the server (if none runs) and wait until it accepts clients; print its endpoint."""
+    from spark_checkers import connect_server
+
+    if idle_timeout is not None:
+        os.environ["ORDEAL_SPARK_IDLE_TIMEOUT"] = str(idle_timeout)
+    try:
+        state = connect_server.ensure_started(master=master)
+    except connect_server.ConnectServerError as error:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(EXIT_UNKNOWN)
+    finally:
+        connect_server.release_lease()  # this command does not use it: the idle clock starts now
+    click.echo(f"Spark Connect server ready: sc://127.0.0.1:{state['port']} (pid {state['watchdog_pid']}, "
+               f"idle timeout {state['idle_timeout_s']:.0f} s, log {state['log']})")
+
+
+@spark.command(name="stop")
+def stop() -> None:
+    """Stop the server (exit 0 also when none was running)."""
+    from spark_checkers import connect_server
+
+    try:
+        stopped = connect_server.stop()
+    except connect_server.ConnectServerError as error:
+        click.echo(f"Error: {error}", err=True)
+        sys.exit(EXIT_UNKNOWN)
+    click.echo("stopped" if stopped else "no Spark Connect server was running")

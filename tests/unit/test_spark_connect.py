@@ -1,0 +1,206 @@
+"""The shared Spark Connect server (spark_checkers/connect_server.py) and the session choice
+(spark_checkers/session.py): Connect and classic give the same reports; a second command reuses a running
+server; a server whose starting command was SIGKILLed still ends (idle timeout, enforced by the watchdog); an
+unreachable --spark-remote is unknown (exit 2) naming the endpoint; a malformed one is a usage error (3)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from spark_checkers import connect_server
+from spark_checkers import synthetic as s
+from spark_checkers.session import SparkChoice, choose, validate_remote
+
+ORDEAL = [sys.executable, "-m", "ordeal.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _catalog():
+    spec = importlib.util.spec_from_file_location("anomaly_catalog", Path(__file__).with_name(
+        "test_checkers_anomalies.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CASES, module.UNKNOWN_CASES
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """A private state directory: this module's server is its own, never a user's."""
+    path = tmp_path_factory.mktemp("ordeal-cache")
+    previous = os.environ.get("ORDEAL_CACHE_DIR")
+    os.environ["ORDEAL_CACHE_DIR"] = str(path)
+    yield path
+    connect_server.release_lease()
+    connect_server.stop()
+    if previous is None:
+        os.environ.pop("ORDEAL_CACHE_DIR", None)
+    else:
+        os.environ["ORDEAL_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="module")
+def server(cache_dir):
+    """This module's shared local server, started here; used by child processes only: pyspark refuses classic
+    and Connect sessions in one process (a Connect session switches pyspark.sql.functions to Connect columns
+    process-wide), and this process holds the classic ``spark`` fixture."""
+    return connect_server.ensure_started()
+
+
+CHECK_CHILD = """
+import json, sys
+from spark_checkers.api import check_runs
+from spark_checkers.session import spark_session
+reports = check_runs(sys.argv[3:], spark=spark_session(sys.argv[2] or None))
+open(sys.argv[1], "w").write(json.dumps(reports))
+"""
+
+
+def _check_in_child(dirs, out: Path, master: str = "") -> list[dict]:
+    """check_runs in a process of its own, on the local server ("") or a classic session (a master)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ORDEAL_SPARK_MASTER", "ORDEAL_SPARK_REMOTE")}
+    done = subprocess.run([sys.executable, "-c", CHECK_CHILD, str(out), master, *map(str, dirs)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1100, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _run(args, env=None, **kwargs):
+    return subprocess.run([*ORDEAL, *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=600, **kwargs)
+
+
+def _essence(report: dict) -> dict:
+    """What must not depend on the engine: verdicts, counts, witnesses' data, the run's counts."""
+    return {"verdict": report["verdict"], "exit_code": report["exit_code"], "counts": report["counts"],
+            "invariants": {i["id"]: (i["verdict"], i["count"], i.get("reason"),
+                                     [w["data"] for w in i.get("witnesses", [])]) for i in report["invariants"]}}
+
+
+# --- Pure: the choice --------------------------------------------------------------------------------------
+
+
+def test_choice_precedence(monkeypatch):
+    monkeypatch.delenv("ORDEAL_SPARK_REMOTE", raising=False)
+    monkeypatch.delenv("ORDEAL_SPARK_MASTER", raising=False)
+    monkeypatch.setattr("spark_checkers.session._active_classic", lambda: None)
+    assert choose() == SparkChoice("local-connect", "")
+    assert choose("local[1]") == SparkChoice("classic", "local[1]")
+    assert choose("local[1]", "sc://h:1") == SparkChoice("remote", "sc://h:1")
+    monkeypatch.setenv("ORDEAL_SPARK_MASTER", "local[3]")
+    assert choose() == SparkChoice("classic", "local[3]")
+    monkeypatch.setenv("ORDEAL_SPARK_REMOTE", "sc://h:2")
+    assert choose() == SparkChoice("remote", "sc://h:2")
+    assert choose("local[1]") == SparkChoice("classic", "local[1]")  # a flag beats the environment
+
+
+@pytest.mark.parametrize("url", ["http://h:1", "sc://", "h:15002", "sc://h:notaport"])
+def test_malformed_endpoint_is_refused(url):
+    with pytest.raises(ValueError, match="Spark Connect endpoint"):
+        validate_remote(url)
+
+
+def test_malformed_remote_is_a_usage_error(tmp_path):
+    done = _run(["check", str(tmp_path), "--spark-remote", "http://127.0.0.1:1"])
+    assert done.returncode == 3, done.stderr
+    assert "expected sc://HOST:PORT" in done.stderr
+
+
+# --- Against Spark -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def catalog_dirs(tmp_path_factory):
+    cases, unknown_cases = _catalog()
+    root = tmp_path_factory.mktemp("catalog")
+    dirs = []
+    for name, (spec, mutate, *rest) in {**cases, **unknown_cases}.items():
+        rows = s.generate(spec)
+        rows = mutate(rows) if mutate else rows
+        dirs.append(s.write_run(root / name, rows, spec, **(rest[0] if name in unknown_cases else {})))
+    return dirs
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(1200)
+def test_connect_and_classic_agree_on_the_anomaly_catalog(server, catalog_dirs, tmp_path):
+    """Both in child processes, so whichever engine this pytest process holds does not matter."""
+    connect = _check_in_child(catalog_dirs, tmp_path / "connect.json")
+    classic = _check_in_child(catalog_dirs, tmp_path / "classic.json", "local[2]")
+    assert connect[0]["environment"]["spark_master"] == f"sc://127.0.0.1:{server['port']} (local, shared)"
+    assert classic[0]["environment"]["spark_master"] == "local[2]"
+    assert {r["verdict"] for r in classic} == {"pass", "fail", "unknown"}  # the catalog has all three
+    for d, a, b in zip(catalog_dirs, classic, connect, strict=True):
+        assert _essence(a) == _essence(b), d.name
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_unreachable_remote_is_unknown_naming_the_endpoint(catalog_dirs):
+    run_dir = catalog_dirs[0]
+    for args, env in ((["--spark-remote", "sc://127.0.0.1:1"], {}), ([], {"ORDEAL_SPARK_REMOTE": "sc://127.0.0.1:1"})):
+        done = _run(["check", str(run_dir), *args], env=env)
+        assert done.returncode == 2, done.stdout + done.stderr
+        report = json.loads((run_dir / "report.json").read_text())
+        assert report["verdict"] == "unknown"
+        reasons = {i["reason"] for i in report["invariants"] if i["verdict"] == "unknown"}
+        assert reasons and all("sc://127.0.0.1:1" in r and "unreachable" in r for r in reasons), reasons
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_a_second_command_reuses_the_running_server(server, catalog_dirs):
+    state = connect_server.read_state(connect_server.paths())
+    done = _run(["check", str(catalog_dirs[0])])
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    report = json.loads((catalog_dirs[0] / "report.json").read_text())
+    assert report["environment"]["spark_master"] == f"sc://127.0.0.1:{state['port']} (local, shared)"
+    after = connect_server.read_state(connect_server.paths())
+    assert (after["watchdog_pid"], after["jvm_pid"], after["started_unix"]) == (
+        state["watchdog_pid"], state["jvm_pid"], state["started_unix"])
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_a_killed_command_leaves_no_server_it_started(tmp_path, catalog_dirs):
+    """The server is meant to outlive a command, so a SIGKILLed command's server must end on its own: the
+    watchdog sees no lease (the kernel dropped the dead client's flock) and stops it after the idle timeout."""
+    env = {"ORDEAL_CACHE_DIR": str(tmp_path / "cache"), "ORDEAL_SPARK_IDLE_TIMEOUT": "3"}
+    command = subprocess.Popen([*ORDEAL, "check", str(catalog_dirs[0])], cwd=ROOT, env={**os.environ, **env},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    state_file = tmp_path / "cache" / "spark-connect" / "state.json"
+    try:
+        deadline = time.monotonic() + 300
+        state = None
+        while time.monotonic() < deadline and command.poll() is None:
+            state = json.loads(state_file.read_text()) if state_file.exists() else None
+            if state and state.get("jvm_pid"):
+                break
+            time.sleep(0.1)
+        assert state and state.get("jvm_pid"), "the command never started a server"
+    finally:
+        os.killpg(command.pid, signal.SIGKILL)
+        command.wait()
+    server = [state["watchdog_pid"], state["jvm_pid"]]
+    assert any(psutil.pid_exists(pid) for pid in server), "the server died with the command: not shared"
+    deadline = time.monotonic() + 120  # start (if killed while starting), 3 s idle, 15 s graceful stop
+    while any(_running(pid) for pid in server) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_running(pid) for pid in server), f"left behind: {server}"
+    assert not state_file.exists()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -188,6 +188,14 @@ CASES = {
     "dropped_early": (replace(V5_LONG, offline=(s.Offline(0, 5, 9),)),
                       lambda r: s.drop_delivery(r, "sub-0", "pub-0", 6), {"expiry.dropped_early"}),
     "expired_while_offline": (V5_SHORT, None, set()),
+    # pub-0 #7 is acknowledged just before sub-0's reconnect, within the pipeline slack (2 s): it may reach the
+    # queue only after the backlog is read.  With a 1 s expiry it may expire on the way (legal); with 5 s it
+    # still had time after any pipeline delay the slack allows (dropped early).
+    "expired_in_pipeline_after_reconnect": (replace(V5, expiry_s=1, pipeline_slack_ms=2000),
+                                            lambda r: s.drop_delivery(r, "sub-0", "pub-0", 7), set()),
+    "dropped_early_in_pipeline_after_reconnect": (replace(V5, expiry_s=5, pipeline_slack_ms=2000),
+                                                  lambda r: s.drop_delivery(r, "sub-0", "pub-0", 7),
+                                                  {"expiry.dropped_early"}),
     "trimmed_at_limit": (LIMIT, None, set()),
     # --- declared queue policies (external targets) ---
     "drop_newest_keeps_oldest": (replace(DROP_NEWEST, trim_mode="newest"), None, set()),

@@ -218,8 +218,12 @@ def test_partition_sees_only_traffic_from_the_nodes_addresses(topo: LocalTopolog
     from harness.node import ProcessNode
 
     redis_node = topo.redis_nodes[0]
-    service = ProcessNode("broker-1", "broker", "127.0.0.200", 18830,
-                          [sys.executable, "-c", PINGER, "127.0.0.200", "18830", redis_node.host,
+    # Each case serves on its own address: the bound case's pinger leaves a closed socket whose PING, dropped
+    # by its partition, the kernel still retransmits (backing off) after the process is gone, from
+    # 127.0.0.200; on the same address the next case's rules counted that one 58-byte segment.
+    host = {"bound": "127.0.0.200", "unbound": "127.0.0.201"}[bind]
+    service = ProcessNode("broker-1", "broker", host, 18830,
+                          [sys.executable, "-c", PINGER, host, "18830", redis_node.host,
                            str(redis_node.port), bind], log_path=tmp_path / "pinger.log", data_dir=tmp_path)
     service.start()
     try:

@@ -176,6 +176,12 @@ def _classic(master: str, app_name: str):
     active = _active_classic()
     if active is not None and active.sparkContext.master == master:
         return active
+    if not _connect_sessions:
+        # pyspark marks a process that made a Connect session with $SPARK_CONNECT_MODE_ENABLED, and its
+        # children inherit the mark: a classic session in such a child (a command started by a process that
+        # checked on Connect, e.g. the test session) would then refuse to start.  This process has no Connect
+        # session of its own, so the mark is not its own.
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     if master.startswith("local"):
         # A local check talks only to itself: keep the driver on loopback rather than the host's interface.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -212,8 +212,8 @@ def _connect(url: str, label: str, key: str | None = None):
         return known
     try:
         spark = SparkSession.builder.remote(url).create()
-        for key, value in SQL_CONF.items():
-            spark.conf.set(key, value)
+        for name, value in SQL_CONF.items():
+            spark.conf.set(name, value)
     except Exception as error:  # noqa: BLE001 - gRPC errors: name the endpoint
         raise SparkUnavailable(f"Spark Connect endpoint {label}: {type(error).__name__}: "
                                f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}") from error

@@ -11,6 +11,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from reference_broker.codec import encode_varint  # MQTT's variable byte integer, one definition
+
 LEVEL_NAMES = {4: "3.1.1", 5: "5"}
 
 
@@ -18,15 +20,6 @@ LEVEL_NAMES = {4: "3.1.1", 5: "5"}
 class ConnectResult:
     ok: bool
     detail: str  # what the broker answered, in words
-
-
-def _remaining_length(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n % 128, n // 128
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def connect_packet(level: int, client_id: str) -> bytes:
@@ -37,7 +30,7 @@ def connect_packet(level: int, client_id: str) -> bytes:
         variable += b"\x00"  # no properties
     payload = struct.pack("!H", len(cid)) + cid
     body = variable + payload
-    return b"\x10" + _remaining_length(len(body)) + body
+    return b"\x10" + encode_varint(len(body)) + body
 
 
 def mqtt_connect(host: str, port: int, level: int = 4, timeout_s: float = 2.0,

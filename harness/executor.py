@@ -65,7 +65,8 @@ class ExecutorSettings:
 class Executor:
     def __init__(self, plan: Plan, endpoints: Sequence[Endpoint], recorder: HistoryRecorder, *,
                  settings: ExecutorSettings | None = None, stop: threading.Event | None = None,
-                 before_reconnect: Callable[[str, str], None] | None = None):
+                 before_reconnect: Callable[[str, str], None] | None = None,
+                 after_disconnect: Callable[[str], None] | None = None):
         if not endpoints:
             raise ExecutorError("the target exposes no MQTT endpoint")
         self.plan = plan
@@ -76,6 +77,9 @@ class Executor:
         # White box: called with (client id, why) just before a persistent session resumes (the queue is
         # then at its largest; harness/snapshot.QueueSizeProbe records its size).
         self.before_reconnect = before_reconnect
+        # White box: called with the client id after each planned disconnect of a persistent subscriber (the
+        # reference target presets the session's last packet id there: preset_each_offline).
+        self.after_disconnect = after_disconnect
         self.loop = SelectorLoop()
         self.counters = Counters()
         self.max_lag_s = 0.0
@@ -92,6 +96,7 @@ class Executor:
         for session in self.sessions.values():
             session.on_acked = self._expect_deliveries
             session.on_delivered = self.outstanding.delivered
+            session.on_fresh_session = self.outstanding.forget
         self._last_housekeeping = 0.0
         self._fault_requests: queue.Queue[tuple[Any, str, Future]] = queue.Queue()
         self._fault_waiters: list[_Waiter] = []
@@ -103,7 +108,7 @@ class Executor:
     def _expect_deliveries(self, publish: PublishPlan) -> None:
         """An acknowledged publish is owed to every persistent subscriber subscribed right now."""
         listening = [(s.client_id, [(sub.topic_filter, sub.qos) for sub in s.plan.subscriptions])
-                     for s in self.sessions.values() if s.plan.persistent and s.subscribed and not s.is_publisher]
+                     for s in self.sessions.values() if s.session_persistent and s.subscribed and not s.is_publisher]
         self.outstanding.acknowledged(publish.publisher, publish.seq, publish.topic, publish.qos, listening)
 
     def _address(self, node: int) -> Endpoint:
@@ -222,6 +227,8 @@ class Executor:
                             session_expiry_s=action.session_expiry_s, why=why)
         else:
             session.disconnect(abrupt=action.abrupt, why=why)
+            if self.after_disconnect is not None and session.plan.persistent and not session.is_publisher:
+                self.after_disconnect(session.client_id)
 
     def _probe_before_resume(self, session: ClientSession, why: str) -> None:
         if self.before_reconnect is not None and session.plan.persistent and session.paho is None:

@@ -187,7 +187,7 @@ class WorkloadSpec:
     protocol_mix: tuple[tuple[int, float], ...] = ((4, 1.0),)
     expiry_mix: tuple[tuple[int | None, float], ...] = ((None, 1.0),)  # None = no expiry interval
     preset_last_packet_id: int = 0  # 0 = no preset; else the subscribers' sessions start here
-    # White box: the preset again at each planned subscriber disconnect whose queue is empty then, so every
+    # White box: the preset again shortly before each planned subscriber disconnect (queue empty), so every
     # offline backlog (not only the first) crosses the packet-id wrap (harness/snapshot.py).
     preset_each_offline: bool = False
     subscription_qos: int = 1

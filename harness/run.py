@@ -161,13 +161,13 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         outcome["notes"] += target.apply_presets(plan)
 
         probe = target.queue_size_probe()
-        after_disconnect = None
+        before_disconnect = None
         if scenario.workload.preset_each_offline and probe is not None:
             last = scenario.workload.preset_last_packet_id
-            after_disconnect = lambda client: probe.preset_if_empty(client, last)  # noqa: E731
+            before_disconnect = lambda client: probe.preset_if_empty(client, last)  # noqa: E731
         executor = Executor(plan, target.endpoints(), recorder, stop=stop,
                             settings=ExecutorSettings(client_bind_address=target.client_bind_address()),
-                            before_reconnect=probe, after_disconnect=after_disconnect)
+                            before_reconnect=probe, before_disconnect=before_disconnect)
         # Before any client connects: a bad schedule starts nothing.  Client faults are played by the executor.
         nemesis = make_nemesis(plan, target, recorder, client_player=executor.client_fault_player())
         reporter.phase("connecting clients")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -123,6 +124,9 @@ def snapshot_sessions(startup_nodes: Sequence[tuple[str, int]], prefix: str, cli
     return count
 
 
+PRESET_ATTEMPTS = 4
+PRESET_RETRY_S = 0.015  # the executor's loop waits at most attempts x this (it runs on the loop thread)
+
 # KEYS: the messages ZSET, the last packet id; ARGV[1]: the new last packet id.  Returns {previous id (false
 # if unset), queue size, 1 if set}.  Both keys share the client's hash tag: one slot, one atomic step.
 PRESET_IF_EMPTY = """
@@ -172,7 +176,7 @@ class QueueSizeProbe:
 
     def preset_if_empty(self, client: str, last_packet_id: int) -> None:
         """preset_each_offline: set the session's last packet id to ``last_packet_id`` if its message queue is
-        empty right now (nothing in flight, nothing queued: no stored packet id can collide, and the broker
+        empty (tried ``PRESET_ATTEMPTS`` times, shortly before a planned disconnect) (nothing in flight, nothing queued: no stored packet id can collide, and the broker
         reads an emptied queue from its start), atomically with that check.  The next offline backlog then
         crosses the wrap, as the first one did.  Recorded as a ``session_snapshot`` row with
         ``detail.when = "preset"`` (the id only in ``detail``: the last_packet_id column is the stored id the
@@ -181,8 +185,14 @@ class QueueSizeProbe:
         try:
             cluster = self._connect()
             script = cluster.register_script(PRESET_IF_EMPTY)
-            previous, size, applied = script(keys=[messages_key(self.prefix, client),
-                                                   last_packet_id_key(self.prefix, client)], args=[int(last_packet_id)])
+            keys = [messages_key(self.prefix, client), last_packet_id_key(self.prefix, client)]
+            for attempt in range(PRESET_ATTEMPTS):
+                # Why retry: a connected subscriber's queue empties whenever its in-flight messages are acked
+                # (milliseconds); a message caught in flight is no reason to skip this window's wrap.
+                previous, size, applied = script(keys=keys, args=[int(last_packet_id)])
+                if applied or attempt == PRESET_ATTEMPTS - 1:
+                    break
+                time.sleep(PRESET_RETRY_S)
         except Exception as error:  # noqa: BLE001 - Redis trouble (a fault is running): say so, go on
             self.failed += 1
             self.recorder.record(Kind.SESSION_SNAPSHOT, client=client, detail={

@@ -254,6 +254,14 @@ class OutageFault:
         self.node, entry = _master(ctx, self.spec)
         view = ClusterView.read(ctx.topology)
         lease_master = view.master_of_key(ctx.broker_key_prefix + "{ordeal}:lease")
+        moved_from = None
+        if lease_master.node_id == entry.node_id and self.spec.params["spare_lease_master"]:
+            # Why move: with the lease keys unreachable too the broker stops consuming (its leases lapse) and
+            # no commit happens at all -- the outage would never reach "retries exhausted, commit anyway".
+            others = sorted((m for m in view.masters() if m.node_id != lease_master.node_id), key=lambda m: m.address)
+            if others:
+                moved_from, entry = self.node.name, ctx.rng_for(self.spec.id).choice(others)
+                self.node = view.handle(ctx.topology, entry)
         self.drop = RejectFault(FaultSpec(self.spec.id, self.spec.kind, None,
                                           {"src": "broker", "dst": f"node:{self.node.name}"}))
         evidence = self.drop.apply(ctx)
@@ -264,7 +272,7 @@ class OutageFault:
         # subscribers on several masters reaches "commit anyway" through the others).
         return evidence.plus(Check("lease keys' master", {
             "lease_keys_master": lease_master.address, "target": f"{self.node.host}:{self.node.port}",
-            "lease_check_reachable": lease_master.node_id != entry.node_id}, True))
+            "moved_from": moved_from, "lease_check_reachable": lease_master.node_id != entry.node_id}, True))
 
     def _stop_cluster(self, ctx: FaultContext) -> Evidence:
         nodes = [n for n in getattr(ctx.topology, "redis_nodes", []) or [] if n.is_alive()]
@@ -415,7 +423,9 @@ register(KindInfo(
                 "node stopped (scope cluster); meant to outlast the broker's retries",
     params=(Param("scope", str, "master", "master: the brokers' TCP to the target master is reset, the cluster "
                                           "stays up; cluster: every Redis node SIGSTOPped",
-                  choices=("master", "cluster")),),
+                  choices=("master", "cluster")),
+            Param("spare_lease_master", bool, True, "scope master: when the target also holds the broker's "
+                  "lease keys ({ordeal}), reset another master instead (seeded), so the lease check stays up")),
 ))
 register(KindInfo(
     name="kafka_outage_during_save", category="process", target="node", factory=KafkaOutageDuringSave,

@@ -210,7 +210,7 @@ def test_failure_path_kinds_validate_and_fill_defaults():
     stall = validate_spec({"id": "s", "kind": "redis_write_stall", "target": "redis-master-of:c1"})
     assert stall.params == {"max_ms": 120_000, "probe_timeout_s": 0.5}
     outage = validate_spec({"id": "o", "kind": "redis_outage", "target": "redis-random-master"})
-    assert outage.params == {"scope": "master"}
+    assert outage.params == {"scope": "master", "spare_lease_master": True}
     kafka = validate_spec({"id": "k", "kind": "kafka_outage_during_save", "target": "kafka",
                            "params": {"stall_master": "redis-master-of:c1", "hold_max_s": 2}})
     assert kafka.params == {"mode": "kill", "stall_master": "redis-master-of:c1", "hold_max_s": 2.0}

@@ -160,7 +160,9 @@ def _require_pause_write(spec: FaultSpec, node: Any) -> str:
 
 
 def _paused_writers(node: Any) -> list[str]:
-    """CLIENT LIST entries blocked (flag b) in a write command or a script: the saves held by the pause."""
+    """CLIENT LIST entries blocked (flag b) in a script: the saves held by the pause.  Plain writes (a session
+    record's HSET) do not count: kafka-outage-save seed 1's second fault took one for a save.  (On the master
+    of the {ordeal} keys a held script may be a lease renewal: CLIENT LIST shows no arguments.)"""
     try:
         listing = query(node.host, node.port, "CLIENT", "LIST")
     except (redis.RedisError, OSError):
@@ -168,8 +170,7 @@ def _paused_writers(node: Any) -> list[str]:
     rows = listing if isinstance(listing, list) else [
         dict(field.split("=", 1) for field in line.split() if "=" in field) for line in str(listing).splitlines()]
     return [f"{row.get('addr')} {row.get('cmd')}" for row in rows
-            if "b" in str(row.get("flags", "")) and str(row.get("cmd", "")).split("|")[0] in (
-                "evalsha", "eval", "set", "zadd", "del", "hset", "zrem", "fcall")]
+            if "b" in str(row.get("flags", "")) and str(row.get("cmd", "")).split("|")[0] in ("evalsha", "eval", "fcall")]
 
 
 def release_client_pauses(topology: Any) -> list[str]:

@@ -187,7 +187,15 @@ class WorkloadSpec:
     protocol_mix: tuple[tuple[int, float], ...] = ((4, 1.0),)
     expiry_mix: tuple[tuple[int | None, float], ...] = ((None, 1.0),)  # None = no expiry interval
     preset_last_packet_id: int = 0  # 0 = no preset; else the subscribers' sessions start here
+    # White box: the preset again shortly before each planned subscriber disconnect (queue empty), so every
+    # offline backlog (not only the first) crosses the packet-id wrap (harness/snapshot.py).
+    preset_each_offline: bool = False
     subscription_qos: int = 1
+    # Publishers reconnecting mid-stream (Poisson, like the subscribers): each drop is followed by an offline
+    # time and a clean-start reconnect; what a publisher publishes while offline fails ("never sent").
+    publisher_disconnects_per_minute: float = 0.0
+    publisher_abrupt_fraction: float = 0.5
+    publisher_offline_s: tuple[float, float] = (0.2, 1.0)
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,10 @@ class SubscriberSpec:
     abrupt_fraction: float = 0.5
     clean_start_fraction: float = 0.0
     session_expiry_s: int = 3600
+    # MQTT 5: the Session Expiry Interval each reconnect asks for, drawn per connect (seconds -> weight);
+    # empty = always session_expiry_s.  0 ends the session at the disconnect (with clean start 0 the
+    # reference broker, like TBMQ, keeps it for ever instead), a few seconds expire it while offline.
+    session_expiry_mix: tuple[tuple[int, float], ...] = ()
     offline_s: tuple[float, float] = (1.0, 3.0)
     reconnect_node: str = "any"
     # Before each abrupt disconnect the subscriber withholds its PUBACKs this long (0 = never): what it
@@ -276,6 +288,8 @@ class Scenario:
                              for kind, choice in self.faults.choices}
         subscribers = asdict(self.subscribers)
         subscribers["offline_s"] = list(self.subscribers.offline_s)
+        subscribers["session_expiry_mix"] = {str(e): w for e, w in self.subscribers.session_expiry_mix}
+        workload["publisher_offline_s"] = list(self.workload.publisher_offline_s)
         if self.target.kind == "reference":
             target: dict[str, Any] = {"kind": "reference", "promises": reference_declaration(self.broker)}
         else:
@@ -375,6 +389,12 @@ class _Section:
         if above is not None and not value > above:
             raise self.fail(key, value, f"must be > {above}")
         return float(value)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, default, False)
+        if not isinstance(value, bool):
+            raise self.fail(key, value, "must be true or false")
+        return value
 
     def fraction(self, key: str, default: float) -> float:
         return self.number(key, default, minimum=0.0, maximum=1.0)
@@ -499,6 +519,10 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     broker = _read_broker(source, document.get("broker"))
     workload = _read_workload(_Section(source, "workload", document.get("workload")))
     subscribers = _read_subscribers(_Section(source, "subscribers", document.get("subscribers")))
+    if subscribers.session_expiry_mix and dict(workload.protocol_mix).get(5, 0) <= 0:
+        raise ScenarioError(f"{source}: [subscribers] session_expiry_mix = "
+                            f"{ {str(e): w for e, w in subscribers.session_expiry_mix} !r}: a session expiry "
+                            "interval needs MQTT 5 subscribers; give [workload] protocol_mix an mqtt5 weight > 0")
     faults = _read_faults(_Section(source, "faults", document.get("faults")), target)
     checks = _read_checks(_Section(source, "checks", document.get("checks")))
     _refuse_log_losing_kills(source, topology, faults)
@@ -689,11 +713,13 @@ def _read_workload(s: _Section) -> WorkloadSpec:
     for key, weight in expiry_raw.items():
         if key == "none":
             expiry.append((None, weight))
-        elif key.isdigit() and 1 <= int(key) <= 2**32 - 1:
+        elif key.isdigit() and 0 <= int(key) <= 2**32 - 1:
+            # 0 is a valid Four Byte Integer on the wire (MQTT 5 §3.3.2.3.3): a lifetime of 0 s, so the
+            # message has expired by the time the broker holds it (docs/scenarios.md, "Message expiry 0")
             expiry.append((int(key), weight))
         else:
             raise s.fail(f"expiry_mix.{key}", weight,
-                         "keys must be \"none\" or a whole number of seconds 1..4294967295, e.g. \"5\"")
+                         "keys must be \"none\" or a whole number of seconds 0..4294967295, e.g. \"5\"")
     if any(e is not None and w > 0 for e, w in expiry) and protocols.get("mqtt5", 0) <= 0:
         raise s.fail("expiry_mix", expiry_raw, "message expiry needs MQTT 5 publishers: give protocol_mix "
                      "an mqtt5 weight > 0, or use only \"none\"")
@@ -705,8 +731,16 @@ def _read_workload(s: _Section) -> WorkloadSpec:
         protocol_mix=tuple(sorted((PROTOCOL_KEYS[k], w) for k, w in protocols.items())),
         expiry_mix=tuple(sorted(expiry, key=lambda ew: -1 if ew[0] is None else ew[0])),
         preset_last_packet_id=s.integer("preset_last_packet_id", 0, minimum=0, maximum=MAX_PACKET_ID),
+        preset_each_offline=s.boolean("preset_each_offline", d.preset_each_offline),
         subscription_qos=s.integer("subscription_qos", d.subscription_qos, minimum=0, maximum=2),
+        publisher_disconnects_per_minute=s.number("publisher_disconnects_per_minute",
+                                                  d.publisher_disconnects_per_minute, minimum=0.0, maximum=600.0),
+        publisher_abrupt_fraction=s.fraction("publisher_abrupt_fraction", d.publisher_abrupt_fraction),
+        publisher_offline_s=s.number_range("publisher_offline_s", d.publisher_offline_s),
     )
+    if spec.preset_each_offline and not spec.preset_last_packet_id:
+        raise s.fail("preset_each_offline", True, "needs preset_last_packet_id > 0 (the value each offline "
+                     "window's session is preset to), e.g. preset_last_packet_id = 65500")
     s.finish()
     return spec
 
@@ -722,9 +756,24 @@ def _read_subscribers(s: _Section) -> SubscriberSpec:
         offline_s=s.number_range("offline_s", d.offline_s),
         reconnect_node=s.string("reconnect_node", d.reconnect_node, choices=RECONNECT_NODES),
         withhold_acks_s=s.number("withhold_acks_s", d.withhold_acks_s, minimum=0.0, maximum=60.0),
+        session_expiry_mix=_session_expiry_mix(s),
     )
     s.finish()
     return spec
+
+
+def _session_expiry_mix(s: _Section) -> tuple[tuple[int, float], ...]:
+    raw = s.weights("session_expiry_mix", {}, None, "session expiry")
+    if not raw:
+        return ()
+    _nonzero_total(s, "session_expiry_mix", raw)
+    mix: list[tuple[int, float]] = []
+    for key, weight in raw.items():
+        if not (key.isdigit() and 0 <= int(key) <= 2**32 - 1):
+            raise s.fail(f"session_expiry_mix.{key}", weight,
+                         "keys must be a whole number of seconds 0..4294967295, e.g. \"0\", \"2\" or \"3600\"")
+        mix.append((int(key), weight))
+    return tuple(sorted(mix))
 
 
 PLACEHOLDERS = ("{subscriber}",)

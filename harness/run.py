@@ -160,9 +160,14 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         (run_dir / "topology.json").write_text(json.dumps(target.describe(), indent=2, default=str) + "\n")
         outcome["notes"] += target.apply_presets(plan)
 
+        probe = target.queue_size_probe()
+        before_disconnect = None
+        if scenario.workload.preset_each_offline and probe is not None:
+            last = scenario.workload.preset_last_packet_id
+            before_disconnect = lambda client: probe.preset_if_empty(client, last)  # noqa: E731
         executor = Executor(plan, target.endpoints(), recorder, stop=stop,
                             settings=ExecutorSettings(client_bind_address=target.client_bind_address()),
-                            before_reconnect=target.queue_size_probe())
+                            before_reconnect=probe, before_disconnect=before_disconnect)
         # Before any client connects: a bad schedule starts nothing.  Client faults are played by the executor.
         nemesis = make_nemesis(plan, target, recorder, client_player=executor.client_fault_player())
         reporter.phase("connecting clients")

@@ -593,12 +593,16 @@ def expiry_deadline():
 
 
 def with_stream_neighbour(dsm):
-    """Per (subscriber, message): the highest message of the same (publisher, topic) stream delivered first
-    before it (the order rule compares against it).  Over every delivered message, phantoms included."""
+    """Per (subscriber, message): the highest message of the same (publisher, topic, QoS) stream delivered first
+    before it (the order rule compares against it).  Over every delivered message, phantoms included.
+    Why per QoS: an Ordered Topic's order holds "for the same Topic and QoS" ([MQTT-4.6.0-6], 3.1.1 and 5);
+    a QoS 2 message may legally arrive after newer QoS 1 ones of its publisher (its handshake is longer, and
+    the client library hands it over only at PUBREL), which session-mix showed on the correct broker."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    stream = Window.partitionBy("run_id", "client", "publisher", "first.topic").orderBy("first.seq").rowsBetween(
+    stream = Window.partitionBy("run_id", "client", "publisher", "first.topic", "first.qos").orderBy(
+        "first.seq").rowsBetween(
         Window.unboundedPreceding, -1)
     prev_max = F.max(F.struct(F.col("pub_seq"), F.col("first.packet_id").alias("packet_id"),
                               F.col("first.conn").alias("conn"), F.col("first.t").alias("t"),

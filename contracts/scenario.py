@@ -929,12 +929,13 @@ def _read_logs(s: _Section) -> LogSpec:
         raise s.fail("patterns", raw, "must be an array of tables ([[checks.logs.patterns]])")
     patterns = []
     for index, item in enumerate(raw):
-        if isinstance(item, dict) and "source" in item:
+        if isinstance(item, dict) and item.get("source", "scenario") != "scenario":
             raise s.fail(f"patterns[{index}].source", item["source"], "is set by Ordeal, not by a scenario")
         try:
             patterns.append(log_pattern_from_mapping(item, f"[checks.logs] patterns[{index}]"))
         except ValueError as error:
             raise ScenarioError(f"{s.source}: {error}") from None
+    s._get("effective", None, False)  # scenario.json's derived list (to_dict): recomputed, never read
     names = [p.name for p in patterns]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

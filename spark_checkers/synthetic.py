@@ -101,7 +101,7 @@ class Spec:
             "checks": {"clock_tolerance_ms": self.tolerance_ms, "allowed": list(self.allowed),
                        "pipeline_slack_ms": self.pipeline_slack_ms},
             "target": ({"kind": self.target_kind} if self.target_kind == "reference" else {
-                "kind": self.target_kind, "name": self.target_name,
+                "kind": self.target_kind, "name": self.target_name, "start": ["mosquitto"],  # its log preset
                 "promises": {"queue_limit": None if self.queue_policy == "none" else self.limit,
                              "queue_policy": self.queue_policy, "persistence": self.persistence,
                              "message_ttl_s": self.ttl_s, "mqtt_versions": ["3.1.1", "5"]}}),

@@ -111,7 +111,7 @@ HARNESS_LOG_MARKER = "=== ordeal: "
 @dataclass(frozen=True)
 class LogPattern:
     name: str
-    regex: str  # Python re syntax, searched (re.search) in each line
+    regex: str  # Python re syntax, searched (re.search, re.MULTILINE) in each record's text (docs/invariants.md)
     verdict: str = "fail"
     roles: tuple[str, ...] = ()  # node roles it applies to (redis, kafka, storage, broker, mqtt-broker); () = all
     nodes: tuple[str, ...] = ()  # node-name globs (fnmatch: "broker-*"); () = all
@@ -148,8 +148,6 @@ def _reference_log_patterns(broker: dict) -> tuple[LogPattern, ...]:
         LogPattern("lua_script_error", r"user_script:\d+|@user_function|Error (?:running|compiling) script"
                    r"|BUSY Redis is busy running a script", "fail", ("broker",),
                    why="a Redis script of the broker failed (lua/): its writes may be partial", source=src),
-        LogPattern("python_traceback", r"^Traceback \(most recent call last\):", "fail", ("broker",),
-                   why="an exception the broker did not handle", source=src),
         LogPattern("broker_error", r"^\S+ \S+ \S+ (?:ERROR|CRITICAL) reference_broker[.:]", "fail", ("broker",),
                    why="the broker itself logged an error (it gave up on something)", source=src),
         # aiokafka / redis-py log their own connection retries at ERROR while Kafka or Redis is down (seen in
@@ -157,6 +155,8 @@ def _reference_log_patterns(broker: dict) -> tuple[LogPattern, ...]:
         # messages"); the broker survives them by design, so they are counted, not failed.
         LogPattern("library_error", r"^\S+ \S+ \S+ (?:ERROR|CRITICAL) ", "report", ("broker",),
                    why="a client library (aiokafka, redis-py) logged an error while retrying", source=src),
+        LogPattern("python_traceback", r"^Traceback \(most recent call last\):", "fail", ("broker",),
+                   why="an exception no one handled (a traceback not under a library's ERROR line)", source=src),
         LogPattern("redis_crash", r"REDIS BUG REPORT|Guru Meditation|ASSERTION FAILED|Out Of Memory allocating"
                    r"|Fatal error", "fail", ("redis",), why="Redis itself crashed or refused its data", source=src),
         LogPattern("redis_slow_script", r"Slow script detected", "report", ("redis",),
@@ -183,7 +183,11 @@ def _mosquitto_log_patterns() -> tuple[LogPattern, ...]:
 def _rabbitmq_log_patterns() -> tuple[LogPattern, ...]:
     # RabbitMQ 3.10 ("<time> [error] <pid> ..."; a multi-line report repeats the prefix on every line).
     src = "default:rabbitmq"
-    return (LogPattern("rabbitmq_crash", r"\[(?:error|critical)\] .*(?:CRASH REPORT|crasher:|Supervisor: )",
+    return (LogPattern("rabbitmq_shutdown_report", r"errorContext: shutdown_error\n.*\breason: shutdown$", "report",
+                       why="RabbitMQ 3.10 reports, at [error], a channel supervisor whose child stopped with the normal "
+                           "reason shutdown while an MQTT connection closed (rabbitmq-partition-1: at the drain's "
+                           "disconnects and at SIGTERM; docs/findings.md)", source=src),
+            LogPattern("rabbitmq_crash", r"\[(?:error|critical)\] .*(?:CRASH REPORT|crasher:|Supervisor: )",
                        "fail", why="an Erlang process of RabbitMQ crashed", source=src),
             LogPattern("rabbitmq_error", r"\[(?:error|critical)\] ", "fail", why="RabbitMQ logged an error",
                        source=src),

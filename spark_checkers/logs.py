@@ -2,11 +2,11 @@
 
 Pure Python + pyarrow: the table holds the few thousand lines a run's nodes write, and the patterns are
 Python regular expressions (validated when the scenario loads), so the same engine that validates them
-decides them.  Each line goes to the first pattern that applies to its node (role, node-name glob) and
-matches; its verdict says where the line counts: ``fail`` -> logs.error_lines (a violation), ``report`` ->
+decides them.  Each record goes to the first pattern that applies to its node (role, node-name glob) and
+matches; its verdict says where it counts: ``fail`` -> logs.error_lines (a violation), ``report`` ->
 logs.reported_lines (counted, never failing), ``ignore`` -> nowhere.  Lines that belong together (a
-traceback under the error line that logged it, a multi-line report printed with one time stamp) make one
-*incident*: one witness, counted once.  Unknown is never a pass: a node whose log could not be read, or
+traceback under the error line that logged it, a multi-line report printed with one time stamp) are one
+record, judged as a whole and counted once: one *incident*, one witness.  Unknown is never a pass: a node whose log could not be read, or
 was cut, leaves an absence unproven, and the verdict names that node.
 """
 
@@ -58,43 +58,65 @@ def _applies(pattern: LogPattern, node: str, role: str) -> bool:
             and (not pattern.nodes or any(fnmatch.fnmatchcase(node, glob) for glob in pattern.nodes)))
 
 
+_INDENTED = re.compile(r"^(\S+ \S+ \S+ \S+)  ")  # a report's next line: its prefix, then an indented message
+
+
+def _continues(line: str, first: str) -> bool:
+    """Same stamp, same four-token prefix (time, level, process) and an indented message: the next line of
+    one report (RabbitMQ).  Two log calls in the same millisecond (Python logging) stay two records."""
+    match = _INDENTED.match(line)
+    return match is not None and match[1] == " ".join(first.split()[:4])
+
+
+def _records(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """One node's lines (in order) cut into records: a line with its own time stamp starts one; the lines
+    after it without a time stamp (the traceback under the ERROR line that logged it) and those with the very
+    same stamp and prefix and an indented message (the next lines of one multi-line report: RabbitMQ repeats
+    its prefix on each) belong to it.
+    A line without a stamp after a line without one is a record of its own (Tansu prints no stamps)."""
+    records: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] | None = None
+    for row in rows:
+        if row["line"].startswith(HARNESS_LOG_MARKER):
+            current = None  # the harness's own line (a node start): judged never, and it ends a record
+            continue
+        t, first = row["t_wall_us"], (current[0]["t_wall_us"] if current else None)
+        if current is not None and first is not None and (t is None or (t == first and _continues(
+                row["line"], current[0]["line"]))):
+            current.append(row)
+            continue
+        current = [row]
+        records.append(current)
+    return records
+
+
 def match_lines(rows: list[dict[str, Any]], patterns: tuple[LogPattern, ...]) -> list[_Incident]:
     """Incidents in ``rows`` (one node's or many; each row: node, role, line_no, t_wall_us, t_mono_us, line),
-    in node and line order.  The first applicable pattern that matches decides a line."""
-    compiled = [(p, re.compile(p.regex)) for p in patterns]
-    by_node: dict[tuple[str, str], list[tuple[LogPattern, re.Pattern[str]]]] = {}
-    incidents: list[_Incident] = []
-    open_incident: dict[str, _Incident] = {}
+    in node and line order.  Each record (_records) is one candidate incident: the first applicable pattern
+    whose regex is found in the record's text (its lines joined by newlines; ^ and $ match at each line)
+    decides it; its witness line is the line where the match starts."""
+    compiled = [(p, re.compile(p.regex, re.MULTILINE)) for p in patterns]
+    by_node: dict[str, list[dict[str, Any]]] = {}
     for row in sorted(rows, key=lambda r: (r["node"], r["line_no"])):
-        node, role, line = row["node"], row.get("role") or "", row["line"]
-        if line.startswith(HARNESS_LOG_MARKER):
-            open_incident.pop(node, None)
+        by_node.setdefault(row["node"], []).append(row)
+    incidents: list[_Incident] = []
+    for node, node_rows in by_node.items():
+        role = node_rows[0].get("role") or ""
+        applicable = [(p, r) for p, r in compiled if _applies(p, node, role)]
+        if not applicable:
             continue
-        applicable = by_node.get((node, role))
-        if applicable is None:
-            applicable = by_node[(node, role)] = [(p, r) for p, r in compiled if _applies(p, node, role)]
-        hit = next((p for p, r in applicable if r.search(line)), None)
-        current = open_incident.get(node)
-        follows = current is not None and row["line_no"] == current.last_line_no + 1
-        # Why fold: a line without its own time stamp right under an incident is its continuation (the
-        # traceback of an ERROR line); a line of the same pattern with the same stamp is the next line of one
-        # multi-line report (RabbitMQ repeats its prefix on each).  Folded lines are one witness, counted once.
-        if follows and (row["t_wall_us"] is None or (hit is not None and hit.name == current.pattern.name
-                                                     and row["t_wall_us"] == current.t_wall_us)):
-            current.last_line_no = row["line_no"]
-            current.lines += 1
-            if hit is not None and hit.verdict == "fail" and current.pattern.verdict != "fail":
-                current.pattern = hit  # a traceback under a reported line makes the incident a failure
-            if len(current.context) < CONTEXT_LINES:
-                current.context.append(line)
-            continue
-        if hit is None or hit.verdict == "ignore":
-            open_incident.pop(node, None)
-            continue
-        incident = _Incident(hit, node, role, row["line_no"], row["line_no"], row["t_wall_us"], row["t_mono_us"],
-                             line)
-        incidents.append(incident)
-        open_incident[node] = incident
+        for record in _records(node_rows):
+            text = "\n".join(row["line"] for row in record)
+            hit = next(((p, m) for p, r in applicable if (m := r.search(text))), None)
+            if hit is None or hit[0].verdict == "ignore":
+                continue
+            pattern, found = hit
+            at = text.count("\n", 0, found.start())  # the record's line where the match starts
+            row = record[at]
+            incidents.append(_Incident(pattern, node, role, row["line_no"], record[-1]["line_no"],
+                                       record[0]["t_wall_us"], record[0]["t_mono_us"], row["line"],
+                                       lines=len(record),
+                                       context=[r["line"] for i, r in enumerate(record) if i != at][:CONTEXT_LINES]))
     return incidents
 
 

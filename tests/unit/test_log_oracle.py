@@ -217,12 +217,46 @@ def test_external_broker_lines(preset, line, expected):
 
 def test_a_rabbitmq_multi_line_report_is_one_incident():
     stamp = "2026-11-24 10:29:22.570825+00:00 [error] <0.757.0>"
-    rows = _rows([f"{stamp} MQTT cannot parse a frame", f"{stamp}      4,77,81,", f"{stamp}      84,84,5,"],
-                 node="rabbitmq", role="mqtt-broker")
+    rows = _rows([f"{stamp} MQTT cannot parse a frame", f"{stamp}      4,77,81,", f"{stamp}      84,84,5,",
+                  f"{stamp} MQTT a second report at the same microsecond"], node="rabbitmq", role="mqtt-broker")
     for row in rows:
         row["t_wall_us"] = 7  # one time stamp on every line of the report
     assert [(i.pattern.name, i.lines) for i in match_lines(rows, default_log_patterns("rabbitmq"))] == [
-        ("rabbitmq_error", 3)]
+        ("rabbitmq_error", 3), ("rabbitmq_error", 1)]
+
+
+# RabbitMQ 3.10 at the drain's disconnects and at SIGTERM (rabbitmq-partition-1, 2026-11-24): a supervisor's
+# child stopped with the normal reason "shutdown" -- reported; the same report with another reason fails.
+SHUTDOWN_REPORT = """    supervisor: {<0.828.0>,amqp_channel_sup_sup}
+    errorContext: shutdown_error
+    reason: {{badmatch,x}}
+    offender: [{nb_children,1},
+               {id,channel_sup},""".splitlines()
+
+
+@pytest.mark.parametrize("reason, expected", [("shutdown", "rabbitmq_shutdown_report"),
+                                              ("{{badmatch,x}}", "rabbitmq_error")])
+def test_a_rabbitmq_supervisor_report_is_judged_as_a_whole(reason, expected):
+    stamp = "2026-11-24 11:28:39.124846+00:00 [error] <0.828.0>"
+    lines = [f"{stamp} {line}".replace("{{badmatch,x}}", reason) for line in SHUTDOWN_REPORT]
+    rows = _rows(lines, node="rabbitmq", role="mqtt-broker")
+    for row in rows:
+        row["t_wall_us"] = 7
+    assert [(i.pattern.name, i.lines) for i in match_lines(rows, default_log_patterns("rabbitmq"))] == [
+        (expected, 5)]
+
+
+def test_two_python_log_lines_in_one_millisecond_are_two_records():
+    lines = [f"{TS} ERROR aiokafka: Unable connect to node with id 0",
+             f"{TS} ERROR reference_broker: background task died; stopping the node"]
+    rows = _rows(lines)
+    for row in rows:
+        row["t_wall_us"] = 5
+    assert _verdicts_rows(rows) == [("library_error", "report"), ("broker_error", "fail")]
+
+
+def _verdicts_rows(rows):
+    return [(i.pattern.name, i.pattern.verdict) for i in match_lines(rows, default_log_patterns("reference", RETRY))]
 
 
 # -- From the stored table to the two invariants ---------------------------------------------------------------

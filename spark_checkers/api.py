@@ -19,7 +19,7 @@ from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
 from spark_checkers.loader import RunInput, local_run_dir, open_run
 from spark_checkers.logs import LogFinding, judge_logs
 from spark_checkers.timeline import Timeline, build_timeline
-from spark_checkers.verdicts import VERDICTS, InvariantResult, decide, exit_code
+from spark_checkers.verdicts import NOT_APPLICABLE, VERDICTS, InvariantResult, decide, exit_code
 
 
 @dataclass
@@ -193,6 +193,8 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
         unknown.update({k: f"checker error: {v}" for k, v in errors.items() if k != "*"})
     fatal = tuple(outcome.fatal)
     logs = _log_findings(run, g, timeline, fatal)
+    errors.update({k: f.unknown.removeprefix("checker error: ") for k, f in logs.items()
+                   if f.unknown and f.unknown.startswith("checker error: ")})  # named by meta.checker_error
     results = []
     for invariant in INVARIANTS:
         if invariant.id in logs:
@@ -253,8 +255,6 @@ def _log_findings(run: RunInput, g, timeline: Timeline | None, fatal: tuple[str,
 
 
 def _log_result(invariant, finding: LogFinding, g, fatal: tuple[str, ...]) -> InvariantResult:
-    from spark_checkers.verdicts import NOT_APPLICABLE
-
     if finding.not_applicable and not fatal:
         verdict, why, allowed = NOT_APPLICABLE, finding.not_applicable, False
     else:

@@ -346,3 +346,9 @@ def test_collect_logs_keeps_every_line_and_names_an_unreadable_node(tmp_path):
     assert sources[1].node == "redis-2" and "FileNotFoundError" in sources[1].error
     cut = collect_logs(tmp_path / "history", tmp_path, nodes[:1], 0, max_bytes=60)
     assert read_log_table(cut.parent)[1][0].truncated
+
+
+def test_a_corrupt_log_table_is_unknown_naming_the_file(tmp_path):
+    (tmp_path / LOG_TABLE_NAME).write_bytes(b"PAR1 not really")
+    found = judge_logs(tmp_path, default_log_patterns("reference", RETRY))
+    assert all("logs.parquet: not a readable Parquet file" in f.unknown for f in found.values())

@@ -15,7 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts.invariants import DEFAULT_CLOCK_TOLERANCE_MS, DEFAULT_PIPELINE_SLACK_MS, IDS
+from contracts.invariants import (
+    DEFAULT_CLOCK_TOLERANCE_MS,
+    DEFAULT_PIPELINE_SLACK_MS,
+    IDS,
+    LOG_PRESETS,
+    LogPattern,
+    default_log_preset,
+    effective_log_patterns,
+    log_pattern_from_mapping,
+)
 
 TIERS = ("smoke", "nightly", "soak")
 TARGET_KINDS = ("reference", "external")
@@ -243,10 +252,23 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class LogSpec:
+    """[checks.logs]: which lines of the nodes' logs the run is judged by (docs/scenarios.md).  ``preset``:
+    the default patterns ("" = the target's: contracts/invariants.py default_log_preset); ``defaults``: false
+    drops them; ``patterns``: the scenario's own, tried before the defaults (the first match decides a line;
+    a pattern named like a default replaces it)."""
+
+    preset: str = ""
+    defaults: bool = True
+    patterns: tuple[LogPattern, ...] = ()
+
+
+@dataclass(frozen=True)
 class CheckSpec:
     clock_tolerance_ms: int = DEFAULT_CLOCK_TOLERANCE_MS  # defaults: contracts/invariants.py
     pipeline_slack_ms: int = DEFAULT_PIPELINE_SLACK_MS
     allowed: tuple[str, ...] = ()
+    logs: LogSpec = LogSpec()
 
 
 @dataclass(frozen=True)
@@ -271,6 +293,16 @@ class Scenario:
         no copy of them)."""
         validate = _registered(_BROKER, "broker validator (harness/model.py)")
         return _plain(validate(self.broker, f"{self.source} [broker]"))
+
+    @property
+    def log_preset(self) -> str:
+        return self.checks.logs.preset or default_log_preset(self.target.kind, self.target.start)
+
+    def log_patterns(self) -> tuple[LogPattern, ...]:
+        """Every pattern the nodes' logs are judged by, in the order they are tried (scenario.json
+        checks.logs.effective)."""
+        broker = self.broker_config() if self.target.kind == "reference" else {}
+        return effective_log_patterns(self.checks.logs.patterns, self.log_preset, broker, self.checks.logs.defaults)
 
     def to_dict(self) -> dict[str, Any]:
         """The normalised scenario, JSON-able, every default filled in (written as scenario.json)."""
@@ -316,7 +348,10 @@ class Scenario:
             "faults": faults,
             "checks": {"clock_tolerance_ms": self.checks.clock_tolerance_ms,
                        "pipeline_slack_ms": self.checks.pipeline_slack_ms,
-                       "allowed": list(self.checks.allowed)},
+                       "allowed": list(self.checks.allowed),
+                       "logs": {"preset": self.log_preset, "defaults": self.checks.logs.defaults,
+                                "patterns": [p.to_dict() for p in self.checks.logs.patterns],
+                                "effective": [p.to_dict() for p in self.log_patterns()]}},
         }
 
 
@@ -926,8 +961,36 @@ def _read_checks(s: _Section) -> CheckSpec:
     for invariant in allowed:
         if invariant not in INVARIANT_IDS:
             raise s.fail("allowed", invariant, f"unknown invariant id; known ids: {', '.join(IDS)}")
+    logs = _read_logs(_Section(s.source, "checks.logs", s.raw_table("logs")))
     s.finish()
-    return CheckSpec(clock_tolerance_ms=tolerance, pipeline_slack_ms=slack, allowed=tuple(sorted(set(allowed))))
+    return CheckSpec(clock_tolerance_ms=tolerance, pipeline_slack_ms=slack, allowed=tuple(sorted(set(allowed))),
+                     logs=logs)
+
+
+def _read_logs(s: _Section) -> LogSpec:
+    """[checks.logs]: every pattern compiled now, so a bad regex stops the run before anything starts."""
+    preset = s.string("preset", "", choices=("",) + LOG_PRESETS)
+    defaults = s._get("defaults", True, False)
+    if not isinstance(defaults, bool):
+        raise s.fail("defaults", defaults, "must be true or false")
+    raw = s._get("patterns", [], False)
+    if not isinstance(raw, list):
+        raise s.fail("patterns", raw, "must be an array of tables ([[checks.logs.patterns]])")
+    patterns = []
+    for index, item in enumerate(raw):
+        if isinstance(item, dict) and item.get("source", "scenario") != "scenario":
+            raise s.fail(f"patterns[{index}].source", item["source"], "is set by Ordeal, not by a scenario")
+        try:
+            patterns.append(log_pattern_from_mapping(item, f"[checks.logs] patterns[{index}]"))
+        except ValueError as error:
+            raise ScenarioError(f"{s.source}: {error}") from None
+    s._get("effective", None, False)  # scenario.json's derived list (to_dict): recomputed, never read
+    names = [p.name for p in patterns]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise s.fail("patterns", twice, "each pattern name may appear once")
+    s.finish()
+    return LogSpec(preset=preset, defaults=defaults, patterns=tuple(patterns))
 
 
 def find_scenario(name_or_path: str, scenarios_dir: Path | None = None) -> Path:

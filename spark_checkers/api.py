@@ -17,8 +17,9 @@ from spark_checkers import CHECKER_VERSION
 from spark_checkers.explain import explain, loss_gaps
 from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
 from spark_checkers.loader import RunInput, local_run_dir, open_run
+from spark_checkers.logs import LogFinding, judge_logs
 from spark_checkers.timeline import Timeline, build_timeline
-from spark_checkers.verdicts import VERDICTS, InvariantResult, decide, exit_code
+from spark_checkers.verdicts import NOT_APPLICABLE, VERDICTS, InvariantResult, decide, exit_code
 
 
 @dataclass
@@ -237,8 +238,14 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
     if errors:
         unknown.update({k: f"checker error: {v}" for k, v in errors.items() if k != "*"})
     fatal = tuple(outcome.fatal)
+    logs = _log_findings(run, g, timeline, fatal)
+    errors.update({k: f.unknown.removeprefix("checker error: ") for k, f in logs.items()
+                   if f.unknown and f.unknown.startswith("checker error: ")})  # named by meta.checker_error
     results = []
     for invariant in INVARIANTS:
+        if invariant.id in logs:
+            results.append(_log_result(invariant, logs[invariant.id], g, fatal))
+            continue
         count = counts.get(invariant.id, 0)
         reason = unknown.get(invariant.id)
         if invariant.id == "meta.history_complete" and incomplete:
@@ -281,6 +288,32 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
         "environment": {"python": sys.version.split()[0], "platform": platform.platform(),
                         "spark_master": master, "pyspark": _pyspark_version(), "check_seconds": round(elapsed, 2)},
     }
+
+
+def _log_findings(run: RunInput, g, timeline: Timeline | None, fatal: tuple[str, ...]) -> dict[str, LogFinding]:
+    """The log oracle (spark_checkers/logs.py) over history/logs.parquet; a broken table or a bug in it makes
+    only the log invariants unknown."""
+    from spark_checkers.logs import LOG_INVARIANTS
+
+    if fatal or g is None:
+        return {invariant: LogFinding() for invariant in LOG_INVARIANTS}
+    try:
+        return judge_logs(run.run_dir / "history", g.log_patterns, timeline.t_first if timeline else 0)
+    except Exception as error:  # noqa: BLE001 - a checker error is unknown, never a pass
+        return {invariant: LogFinding(unknown=f"checker error: {_short(error)}") for invariant in LOG_INVARIANTS}
+
+
+def _log_result(invariant, finding: LogFinding, g, fatal: tuple[str, ...]) -> InvariantResult:
+    if finding.not_applicable and not fatal:
+        verdict, why, allowed = NOT_APPLICABLE, finding.not_applicable, False
+    else:
+        verdict, why, allowed = decide(invariant, finding.count, allowed=g.allowed if g else (), fatal=fatal,
+                                       incomplete=(), unknown_reason=finding.unknown, white_box=True)
+        unread = finding.details.get("unread")
+        if unread and verdict != "unknown":  # a failure proven by the logs that could be read
+            why = f"{why + '; ' if why else ''}not judged: {'; '.join(unread)}"
+    return InvariantResult(invariant.id, invariant.title, verdict, finding.count, tuple(finding.witnesses), why,
+                           allowed, invariant.reported_only, finding.details)
 
 
 def _allowance(g) -> str:

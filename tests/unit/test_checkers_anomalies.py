@@ -379,6 +379,36 @@ UNKNOWN_CASES = {
 }
 
 
+# The log oracle (spark_checkers/logs.py, docs/invariants.md "Node logs"): a planted line and its near-miss twins.
+# The same "giving up ... committing anyway" fails where the scenario's failure strategy may not lose records
+# (retry_forever, the fault scenarios') and is only reported under TBMQ's skip; the correct broker's own
+# retries under faults (library errors, a save script that found no master) never fail.
+RETRY = replace(BASE, failure_strategy="retry_forever")
+_LOG = "2026-09-21 12:26:45,000 broker-1"
+GIVE_UP = (f"{_LOG} ERROR reference_broker.pipeline: tbmq.msg.persisted: giving up on 3 records after 4 attempts "
+           "(ConnectionError('Connection refused')); committing anyway")
+SURVIVED = (f"{_LOG} ERROR aiokafka: Unable connect to node with id 0: [Errno 111] Connect call failed",
+            f"{_LOG} WARNING reference_broker.pipeline: tbmq.msg.persisted: processing failed (attempt 2): "
+            "server:ResponseError: save script for sub-0_messages not run: no master took it after 3 attempts "
+            "(redirected or script missing); retrying")
+LUA = (f"{_LOG} WARNING reference_broker.session: sub-0: delivery read failed: server:ResponseError: user_script:9: "
+       "attempt to perform arithmetic on local 'x' (a nil value) script: 104ac674, on @user_script:9.; retrying")
+
+
+def _logs(spec, *lines):
+    return replace(spec, log_lines=(*s.clean_log_lines(spec), *(("broker-1", "broker", line) for line in lines)))
+
+
+CASES.update({
+    "log_committing_anyway_must_not_lose": (_logs(RETRY, GIVE_UP), None, {"logs.error_lines"}),
+    "log_committing_anyway_under_skip": (_logs(BASE, GIVE_UP), None, set()),
+    "log_lua_script_error": (_logs(RETRY, LUA), None, {"logs.error_lines"}),
+    "log_retries_the_broker_survives": (_logs(RETRY, *SURVIVED), None, set()),
+})
+UNKNOWN_CASES["log_of_a_node_unread"] = (replace(BASE, unread_logs=("redis-2",)), None, {},
+                                         {"logs.error_lines", "logs.reported_lines"})
+
+
 @pytest.fixture(scope="module")
 def reports(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("anomalies")
@@ -552,3 +582,18 @@ def test_an_unknown_names_its_real_cause(reports):
     reason = next(i["reason"] for i in reports["target_never_came_back"]["invariants"] if i["id"] == "meta.fault_bit")
     assert reason == ("fault f1 (process_kill broker) did not heal (the target never came back after it): "
                       "broker (127.0.0.2:1883) not ready after 240.0 s")
+
+
+def test_log_witnesses_and_the_reported_count(reports):
+    failing = next(i for i in reports["log_committing_anyway_must_not_lose"]["invariants"]
+                   if i["id"] == "logs.error_lines")
+    assert failing["count"] == 1 and failing["witnesses"][0]["data"]["node"] == "broker-1"
+    assert "committing anyway" in failing["witnesses"][0]["text"] and "retry_forever" in failing["witnesses"][0]["text"]
+    skipped = {i["id"]: i for i in reports["log_committing_anyway_under_skip"]["invariants"]}
+    assert skipped["logs.error_lines"]["verdict"] == "pass"
+    assert (skipped["logs.reported_lines"]["verdict"], skipped["logs.reported_lines"]["count"]) == ("pass", 1)
+    assert "skip" in skipped["logs.reported_lines"]["witnesses"][0]["text"]
+    unread = {i["id"]: i for i in reports["log_of_a_node_unread"]["invariants"]}
+    assert "redis-2" in unread["logs.error_lines"]["reason"]
+    external = {i["id"]: i for i in reports["clean_external"]["invariants"]}
+    assert external["logs.error_lines"]["verdict"] == "pass"  # judged by the Mosquitto preset (its start program)

@@ -24,7 +24,12 @@ def run_node(node: NodeConfig, node_id: str, host: str, port: int) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    asyncio.run(Broker(node, node_id, host, port).serve_forever())
+    if node.broker.event_loop == "uvloop":
+        import uvloop
+
+        uvloop.run(Broker(node, node_id, host, port).serve_forever())
+    else:
+        asyncio.run(Broker(node, node_id, host, port).serve_forever())
 
 
 def main(argv: list[str] | None = None) -> int:

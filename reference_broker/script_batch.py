@@ -28,6 +28,7 @@ class ScriptBatcher:
         self.redis = redis
         self._pending: list[tuple[AsyncScript, list[Any], list[Any], asyncio.Future]] = []
         self._scheduled = False
+        self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to running tasks
         self.pipelines = 0   # pipelines sent (for the benchmark's counters)
         self.calls = 0       # script calls made through them
 
@@ -50,12 +51,17 @@ class ScriptBatcher:
             try:
                 node = self.redis.get_node_from_key(item[1][0])
             except Exception:  # slot map not usable right now: the ordinary path copes
-                asyncio.get_running_loop().create_task(self._direct(item))
+                self._start(self._direct(item))
                 continue
             nodes[node.name] = node
             by_node.setdefault(node.name, []).append(item)
         for name, items in by_node.items():
-            asyncio.get_running_loop().create_task(self._send(nodes[name], items))
+            self._start(self._send(nodes[name], items))
+
+    def _start(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _send(self, node, items: list) -> None:
         commands = [PipelineCommand(i, "EVALSHA", script.sha, len(keys), *keys, *args)

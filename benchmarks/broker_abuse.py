@@ -15,7 +15,7 @@ The flood runs in other processes so that it does not take the GIL from the well
     .venv/bin/python benchmarks/broker_abuse.py --broker-checkout /tmp/old   # the broker code of another checkout
 
 Prints JSON: per phase the end-to-end (publish -> delivery) p50/p99/max of the well-behaved messages, their
-count, lost and duplicates, and the flood's connections and packets (and how each ended).
+count, lost and duplicates, and the flood's connections and packets (and how each ended) and its own CPU seconds.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def abusive_inputs(index: int) -> list[tuple[str, list[bytes]]]:
 
 def flood_worker(host: str, port: int, worker: int, rounds: int, queue) -> None:
     """``rounds`` times every abusive input, each on a connection of its own, one after the other (the
-    well-behaved phase lasts until every worker is done)."""
+    well-behaved phase lasts until every worker is done).  Reports its own CPU time too: the flood shares the
+    broker's cores here, and its share tells whether it starved the rest."""
     counts: dict[str, int] = {}
     packets = connections = 0
     started = time.monotonic()
@@ -118,7 +119,7 @@ def flood_worker(host: str, port: int, worker: int, rounds: int, queue) -> None:
         key = f"{kind}: {outcome}"
         counts[key] = counts.get(key, 0) + 1
     queue.put({"connections": connections, "packets": packets, "outcomes": counts,
-               "seconds": time.monotonic() - started})
+               "seconds": time.monotonic() - started, "cpu_s": time.process_time()})
 
 
 # ------------------------------------------------------------------ the well-behaved clients
@@ -240,7 +241,8 @@ def run(args: argparse.Namespace) -> dict:
         flood["flood"] = {"processes": args.flooders, "rounds": args.flood_rounds,
                           "seconds": round(max(r["seconds"] for r in reports), 1),
                           "connections": sum(r["connections"] for r in reports),
-                          "packets": sum(r["packets"] for r in reports), "outcomes": dict(sorted(outcomes.items()))}
+                          "packets": sum(r["packets"] for r in reports), "outcomes": dict(sorted(outcomes.items())),
+                          "cpu_s": round(sum(r["cpu_s"] for r in reports), 1)}
         alive = broker.is_alive()
         return {"pairs": args.pairs, "rate_per_publisher": args.rate, "duration_s": args.duration,
                 "kafka_storage": args.kafka_storage, "broker_checkout": str(checkout), "settings": settings,

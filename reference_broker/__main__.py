@@ -50,7 +50,12 @@ def run_node(node: NodeConfig, node_id: str, host: str, port: int) -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(ErrorDetail())
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    asyncio.run(Broker(node, node_id, host, port).serve_forever())
+    if node.broker.event_loop == "uvloop":
+        import uvloop
+
+        uvloop.run(Broker(node, node_id, host, port).serve_forever())
+    else:
+        asyncio.run(Broker(node, node_id, host, port).serve_forever())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ MAX_PERSISTED_LIMIT = 65535  # a larger limit would let packet ids collide with 
 
 PRODUCER_ACKS = ("0", "1", "all")
 FAILURE_STRATEGIES = ("retry_forever", "skip")
+EVENT_LOOPS = ("uvloop", "asyncio")
 
 
 class ConfigError(ValueError):
@@ -67,6 +68,9 @@ class BrokerConfig:
     session_expiry_check_s: float = 1.0
     delivery_recheck_s: float = 1.0       # a lost live hint is recovered within this time
     partition_lease_s: float = 5.0        # a dead node's partitions move to the others after this
+    # uvloop (libuv) or the standard library's loop; uvloop costs less CPU per socket event
+    # (benchmarks/broker_p2p.py, docs/reference-broker.md)
+    event_loop: str = "uvloop"
     # Named defects from reference_broker/defects.py; empty = correct broker
     defects: tuple[str, ...] = field(default_factory=tuple)
     source: str = field(default="<defaults>", compare=False)
@@ -108,6 +112,7 @@ class BrokerConfig:
         _positive(src, "session_expiry_check_s", self.session_expiry_check_s)
         _positive(src, "delivery_recheck_s", self.delivery_recheck_s)
         _positive(src, "partition_lease_s", self.partition_lease_s)
+        _choice(src, "event_loop", self.event_loop, EVENT_LOOPS)
         if isinstance(self.defects, (str, bytes)) or not all(isinstance(d, str) for d in self.defects):
             raise ConfigError(f"{src}: defects = {self.defects!r}: expected a list of defect names")
         object.__setattr__(self, "defects", tuple(self.defects))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
@@ -23,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
@@ -290,7 +290,7 @@ class FanOut:
         broker = self.broker
         pending = []
         for record in records:
-            message = json.loads(record.value)
+            message = orjson.loads(record.value)
             for client, granted in self.index.match(message["topic"]).items():
                 sub = self.index.records[client]
                 if sub.get("no_local") and client == message.get("publisher"):
@@ -302,7 +302,7 @@ class FanOut:
                 out = dict(message, qos=qos, gen=sub["gen"]) if sub.get("gen") else dict(message, qos=qos)
                 if sub.get("persistent") and qos > 0:
                     pending.append(await broker.producer.send(
-                        broker.config.persisted_topic, json.dumps(out).encode(), key=client.encode()))
+                        broker.config.persisted_topic, orjson.dumps(out), key=client.encode()))
                 else:
                     await broker.route_live(client, sub.get("node"), out)
         # commit (by the caller) only after every persisted-topic write is acknowledged
@@ -330,7 +330,7 @@ class Persister:
         by_client: dict[str, list[dict[str, Any]]] = defaultdict(list)
         now_ms = time.time() * 1000
         for record in records:
-            message = json.loads(record.value)
+            message = orjson.loads(record.value)
             expires_at = message.get("expiresAt")
             message["expiry"] = None if expires_at is None else max(0, math.ceil((expires_at - now_ms) / 1000))
             by_client[record.key.decode()].append(message)

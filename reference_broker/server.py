@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import time
 from collections import Counter
 from typing import Any
 
+import orjson
 from aiokafka import AIOKafkaProducer
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
@@ -89,6 +89,8 @@ class Broker:
     async def stop(self) -> None:
         if self.server is not None:
             self.server.close()
+        if self.store is not None:
+            log.info("Redis script calls: %d in %d pipelines", self.store.batch.calls, self.store.batch.pipelines)
         for connection in list(self.connections.values()):
             await connection.close(codec.RC_SERVER_UNAVAILABLE)
             with contextlib.suppress(Exception):  # record the disconnect now: the loop ends soon
@@ -260,7 +262,7 @@ class Broker:
 
     # ------------------------------------------------------------ message flow
     async def produce_incoming(self, message: dict[str, Any]) -> asyncio.Future:
-        return await self.producer.send(self.config.incoming_topic, json.dumps(message).encode(),
+        return await self.producer.send(self.config.incoming_topic, orjson.dumps(message),
                                         key=message["topic"].encode())
 
     async def route_live(self, client: str, node: str | None, message: dict[str, Any]) -> None:

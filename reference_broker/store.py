@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.exceptions import AskError, NoScriptError, ResponseError
 
 from reference_broker.config import BrokerConfig
+from reference_broker.script_batch import ScriptBatcher
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 SCRIPT_NAMES = ("save", "read_backlog", "remove_one", "mark_released", "remove_all", "lease", "replace_session",
@@ -72,6 +74,7 @@ class SessionStore:
         self.config = config
         self.prefix = config.key_prefix
         self.scripts = {name: redis.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+        self.batch = ScriptBatcher(redis)  # the per-message scripts: one pipeline per master per loop turn
         self.save_defects = ",".join(d for d in config.defects if d in SAVE_DEFECTS)
 
     # ------------------------------------------------------------ key names
@@ -94,12 +97,12 @@ class SessionStore:
     async def save(self, client: str, messages: list[dict[str, Any]]) -> SaveResult:
         keys = [self.messages_key(client), self.last_packet_id_key(client), self.sent_key(client),
                 self.session_key(client)]
-        args = [self.config.persisted_messages_limit, json.dumps(messages),
+        args = [self.config.persisted_messages_limit, orjson.dumps(messages),
                 self.config.persisted_message_ttl_s, self.save_defects]
         if self.config.redis_wait_replicas:
             result = await self._save_and_wait(keys, args)
         else:
-            result = await self.scripts["save"](keys=keys, args=args)
+            result = await self.batch.call(self.scripts["save"], keys, args)
         return SaveResult(*(int(x) for x in result))
 
     async def _save_and_wait(self, keys: list[str], args: list[Any]) -> list[Any]:
@@ -142,21 +145,20 @@ class SessionStore:
                    mark_sent: bool = True) -> list[StoredMessage]:
         """Stored messages in score order after ``after_score`` (exclusive), dropping dangling references;
         with ``mark_sent`` they are recorded as sent before they go out (so a resend gets DUP = 1)."""
-        raw = await self.scripts["read_backlog"](
-            keys=[self.messages_key(client), self.sent_key(client)],
-            args=[after_score, limit, 1 if mark_sent else 0])
+        raw = await self.batch.call(self.scripts["read_backlog"], [self.messages_key(client), self.sent_key(client)],
+                                    [after_score, limit, 1 if mark_sent else 0])
         out = []
         for i in range(0, len(raw), 3):
             score, payload, sent = raw[i], raw[i + 1], raw[i + 2]
-            out.append(StoredMessage(float(score), json.loads(payload), bool(int(sent))))
+            out.append(StoredMessage(float(score), orjson.loads(payload), bool(int(sent))))
         return out
 
     async def remove_one(self, client: str, packet_id: int) -> int:
-        return int(await self.scripts["remove_one"](
-            keys=[self.messages_key(client), self.sent_key(client)], args=[packet_id]))
+        return int(await self.batch.call(self.scripts["remove_one"], [self.messages_key(client), self.sent_key(client)],
+                                         [packet_id]))
 
     async def mark_released(self, client: str, packet_id: int) -> int:
-        return int(await self.scripts["mark_released"](keys=[self.messages_key(client)], args=[packet_id]))
+        return int(await self.batch.call(self.scripts["mark_released"], [self.messages_key(client)], [packet_id]))
 
     async def remove_all(self, client: str) -> int:
         removed = int(await self.scripts["remove_all"](

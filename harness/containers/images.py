@@ -68,7 +68,7 @@ def _versions(*distributions: str) -> list[str]:
 
 
 MOTO_REQUIREMENTS = ("moto[server]",)
-BROKER_DISTRIBUTIONS = ("redis", "paho-mqtt", "aiokafka")
+BROKER_DISTRIBUTIONS = ("redis", "paho-mqtt", "aiokafka", "orjson", "hiredis", "uvloop")  # pyproject.toml's broker deps
 
 
 def _moto_requirements() -> list[str]:

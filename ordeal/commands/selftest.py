@@ -18,8 +18,8 @@ class InputError(click.ClickException):
 
 @click.command(name="selftest")
 @click.option("--tier", type=click.Choice(["smoke", "full"]), default="smoke", show_default=True,
-              help="smoke: the matrix's smoke entries (CI); full: every catalog defect, the false-alarm "
-                   "repeats and the black-box runs.")
+              help="smoke: the matrix's smoke entries (CI, one seed each); full: every catalog defect in a "
+                   "shipped scenario over its seeds, the false-alarm repeats and the black-box runs.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/selftest"),
               show_default=True, help="Directory for selftest.json, selftest.html and the run directories.")
 @click.option("--matrix", "matrix_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -29,12 +29,15 @@ class InputError(click.ClickException):
 @click.option("--blackbox/--no-blackbox", default=None,
               help="Run the black-box scenarios (default: only in the full tier).")
 @click.option("--defect", "defects", multiple=True,
-              help="Only this defect's entry (repeatable); skips the false-alarm repeats.")
+              help="Only this defect's entry of the tier (its other entry if the tier has none; repeatable); "
+                   "skips the false-alarm repeats.")
+@click.option("--seed", "seeds", type=click.IntRange(min=0), multiple=True,
+              help="Run the selected entries with these seeds instead of the matrix's (repeatable).")
 @spark_options
 @click.option("--rejudge", is_flag=True,
               help="Run nothing: judge OUT's stored runs again (their report.json) and rewrite its outputs.")
 def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None, blackbox: bool | None,
-             defects: tuple[str, ...], spark_master: str | None, rejudge: bool) -> None:
+             defects: tuple[str, ...], seeds: tuple[int, ...], spark_master: str | None, rejudge: bool) -> None:
     """Run the defect detection matrix: each catalog defect switched on in its scenario must be caught by
     its expected invariant, and the correct broker must pass the same scenarios.  Writes OUT/selftest.json
     and OUT/selftest.html.  Exit 0: all caught, no false alarm; 1: a defect missed or a correct run
@@ -57,7 +60,7 @@ def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None,
             result = rejudge_stored(out, matrix)
         else:
             result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
-                                  spark_master=spark_master, log=lambda text: click.echo(text, err=True))
+                                  seeds=seeds, spark_master=spark_master, log=lambda text: click.echo(text, err=True))
     except MatrixError as error:
         raise InputError(str(error)) from error
     click.echo(text_table(result_document(result, matrix)))

@@ -252,7 +252,8 @@ class LeasedConsumer:
                 raise
             except Exception as error:
                 attempt += 1
-                if strategy == "skip" and attempt > retries:
+                if attempt > retries and (strategy == "skip" or self.broker.config.has("retry_gives_up")):
+                    # (defect retry_gives_up: "retry_forever" configured, yet it gives up like "skip")
                     # TBMQ's default: give up and commit anyway -- these records are lost
                     log.error("%s: giving up on %d records after %d attempts (%r); committing anyway",
                               self.topic, len(records), attempt, error)

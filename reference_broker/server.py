@@ -165,7 +165,8 @@ class Broker:
         await store.put_session(client, {
             "node": self.node_id, "conn": conn.conn_id, "persistent": int(conn.persistent),
             "expiry": conn.session_expiry or "", "protocol": conn.version, "connected_at": int(time.time() * 1000),
-            "gen": conn.session_gen}, discard=not resumed and (bool(session) or clean_start))
+            "gen": conn.session_gen}, discard=not resumed and (bool(session) or clean_start)
+            and not self.config.has("discarded_queue_kept"))  # defect: the old queue outlives its session
         await store.cancel_expiry(client)
         if not resumed:
             await store.put_subscription(client, None)  # the old session's subscriptions end with it

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import time
 from collections import Counter
@@ -44,6 +45,10 @@ class Broker:
         self.subscription_nodes: dict[str, str] = {}
         self.stopping = asyncio.Event()
         self.bound_source = False
+        # SIGUSR1 arms a crash point (the nemesis' process_kill with at_stage = "persisted_commit"): the node
+        # SIGKILLs itself right after its next persisted-topic commit, the one moment a kill tests the order
+        # of save and commit (a random kill lands there on a few percent of tries)
+        self.crash_armed = False
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -114,9 +119,22 @@ class Broker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        loop.add_signal_handler(signal.SIGUSR1, self._arm_crash)
         await self.stopping.wait()
         log.info("broker %s stopping", self.node_id)
         await self.stop()
+
+    def _arm_crash(self) -> None:
+        log.warning("crash point armed (SIGUSR1): SIGKILL right after the next persisted-topic commit")
+        self.crash_armed = True
+
+    def crash_point(self, stage: str) -> None:
+        """Die here if a crash point was armed: no cleanup, no flush of anything but the log."""
+        if self.crash_armed:
+            log.warning("crash point %s reached: SIGKILL", stage)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await Connection(self, reader, writer).run()

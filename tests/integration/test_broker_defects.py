@@ -224,3 +224,30 @@ def test_defect_retry_gives_up(brokers, defect):
         assert got == [] and "committing anyway" in cluster.log()
     else:
         assert got == [b"r0", b"r1", b"r2"] and "committing anyway" not in cluster.log()
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["correct", "commit_before_save"])
+def test_crash_point_right_after_a_persisted_commit(brokers, defect):
+    """SIGUSR1 arms the node's crash point (the nemesis' process_kill at_stage = "persisted_commit"): it dies
+    right after its next persisted-topic commit.  The correct broker saved the batch before that commit; with
+    commit_before_save the batch was committed and never saved -- lost on every such kill, not on a few
+    percent of random ones (broker-kill-at-commit.toml, the detection matrix's scenario)."""
+    import os
+    import signal
+
+    cluster = brokers(defects=["commit_before_save"] if defect else [], persisted_failure_strategy="retry_forever")
+    sub, pub = offline_backlog(cluster, 5, 0)
+    node = cluster.nodes[0]
+    os.kill(node.pid, signal.SIGUSR1)
+    pub.publish(TOPIC, b"c0", 1)                # acknowledged: Kafka has it
+    deadline = time.monotonic() + 15
+    while node.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not node.is_alive() and "crash point persisted_commit reached" in cluster.log()
+    pub.drop()
+    node.kill()                                 # reap it
+    cluster.start(1)                            # a fresh node takes the partitions once the lease ran out
+    moved = cluster.probe(sub.client_id, node=1, version=5)
+    assert moved.connect(clean=False, session_expiry=3600) is True
+    got = payloads(moved.settle(1.5, timeout=15) if defect else moved.wait_for(1, timeout=15))
+    assert got == ([] if defect else [b"c0"])

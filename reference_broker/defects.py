@@ -160,7 +160,9 @@ _DEFECTS = (
            shows=(
            "a Redis outage or write stall longer than retries x backoff (3 x 1 s) while saves are due: the "
            "broker logs \"giving up ... committing anyway\" and the batch is never delivered; a short fault "
-           "(2-4 s) or one that also fails the lease check before the commit does not reach it.")),
+           "(2-4 s) or one that also fails the lease check before the commit does not reach it. TBMQ's device "
+           "RETRY_ALL strategy (DeviceMsgAcknowledgeStrategyFactory, bca8e9a) does this by design: after `retries` "
+           "(only 0 means forever) it commits, logged at DEBUG.")),
     Defect("zero_expiry_breaks_save",
            "a message expiry interval of 0 passes the save script's guard: SET ... EX 0 fails the script "
            "half-way, the poll is retried and skipped, and the messages saved before it are overwritten",
@@ -168,7 +170,10 @@ _DEFECTS = (
            shows=(
            "MQTT 5 publishers send some messages with expiry 0 (or one that runs out in the pipeline): the "
            "save fails with \"invalid expire time\", the broker logs the script error and \"committing anyway\", "
-           "and that subscriber's other messages of the batch are lost.")),
+           "and that subscriber's other messages of the batch are lost. TBMQ's save script (DeviceMsgServiceImpl "
+           "ADD_MESSAGES_SCRIPT, thingsboard/tbmq bca8e9a) has the same shape: `SET msgKey msgJson EX "
+           "(msg.msgExpiryInterval or defaultTtl)` with no guard for 0, and the last packet id written only at the "
+           "end.")),
 )
 
 CATALOG: dict[str, Defect] = {d.name: d for d in _DEFECTS}

@@ -164,8 +164,11 @@ class _StopFault(_NodeFault):
                                      f"not {node.name} ({node.role})")
         timeout = float(self.spec.params.get("stage_timeout_s", 5.0))
         os.kill(self.pid_before, signal.SIGUSR1)
-        reached, _, waited = wait_until(lambda: (not node.is_alive(), {}), timeout, interval_s=0.01)
+        died, _, waited = wait_until(lambda: (not node.is_alive(), {}), timeout, interval_s=0.01)
         node.kill()  # reaps a node that died at its stage; kills one that did not get there
+        # reached: the node's own log says so (this start's part of it: the log is appended per start)
+        log_text = node.log_path.read_text(errors="replace") if node.log_path.is_file() else ""
+        reached = died and f"crash point {stage} reached" in log_text.rsplit("=== ordeal: start", 1)[-1]
         ctx.note_node_event(node.name, "kill", fault_id=self.spec.id, pid=self.pid_before, at_stage=stage,
                             reached=reached)
         return Check("killed at its stage", {"node": node.name, "stage": stage, "reached": reached,

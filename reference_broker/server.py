@@ -115,11 +115,12 @@ class Broker:
                 await self.redis.aclose()
 
     async def serve_forever(self) -> None:
-        await self.start()
         loop = asyncio.get_running_loop()
+        # before start(): a SIGUSR1 that arrives while the node starts must arm, not kill (its default action)
+        loop.add_signal_handler(signal.SIGUSR1, self._arm_crash)
+        await self.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
-        loop.add_signal_handler(signal.SIGUSR1, self._arm_crash)
         await self.stopping.wait()
         log.info("broker %s stopping", self.node_id)
         await self.stop()

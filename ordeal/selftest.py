@@ -532,11 +532,19 @@ def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = N
     return result
 
 
-def rejudge(out: Path, matrix: Matrix) -> SelftestResult:
+def rejudge(out: Path, matrix: Matrix, *, recheck: bool = False, spark_master: str | None = None,
+            log: Callable[[str], None] = print) -> SelftestResult:
     """Judge a finished self-test again from its stored reports (OUT/selftest.json + each run's report.json),
-    without running or checking anything: for a changed judging rule or a re-rendered table."""
+    without running anything: for a changed judging rule or a re-rendered table.  ``recheck``: check the
+    stored runs again first (one Spark job), for changed checkers (new invariants, fixed rules)."""
     out = Path(out)
     previous = json.loads((out / "selftest.json").read_text())
+    if recheck:
+        run_dirs = [Path(r["run_dir"]) for r in previous["rows"] if r["run_dir"] and Path(r["run_dir"]).is_dir()]
+        log(f"checking {len(run_dirs)} stored run(s) again in one Spark job ...")
+        mark = time.monotonic()
+        _check_all(run_dirs, spark_master)
+        previous["check_s"] = round(time.monotonic() - mark, 2)
     result = SelftestResult(tier=previous["tier"], uncovered=tuple(previous.get("uncovered", ())),
                             check_s=previous.get("check_s"), total_s=previous.get("total_s"),
                             errors=list(previous.get("errors", [])))

@@ -36,8 +36,11 @@ class InputError(click.ClickException):
 @spark_options
 @click.option("--rejudge", is_flag=True,
               help="Run nothing: judge OUT's stored runs again (their report.json) and rewrite its outputs.")
+@click.option("--recheck", is_flag=True,
+              help="With --rejudge: check OUT's stored runs again first (changed checkers), then judge.")
 def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None, blackbox: bool | None,
-             defects: tuple[str, ...], seeds: tuple[int, ...], spark_master: str | None, rejudge: bool) -> None:
+             defects: tuple[str, ...], seeds: tuple[int, ...], spark_master: str | None, rejudge: bool,
+             recheck: bool) -> None:
     """Run the defect detection matrix: each catalog defect switched on in its scenario must be caught by
     its expected invariant, and the correct broker must pass the same scenarios.  Writes OUT/selftest.json
     and OUT/selftest.html.  Exit 0: all caught, no false alarm; 1: a defect missed or a correct run
@@ -54,10 +57,13 @@ def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None,
 
     try:
         matrix = load_matrix(matrix_path or DEFAULT_MATRIX)
+        if recheck and not rejudge:
+            raise InputError("--recheck goes with --rejudge (it checks OUT's stored runs again, then judges them)")
         if rejudge:
             if not (out / "selftest.json").is_file():
                 raise InputError(f"--rejudge: {out / 'selftest.json'} does not exist; run the self-test first")
-            result = rejudge_stored(out, matrix)
+            result = rejudge_stored(out, matrix, recheck=recheck, spark_master=spark_master,
+                                    log=lambda text: click.echo(text, err=True))
         else:
             result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
                                   seeds=seeds, spark_master=spark_master, log=lambda text: click.echo(text, err=True))

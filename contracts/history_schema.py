@@ -198,3 +198,79 @@ def write_part(directory: str | Path, index: int, table: pa.Table, *, compressio
     seqs = table.column("seq")
     return PartInfo(name, table.num_rows, int(seqs[0].as_py()) if table.num_rows else 0,
                     int(seqs[-1].as_py()) if table.num_rows else 0)
+
+
+# -- The node logs: a second table of the history (docs/history.md "Node logs") -------------------------------
+# After the target stopped, the harness copies every line of every node's log (logs/<node>.log) into
+# history/logs.parquet; the checkers judge them against the scenario's declared patterns (the log oracle,
+# logs.error_lines / logs.reported_lines).  Which nodes there were and whether each log could be read is in
+# the file's metadata (LOG_SOURCES_META_KEY, a JSON list), so a node whose log was unreadable is named.
+LOG_TABLE_NAME = "logs.parquet"
+LOG_SOURCES_META_KEY = b"ordeal.logs.sources"
+LOG_SCHEMA = pa.schema(
+    [
+        pa.field("node", pa.string(), nullable=False),  # the node's name (broker-1, redis-3, kafka, mosquitto)
+        pa.field("role", pa.string()),  # its role (broker, redis, kafka, storage, mqtt-broker)
+        pa.field("line_no", pa.int64(), nullable=False),  # 1-based, in the node's log file
+        pa.field("t_wall_us", pa.int64()),  # the line's own timestamp, parsed (null: the line carries none)
+        pa.field("t_mono_us", pa.int64()),  # the same on the events' clock (t_wall_us - the recorder's start)
+        pa.field("line", pa.string(), nullable=False),  # the line, without its newline (invalid UTF-8 replaced)
+    ],
+    metadata={PARQUET_META_KEY: str(SCHEMA_VERSION).encode()},
+)
+LOG_COLUMNS = tuple(LOG_SCHEMA.names)
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """One node's log as the harness found it.  ``error``: why it could not be read (then no lines of it are
+    in the table); ``truncated``: only the first ``lines`` were kept (the rest is not judged)."""
+
+    node: str
+    role: str
+    file: str  # relative to the run directory (logs/<node>.log)
+    lines: int = 0
+    bytes: int = 0
+    error: str = ""
+    truncated: bool = False
+
+
+def write_log_table(history_dir: str | Path, table: pa.Table, sources: list[LogSource]) -> Path:
+    """Write history/logs.parquet (atomically) with ``sources`` in its metadata."""
+    import pyarrow.parquet as pq
+
+    history_dir = Path(history_dir)
+    meta = dict(LOG_SCHEMA.metadata)
+    meta[LOG_SOURCES_META_KEY] = json.dumps([asdict(s) for s in sources]).encode()
+    table = table.cast(LOG_SCHEMA).replace_schema_metadata(meta)
+    temporary = history_dir / f".{LOG_TABLE_NAME}.tmp"
+    pq.write_table(table, temporary, compression="zstd")
+    os.replace(temporary, history_dir / LOG_TABLE_NAME)
+    return history_dir / LOG_TABLE_NAME
+
+
+def read_log_table(history_dir: str | Path) -> tuple[pa.Table, list[LogSource]]:
+    """(lines, sources) of history/logs.parquet.  FileNotFoundError when the run recorded none; ValueError
+    naming the file when it is not a log table of this schema version."""
+    import pyarrow.parquet as pq
+
+    path = Path(history_dir) / LOG_TABLE_NAME
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # ArrowInvalid / OSError: truncated or not Parquet
+        raise ValueError(f"{path}: not a readable Parquet file ({type(error).__name__}: {error})") from None
+    meta = table.schema.metadata or {}
+    version = meta.get(PARQUET_META_KEY)
+    if version != str(SCHEMA_VERSION).encode():
+        raise ValueError(f"{path}: Parquet metadata {PARQUET_META_KEY.decode()}={version!r}, expected {SCHEMA_VERSION}")
+    missing = [c for c in LOG_COLUMNS if c not in table.schema.names]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing} (contracts/history_schema.py LOG_SCHEMA)")
+    try:
+        sources = [LogSource(**s) for s in json.loads(meta[LOG_SOURCES_META_KEY])]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: metadata {LOG_SOURCES_META_KEY.decode()} missing or not a list of "
+                         f"sources ({type(error).__name__}: {error})") from None
+    return table.select(list(LOG_COLUMNS)), sources

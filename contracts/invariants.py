@@ -82,6 +82,10 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("liveness.unseen_over_time", "Owed-but-unseen messages over time", reported_only=True),
     Invariant("liveness.stuck_inflight", "Delivered QoS > 0 messages never acknowledged by the subscriber",
               reported_only=True),
+    Invariant("logs.error_lines", "No node's log shows a line the scenario's declared patterns fail (ERROR lines, "
+              "\"committing anyway\", script errors, tracebacks, crashes)"),
+    Invariant("logs.reported_lines", "Log lines the declared patterns report: counted and shown, never failing",
+              reported_only=True),
     Invariant("meta.history_complete", "The history is complete and the drain ended quietly"),
     Invariant("meta.fault_bit", "Every scheduled fault applied and proved that it bit"),
     Invariant("meta.checker_error", "Every checker ran without error"),
@@ -97,3 +101,167 @@ def validate_ids(ids: list[str] | tuple[str, ...], where: str) -> tuple[str, ...
     if unknown:
         raise ValueError(f"{where}: unknown invariant id(s) {unknown}; expected ids from: {', '.join(IDS)}")
     return tuple(ids)
+
+
+# -- The log oracle (docs/invariants.md "Node logs"): which lines of which node's log a run is judged by ------
+# A scenario's [checks.logs] declares them (contracts/scenario.py); these are the defaults per target.
+# Verdicts of a pattern: "fail" (logs.error_lines: a violation), "report" (logs.reported_lines: counted and
+# shown, never failing), "ignore" (an exception: the line is matched by no later pattern).  The first
+# pattern that matches a line decides it, so an exception is declared before the rule it narrows.
+LOG_VERDICTS = ("fail", "report", "ignore")
+LOG_PRESETS = ("reference", "mosquitto", "rabbitmq", "none")
+# A line the harness itself writes into a node's log (one per start: the argv), never judged.
+HARNESS_LOG_MARKER = "=== ordeal: "
+
+
+@dataclass(frozen=True)
+class LogPattern:
+    name: str
+    regex: str  # Python re syntax, searched (re.search, re.MULTILINE) in each record's text (docs/invariants.md)
+    verdict: str = "fail"
+    roles: tuple[str, ...] = ()  # node roles it applies to (redis, kafka, storage, broker, mqtt-broker); () = all
+    nodes: tuple[str, ...] = ()  # node-name globs (fnmatch: "broker-*"); () = all
+    why: str = ""  # shown with every witness: why such a line matters
+    source: str = "scenario"  # "scenario" or "default:<preset>"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "regex": self.regex, "verdict": self.verdict, "roles": list(self.roles),
+                "nodes": list(self.nodes), "why": self.why, "source": self.source}
+
+
+def _reference_log_patterns(broker: dict) -> tuple[LogPattern, ...]:
+    """The reference topology's defaults, read from real logs of every shipped fault scenario (p2p-smoke,
+    redis-master-kill, broker-node-kill, kafka-broker-kill, partitions: docs/invariants.md).  ``broker``: the
+    reference broker's whole configuration (scenario.json "broker"): a stage whose failure strategy is
+    ``skip`` (TBMQ's default) gives up on records by design, so its "committing anyway" is reported; under
+    ``retry_forever`` (the fault scenarios: nothing may be skipped) the same line is a violation."""
+    import re
+
+    src = "default:reference"
+    patterns = []
+    for stage, default_topic in (("incoming", "tbmq.msg.all"), ("persisted", "tbmq.msg.persisted")):
+        strategy = broker.get(f"{stage}_failure_strategy", "skip")
+        topic = re.escape(str(broker.get(f"{stage}_topic", default_topic)))
+        skip = strategy == "skip"
+        patterns.append(LogPattern(
+            f"committing_anyway.{stage}", rf" {topic}: giving up\b.*\bcommitting anyway",
+            "report" if skip else "fail", ("broker",),
+            why=(f"{stage}_failure_strategy = {strategy!r}: "
+                 + ("TBMQ's skip strategy gives up on the records and commits their offsets; they are lost on "
+                    "purpose (reported)" if skip else
+                    "a strategy that must not lose records committed records it failed to save")), source=src))
+    patterns += [
+        LogPattern("lua_script_error", r"user_script:\d+|@user_function|Error (?:running|compiling) script"
+                   r"|BUSY Redis is busy running a script", "fail", ("broker",),
+                   why="a Redis script of the broker failed (lua/): its writes may be partial", source=src),
+        LogPattern("broker_error", r"^\S+ \S+ \S+ (?:ERROR|CRITICAL) reference_broker[.:]", "fail", ("broker",),
+                   why="the broker itself logged an error (it gave up on something)", source=src),
+        # aiokafka / redis-py log their own connection retries at ERROR while Kafka or Redis is down (seen in
+        # every kafka-broker-kill run of the correct broker: "Unable connect to node", "Failed fetch
+        # messages"); the broker survives them by design, so they are counted, not failed.
+        LogPattern("library_error", r"^\S+ \S+ \S+ (?:ERROR|CRITICAL) ", "report", ("broker",),
+                   why="a client library (aiokafka, redis-py) logged an error while retrying", source=src),
+        LogPattern("python_traceback", r"^Traceback \(most recent call last\):", "fail", ("broker",),
+                   why="an exception no one handled (a traceback not under a library's ERROR line)", source=src),
+        LogPattern("redis_crash", r"REDIS BUG REPORT|Guru Meditation|ASSERTION FAILED|Out Of Memory allocating"
+                   r"|Fatal error", "fail", ("redis",), why="Redis itself crashed or refused its data", source=src),
+        LogPattern("redis_slow_script", r"Slow script detected", "report", ("redis",),
+                   why="a script held the Redis node past its busy time", source=src),
+        LogPattern("tansu_panic", r"panicked at|^thread '.*' panicked", "fail", ("kafka",),
+                   why="Tansu (the Kafka stand-in) panicked", source=src),
+        LogPattern("tansu_error", r"\bERROR\b", "report", ("kafka",),
+                   why="Tansu logged an error", source=src),
+        LogPattern("storage_error", r'^Traceback \(most recent call last\):|" 5\d\d ', "report", ("storage",),
+                   why="the S3 stand-in failed a request (Tansu's storage; not the broker under test)", source=src),
+    ]
+    return tuple(patterns)
+
+
+def _mosquitto_log_patterns() -> tuple[LogPattern, ...]:
+    # Mosquitto 2.0 (log_type error / warning / notice): "<epoch>: Error: ...", "<epoch>: Warning: ...".
+    # A client's abrupt close is a notice ("Socket error on client X, disconnecting."), never "Error:".
+    src = "default:mosquitto"
+    return (LogPattern("mosquitto_error", r"^\d+: Error: ", "fail", why="Mosquitto logged an error", source=src),
+            LogPattern("mosquitto_warning", r"^\d+: Warning: ", "report", why="Mosquitto logged a warning",
+                       source=src))
+
+
+def _rabbitmq_log_patterns() -> tuple[LogPattern, ...]:
+    # RabbitMQ 3.10 ("<time> [error] <pid> ..."; a multi-line report repeats the prefix on every line).
+    src = "default:rabbitmq"
+    return (LogPattern("rabbitmq_shutdown_report", r"errorContext: shutdown_error\n.*\breason: shutdown$", "report",
+                       why="RabbitMQ 3.10 reports, at [error], a channel supervisor whose child stopped with the normal "
+                           "reason shutdown while an MQTT connection closed (rabbitmq-partition-1: at the drain's "
+                           "disconnects and at SIGTERM; docs/findings.md)", source=src),
+            LogPattern("rabbitmq_crash", r"\[(?:error|critical)\] .*(?:CRASH REPORT|crasher:|Supervisor: )",
+                       "fail", why="an Erlang process of RabbitMQ crashed", source=src),
+            LogPattern("rabbitmq_error", r"\[(?:error|critical)\] ", "fail", why="RabbitMQ logged an error",
+                       source=src),
+            LogPattern("rabbitmq_warning", r"\[warning\] ", "report", why="RabbitMQ logged a warning", source=src))
+
+
+def default_log_preset(target_kind: str, start: tuple[str, ...] | list[str] = ()) -> str:
+    """The preset a scenario gets when its [checks.logs] names none: the reference topology's, or for an
+    external target the one its start program names (mosquitto, rabbitmq-server), else none."""
+    if target_kind == "reference":
+        return "reference"
+    program = str(start[0]).rsplit("/", 1)[-1] if start else ""
+    for preset in ("mosquitto", "rabbitmq"):
+        if preset in program:
+            return preset
+    return "none"
+
+
+def default_log_patterns(preset: str, broker: dict | None = None) -> tuple[LogPattern, ...]:
+    if preset == "reference":
+        return _reference_log_patterns(dict(broker or {}))
+    if preset == "mosquitto":
+        return _mosquitto_log_patterns()
+    if preset == "rabbitmq":
+        return _rabbitmq_log_patterns()
+    if preset == "none":
+        return ()
+    raise ValueError(f"unknown log preset {preset!r}; expected one of {', '.join(LOG_PRESETS)}")
+
+
+def effective_log_patterns(declared: tuple[LogPattern, ...], preset: str, broker: dict | None = None,
+                           use_defaults: bool = True) -> tuple[LogPattern, ...]:
+    """The scenario's patterns first (in order), then the preset's defaults that the scenario did not
+    redefine by name: the first match decides a line, so a declared pattern overrides or narrows a default."""
+    names = {p.name for p in declared}
+    defaults = default_log_patterns(preset, broker) if use_defaults else ()
+    return tuple(declared) + tuple(p for p in defaults if p.name not in names)
+
+
+def log_pattern_from_mapping(value: object, where: str) -> LogPattern:
+    """One pattern from a TOML table / JSON object; ValueError naming ``where`` and the key when it is wrong
+    (an unknown key, a regex that does not compile, a verdict not in LOG_VERDICTS)."""
+    import re
+
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected a table {{name, regex, verdict, roles, nodes, why}}, got {value!r}")
+    known = {"name", "regex", "verdict", "roles", "nodes", "why", "source"}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; expected: {', '.join(sorted(known - {'source'}))}")
+    for key in ("name", "regex"):
+        if not isinstance(value.get(key), str) or not value.get(key):
+            raise ValueError(f"{where}.{key} = {value.get(key)!r}: required, a non-empty string")
+    try:
+        re.compile(value["regex"])
+    except re.error as error:
+        raise ValueError(f"{where}.regex = {value['regex']!r}: not a valid regular expression ({error})") from None
+    verdict = value.get("verdict", "fail")
+    if verdict not in LOG_VERDICTS:
+        raise ValueError(f"{where}.verdict = {verdict!r}: must be one of {', '.join(LOG_VERDICTS)}")
+    lists = {}
+    for key in ("roles", "nodes"):
+        items = value.get(key, [])
+        if not isinstance(items, list | tuple) or not all(isinstance(v, str) and v for v in items):
+            raise ValueError(f"{where}.{key} = {items!r}: must be a list of non-empty strings")
+        lists[key] = tuple(items)
+    why = value.get("why", "")
+    if not isinstance(why, str):
+        raise ValueError(f"{where}.why = {why!r}: must be a string")
+    return LogPattern(value["name"], value["regex"], verdict, lists["roles"], lists["nodes"], why,
+                      str(value.get("source", "scenario")))

@@ -15,7 +15,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts.invariants import DEFAULT_CLOCK_TOLERANCE_MS, DEFAULT_PIPELINE_SLACK_MS, IDS
+from contracts.invariants import (
+    DEFAULT_CLOCK_TOLERANCE_MS,
+    DEFAULT_PIPELINE_SLACK_MS,
+    IDS,
+    LOG_PRESETS,
+    LogPattern,
+    default_log_preset,
+    effective_log_patterns,
+    log_pattern_from_mapping,
+)
 
 TIERS = ("smoke", "nightly", "soak")
 TARGET_KINDS = ("reference", "external")
@@ -187,7 +196,15 @@ class WorkloadSpec:
     protocol_mix: tuple[tuple[int, float], ...] = ((4, 1.0),)
     expiry_mix: tuple[tuple[int | None, float], ...] = ((None, 1.0),)  # None = no expiry interval
     preset_last_packet_id: int = 0  # 0 = no preset; else the subscribers' sessions start here
+    # White box: the preset again shortly before each planned subscriber disconnect (queue empty), so every
+    # offline backlog (not only the first) crosses the packet-id wrap (harness/snapshot.py).
+    preset_each_offline: bool = False
     subscription_qos: int = 1
+    # Publishers reconnecting mid-stream (Poisson, like the subscribers): each drop is followed by an offline
+    # time and a clean-start reconnect; what a publisher publishes while offline fails ("never sent").
+    publisher_disconnects_per_minute: float = 0.0
+    publisher_abrupt_fraction: float = 0.5
+    publisher_offline_s: tuple[float, float] = (0.2, 1.0)
 
 
 @dataclass(frozen=True)
@@ -196,6 +213,10 @@ class SubscriberSpec:
     abrupt_fraction: float = 0.5
     clean_start_fraction: float = 0.0
     session_expiry_s: int = 3600
+    # MQTT 5: the Session Expiry Interval each reconnect asks for, drawn per connect (seconds -> weight);
+    # empty = always session_expiry_s.  0 ends the session at the disconnect (with clean start 0 the
+    # reference broker, like TBMQ, keeps it for ever instead), a few seconds expire it while offline.
+    session_expiry_mix: tuple[tuple[int, float], ...] = ()
     offline_s: tuple[float, float] = (1.0, 3.0)
     reconnect_node: str = "any"
     # Before each abrupt disconnect the subscriber withholds its PUBACKs this long (0 = never): what it
@@ -231,10 +252,23 @@ class FaultSpec:
 
 
 @dataclass(frozen=True)
+class LogSpec:
+    """[checks.logs]: which lines of the nodes' logs the run is judged by (docs/scenarios.md).  ``preset``:
+    the default patterns ("" = the target's: contracts/invariants.py default_log_preset); ``defaults``: false
+    drops them; ``patterns``: the scenario's own, tried before the defaults (the first match decides a line;
+    a pattern named like a default replaces it)."""
+
+    preset: str = ""
+    defaults: bool = True
+    patterns: tuple[LogPattern, ...] = ()
+
+
+@dataclass(frozen=True)
 class CheckSpec:
     clock_tolerance_ms: int = DEFAULT_CLOCK_TOLERANCE_MS  # defaults: contracts/invariants.py
     pipeline_slack_ms: int = DEFAULT_PIPELINE_SLACK_MS
     allowed: tuple[str, ...] = ()
+    logs: LogSpec = LogSpec()
 
 
 @dataclass(frozen=True)
@@ -260,6 +294,16 @@ class Scenario:
         validate = _registered(_BROKER, "broker validator (harness/model.py)")
         return _plain(validate(self.broker, f"{self.source} [broker]"))
 
+    @property
+    def log_preset(self) -> str:
+        return self.checks.logs.preset or default_log_preset(self.target.kind, self.target.start)
+
+    def log_patterns(self) -> tuple[LogPattern, ...]:
+        """Every pattern the nodes' logs are judged by, in the order they are tried (scenario.json
+        checks.logs.effective)."""
+        broker = self.broker_config() if self.target.kind == "reference" else {}
+        return effective_log_patterns(self.checks.logs.patterns, self.log_preset, broker, self.checks.logs.defaults)
+
     def to_dict(self) -> dict[str, Any]:
         """The normalised scenario, JSON-able, every default filled in (written as scenario.json)."""
         workload = asdict(self.workload)
@@ -276,6 +320,8 @@ class Scenario:
                              for kind, choice in self.faults.choices}
         subscribers = asdict(self.subscribers)
         subscribers["offline_s"] = list(self.subscribers.offline_s)
+        subscribers["session_expiry_mix"] = {str(e): w for e, w in self.subscribers.session_expiry_mix}
+        workload["publisher_offline_s"] = list(self.workload.publisher_offline_s)
         if self.target.kind == "reference":
             target: dict[str, Any] = {"kind": "reference", "promises": reference_declaration(self.broker)}
         else:
@@ -302,7 +348,10 @@ class Scenario:
             "faults": faults,
             "checks": {"clock_tolerance_ms": self.checks.clock_tolerance_ms,
                        "pipeline_slack_ms": self.checks.pipeline_slack_ms,
-                       "allowed": list(self.checks.allowed)},
+                       "allowed": list(self.checks.allowed),
+                       "logs": {"preset": self.log_preset, "defaults": self.checks.logs.defaults,
+                                "patterns": [p.to_dict() for p in self.checks.logs.patterns],
+                                "effective": [p.to_dict() for p in self.log_patterns()]}},
         }
 
 
@@ -375,6 +424,12 @@ class _Section:
         if above is not None and not value > above:
             raise self.fail(key, value, f"must be > {above}")
         return float(value)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, default, False)
+        if not isinstance(value, bool):
+            raise self.fail(key, value, "must be true or false")
+        return value
 
     def fraction(self, key: str, default: float) -> float:
         return self.number(key, default, minimum=0.0, maximum=1.0)
@@ -499,6 +554,10 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     broker = _read_broker(source, document.get("broker"))
     workload = _read_workload(_Section(source, "workload", document.get("workload")))
     subscribers = _read_subscribers(_Section(source, "subscribers", document.get("subscribers")))
+    if subscribers.session_expiry_mix and dict(workload.protocol_mix).get(5, 0) <= 0:
+        raise ScenarioError(f"{source}: [subscribers] session_expiry_mix = "
+                            f"{ {str(e): w for e, w in subscribers.session_expiry_mix} !r}: a session expiry "
+                            "interval needs MQTT 5 subscribers; give [workload] protocol_mix an mqtt5 weight > 0")
     faults = _read_faults(_Section(source, "faults", document.get("faults")), target)
     checks = _read_checks(_Section(source, "checks", document.get("checks")))
     _refuse_log_losing_kills(source, topology, faults)
@@ -689,11 +748,13 @@ def _read_workload(s: _Section) -> WorkloadSpec:
     for key, weight in expiry_raw.items():
         if key == "none":
             expiry.append((None, weight))
-        elif key.isdigit() and 1 <= int(key) <= 2**32 - 1:
+        elif key.isdigit() and 0 <= int(key) <= 2**32 - 1:
+            # 0 is a valid Four Byte Integer on the wire (MQTT 5 §3.3.2.3.3): a lifetime of 0 s, so the
+            # message has expired by the time the broker holds it (docs/scenarios.md, "Message expiry 0")
             expiry.append((int(key), weight))
         else:
             raise s.fail(f"expiry_mix.{key}", weight,
-                         "keys must be \"none\" or a whole number of seconds 1..4294967295, e.g. \"5\"")
+                         "keys must be \"none\" or a whole number of seconds 0..4294967295, e.g. \"5\"")
     if any(e is not None and w > 0 for e, w in expiry) and protocols.get("mqtt5", 0) <= 0:
         raise s.fail("expiry_mix", expiry_raw, "message expiry needs MQTT 5 publishers: give protocol_mix "
                      "an mqtt5 weight > 0, or use only \"none\"")
@@ -705,8 +766,16 @@ def _read_workload(s: _Section) -> WorkloadSpec:
         protocol_mix=tuple(sorted((PROTOCOL_KEYS[k], w) for k, w in protocols.items())),
         expiry_mix=tuple(sorted(expiry, key=lambda ew: -1 if ew[0] is None else ew[0])),
         preset_last_packet_id=s.integer("preset_last_packet_id", 0, minimum=0, maximum=MAX_PACKET_ID),
+        preset_each_offline=s.boolean("preset_each_offline", d.preset_each_offline),
         subscription_qos=s.integer("subscription_qos", d.subscription_qos, minimum=0, maximum=2),
+        publisher_disconnects_per_minute=s.number("publisher_disconnects_per_minute",
+                                                  d.publisher_disconnects_per_minute, minimum=0.0, maximum=600.0),
+        publisher_abrupt_fraction=s.fraction("publisher_abrupt_fraction", d.publisher_abrupt_fraction),
+        publisher_offline_s=s.number_range("publisher_offline_s", d.publisher_offline_s),
     )
+    if spec.preset_each_offline and not spec.preset_last_packet_id:
+        raise s.fail("preset_each_offline", True, "needs preset_last_packet_id > 0 (the value each offline "
+                     "window's session is preset to), e.g. preset_last_packet_id = 65500")
     s.finish()
     return spec
 
@@ -722,9 +791,24 @@ def _read_subscribers(s: _Section) -> SubscriberSpec:
         offline_s=s.number_range("offline_s", d.offline_s),
         reconnect_node=s.string("reconnect_node", d.reconnect_node, choices=RECONNECT_NODES),
         withhold_acks_s=s.number("withhold_acks_s", d.withhold_acks_s, minimum=0.0, maximum=60.0),
+        session_expiry_mix=_session_expiry_mix(s),
     )
     s.finish()
     return spec
+
+
+def _session_expiry_mix(s: _Section) -> tuple[tuple[int, float], ...]:
+    raw = s.weights("session_expiry_mix", {}, None, "session expiry")
+    if not raw:
+        return ()
+    _nonzero_total(s, "session_expiry_mix", raw)
+    mix: list[tuple[int, float]] = []
+    for key, weight in raw.items():
+        if not (key.isdigit() and 0 <= int(key) <= 2**32 - 1):
+            raise s.fail(f"session_expiry_mix.{key}", weight,
+                         "keys must be a whole number of seconds 0..4294967295, e.g. \"0\", \"2\" or \"3600\"")
+        mix.append((int(key), weight))
+    return tuple(sorted(mix))
 
 
 PLACEHOLDERS = ("{subscriber}",)
@@ -877,8 +961,36 @@ def _read_checks(s: _Section) -> CheckSpec:
     for invariant in allowed:
         if invariant not in INVARIANT_IDS:
             raise s.fail("allowed", invariant, f"unknown invariant id; known ids: {', '.join(IDS)}")
+    logs = _read_logs(_Section(s.source, "checks.logs", s.raw_table("logs")))
     s.finish()
-    return CheckSpec(clock_tolerance_ms=tolerance, pipeline_slack_ms=slack, allowed=tuple(sorted(set(allowed))))
+    return CheckSpec(clock_tolerance_ms=tolerance, pipeline_slack_ms=slack, allowed=tuple(sorted(set(allowed))),
+                     logs=logs)
+
+
+def _read_logs(s: _Section) -> LogSpec:
+    """[checks.logs]: every pattern compiled now, so a bad regex stops the run before anything starts."""
+    preset = s.string("preset", "", choices=("",) + LOG_PRESETS)
+    defaults = s._get("defaults", True, False)
+    if not isinstance(defaults, bool):
+        raise s.fail("defaults", defaults, "must be true or false")
+    raw = s._get("patterns", [], False)
+    if not isinstance(raw, list):
+        raise s.fail("patterns", raw, "must be an array of tables ([[checks.logs.patterns]])")
+    patterns = []
+    for index, item in enumerate(raw):
+        if isinstance(item, dict) and item.get("source", "scenario") != "scenario":
+            raise s.fail(f"patterns[{index}].source", item["source"], "is set by Ordeal, not by a scenario")
+        try:
+            patterns.append(log_pattern_from_mapping(item, f"[checks.logs] patterns[{index}]"))
+        except ValueError as error:
+            raise ScenarioError(f"{s.source}: {error}") from None
+    s._get("effective", None, False)  # scenario.json's derived list (to_dict): recomputed, never read
+    names = [p.name for p in patterns]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise s.fail("patterns", twice, "each pattern name may appear once")
+    s.finish()
+    return LogSpec(preset=preset, defaults=defaults, patterns=tuple(patterns))
 
 
 def find_scenario(name_or_path: str, scenarios_dir: Path | None = None) -> Path:

@@ -168,6 +168,7 @@ class ClientSession:
     # The executor's drain bookkeeping (harness/drain.py): told of every ack and every decoded delivery.
     on_acked: Callable[[PublishPlan], None] | None = None
     on_delivered: Callable[[str, str | None, int | None], None] | None = None
+    on_fresh_session: Callable[[str], None] | None = None  # CONNACK with session present 0
 
     @property
     def client_id(self) -> str:
@@ -176,6 +177,16 @@ class ClientSession:
     @property
     def protocol(self) -> int:
         return self.plan.protocol
+
+    @property
+    def session_persistent(self) -> bool:
+        """Does the current connection's session outlive it?  3.1.1: clean session 0; MQTT 5: clean start 0
+        (TBMQ's rule: then kept even with expiry 0) or a session expiry interval > 0."""
+        if not self.plan.persistent:
+            return False
+        if self.protocol == 5:
+            return not self.clean_start or bool(self.session_expiry_s)
+        return not self.clean_start
 
     # -- connecting --------------------------------------------------------------------------------
     def connect(self, *, clean_start: bool, node: int, session_expiry_s: int | None, why: str,
@@ -252,6 +263,8 @@ class ClientSession:
         self.consecutive_failures = 0
         self.counters.connects += 1
         self.session_present = bool(flags.session_present)
+        if not self.session_present and self.on_fresh_session is not None:
+            self.on_fresh_session(self.client_id)  # a new session: nothing of the old one is owed any more
         self.recorder.record(Kind.CONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
                              fault_id=self.fault_id, session_present=self.session_present, reason_code=code,
                              clean_start=self.clean_start, session_expiry_s=self.session_expiry_s,

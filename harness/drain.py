@@ -89,6 +89,11 @@ class OutstandingDeliveries:
         self.seen.add(key)
         self.owed.discard(key)
 
+    def forget(self, client_id: str) -> None:
+        """The subscriber started a new session (session present 0: clean start, expiry): what its old one
+        was owed is gone with it, legally; the checkers judge whether that was right."""
+        self.owed = {key for key in self.owed if key[0] != client_id}
+
     @property
     def count(self) -> int:
         return len(self.owed)

@@ -65,7 +65,8 @@ class ExecutorSettings:
 class Executor:
     def __init__(self, plan: Plan, endpoints: Sequence[Endpoint], recorder: HistoryRecorder, *,
                  settings: ExecutorSettings | None = None, stop: threading.Event | None = None,
-                 before_reconnect: Callable[[str, str], None] | None = None):
+                 before_reconnect: Callable[[str, str], None] | None = None,
+                 before_disconnect: Callable[[str], None] | None = None):
         if not endpoints:
             raise ExecutorError("the target exposes no MQTT endpoint")
         self.plan = plan
@@ -76,6 +77,10 @@ class Executor:
         # White box: called with (client id, why) just before a persistent session resumes (the queue is
         # then at its largest; harness/snapshot.QueueSizeProbe records its size).
         self.before_reconnect = before_reconnect
+        # White box: called with the client id shortly before each planned disconnect of a persistent
+        # subscriber (preset_starts: the reference target presets the session's last packet id there, for
+        # preset_each_offline).
+        self.before_disconnect = before_disconnect
         self.loop = SelectorLoop()
         self.counters = Counters()
         self.max_lag_s = 0.0
@@ -92,6 +97,7 @@ class Executor:
         for session in self.sessions.values():
             session.on_acked = self._expect_deliveries
             session.on_delivered = self.outstanding.delivered
+            session.on_fresh_session = self.outstanding.forget
         self._last_housekeeping = 0.0
         self._fault_requests: queue.Queue[tuple[Any, str, Future]] = queue.Queue()
         self._fault_waiters: list[_Waiter] = []
@@ -103,7 +109,7 @@ class Executor:
     def _expect_deliveries(self, publish: PublishPlan) -> None:
         """An acknowledged publish is owed to every persistent subscriber subscribed right now."""
         listening = [(s.client_id, [(sub.topic_filter, sub.qos) for sub in s.plan.subscriptions])
-                     for s in self.sessions.values() if s.plan.persistent and s.subscribed and not s.is_publisher]
+                     for s in self.sessions.values() if s.session_persistent and s.subscribed and not s.is_publisher]
         self.outstanding.acknowledged(publish.publisher, publish.seq, publish.topic, publish.qos, listening)
 
     def _address(self, node: int) -> Endpoint:
@@ -184,6 +190,10 @@ class Executor:
         events += [(a.offset_s, 0, a) for a in self.plan.subscriber_actions
                    if not (a.offset_s == 0.0 and a.action == CONNECT)]
         events += [(t, 0, WithholdAcks(client)) for t, client in withhold_starts(self.plan.subscriber_actions)]
+        if self.before_disconnect is not None:
+            persistent = {c.client_id for c in self.plan.subscribers() if c.persistent}
+            events += [(t, 0, BeforeDisconnect(client)) for t, client in preset_starts(self.plan.subscriber_actions)
+                       if client in persistent]
         events.sort(key=lambda e: (e[0], e[1]))  # stable: plan order within one offset
         self.workload_started = start = time.monotonic()
         if on_start is not None:
@@ -200,6 +210,8 @@ class Executor:
                     self.sessions[event.publisher].publish(event)
                 elif isinstance(event, WithholdAcks):
                     self.sessions[event.client_id].withhold_acks()
+                elif isinstance(event, BeforeDisconnect):
+                    self.before_disconnect(event.client_id)
                 else:
                     self._subscriber_action(event, why="plan")
                 index += 1
@@ -495,6 +507,33 @@ def withhold_starts(actions: Sequence[SubscriberAction]) -> list[tuple[float, st
         elif action.abrupt and action.withhold_acks_s > 0:
             start = max(action.offset_s - action.withhold_acks_s, last_connect.get(action.client_id, 0.0), 0.0)
             starts.append((round(start, 6), action.client_id))
+    return starts
+
+
+@dataclass(frozen=True)
+class BeforeDisconnect:
+    """A plan-derived event: the white-box hook's moment before this subscriber's planned disconnect."""
+
+    client_id: str
+
+
+PRESET_LEAD_S = 0.5
+
+
+def preset_starts(actions: Sequence[SubscriberAction]) -> list[tuple[float, str]]:
+    """(offset, client) shortly before each planned disconnect: ``PRESET_LEAD_S`` before it, but no earlier
+    than halfway through the connection it ends.  Why before, not at, the disconnect: while the subscriber
+    is connected and acknowledging, its queue is empty most of the time (an abrupt cut leaves its in-flight
+    messages queued); the messages of the last moments then carry the preset ids into the backlog."""
+    starts: list[tuple[float, str]] = []
+    last_connect: dict[str, float] = {}
+    for action in sorted(actions, key=lambda a: a.offset_s):
+        if action.action == CONNECT:
+            last_connect[action.client_id] = action.offset_s
+        elif action.client_id in last_connect:
+            since = last_connect.pop(action.client_id)
+            starts.append((round(max(action.offset_s - PRESET_LEAD_S, (since + action.offset_s) / 2), 6),
+                           action.client_id))
     return starts
 
 

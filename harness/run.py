@@ -160,9 +160,14 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         (run_dir / "topology.json").write_text(json.dumps(target.describe(), indent=2, default=str) + "\n")
         outcome["notes"] += target.apply_presets(plan)
 
+        probe = target.queue_size_probe()
+        before_disconnect = None
+        if scenario.workload.preset_each_offline and probe is not None:
+            last = scenario.workload.preset_last_packet_id
+            before_disconnect = lambda client: probe.preset_if_empty(client, last)  # noqa: E731
         executor = Executor(plan, target.endpoints(), recorder, stop=stop,
                             settings=ExecutorSettings(client_bind_address=target.client_bind_address()),
-                            before_reconnect=target.queue_size_probe())
+                            before_reconnect=probe, before_disconnect=before_disconnect)
         # Before any client connects: a bad schedule starts nothing.  Client faults are played by the executor.
         nemesis = make_nemesis(plan, target, recorder, client_player=executor.client_fault_player())
         reporter.phase("connecting clients")
@@ -235,8 +240,11 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         if target is not None:
             reporter.phase("stopping the target")
             mark = time.monotonic()
+            log_nodes = _node_logs(target)
             _quietly(target.stop)
             timings["target_stop_s"] = round(time.monotonic() - mark, 3)
+            # After the stop: a container's log is saved then, and every node has written its last line.
+            _collect_logs(run_dir, recorder, log_nodes, outcome)
         if not close_reason:
             recorder.phase(Phase.RUN_END, elapsed_s=round(time.monotonic() - began, 3))
         complete = recorder.close(reason=close_reason)
@@ -345,6 +353,28 @@ def _summarise_kafka_backlog(run_dir: Path, reads: dict[str, Any]) -> dict[str, 
     summary: dict[str, Any] = backlog_summary(readable, acked)
     summary.update({topic: read for topic, read in reads.items() if "error" in read})
     return summary
+
+
+def _node_logs(target: Any) -> list[tuple[str, str, Path]]:
+    from harness.logs import node_logs
+
+    try:
+        return node_logs(target)
+    except Exception:  # noqa: BLE001 - no node list: the log table says no node, the checker answers unknown
+        return []
+
+
+def _collect_logs(run_dir: Path, recorder: HistoryRecorder, nodes: list[tuple[str, str, Path]],
+                  outcome: dict[str, Any]) -> None:
+    """history/logs.parquet (harness/logs.py); a failure is noted in the summary, never fatal to the run:
+    without the table the checker answers unknown for the log invariants."""
+    from harness.logs import collect_logs
+
+    try:
+        collect_logs(run_dir / "history", run_dir, nodes, recorder.started_wall_us)
+    except Exception as error:  # noqa: BLE001 - reported, never fatal
+        outcome["notes"].append(f"the nodes' logs could not be collected into the history: "
+                                f"{type(error).__name__}: {error}")
 
 
 def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder, client_player: Any = None):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -123,6 +124,22 @@ def snapshot_sessions(startup_nodes: Sequence[tuple[str, int]], prefix: str, cli
     return count
 
 
+PRESET_ATTEMPTS = 4
+PRESET_RETRY_S = 0.015  # the executor's loop waits at most attempts x this (it runs on the loop thread)
+
+# KEYS: the messages ZSET, the last packet id; ARGV[1]: the new last packet id.  Returns {previous id (false
+# if unset), queue size, 1 if set}.  Both keys share the client's hash tag: one slot, one atomic step.
+PRESET_IF_EMPTY = """
+local previous = redis.call('GET', KEYS[2])
+local size = redis.call('ZCARD', KEYS[1])
+if size == 0 then
+  redis.call('SET', KEYS[2], ARGV[1])
+  return {previous or false, size, 1}
+end
+return {previous or false, size, 0}
+"""
+
+
 class QueueSizeProbe:
     """``probe(client, why)``: record the size of the client's message ZSET right now (a ``session_snapshot``
     row with only ``zset_size``).  Best effort and quick: one ZCARD with a 1 s timeout; when Redis does not
@@ -136,22 +153,56 @@ class QueueSizeProbe:
         self._cluster: Any = None
         self.recorded = 0
         self.failed = 0
+        self.presets_applied = 0
+
+    def _connect(self) -> Any:
+        if self._cluster is None:
+            from redis.cluster import ClusterNode, RedisCluster
+
+            self._cluster = RedisCluster(
+                startup_nodes=[ClusterNode(h, p) for h, p in self.startup_nodes], decode_responses=True,
+                socket_timeout=1.0, socket_connect_timeout=1.0)
+        return self._cluster
 
     def __call__(self, client: str, why: str) -> None:
         try:
-            if self._cluster is None:
-                from redis.cluster import ClusterNode, RedisCluster
-
-                self._cluster = RedisCluster(
-                    startup_nodes=[ClusterNode(h, p) for h, p in self.startup_nodes], decode_responses=True,
-                    socket_timeout=1.0, socket_connect_timeout=1.0)
-            size = int(self._cluster.zcard(messages_key(self.prefix, client)))
+            size = int(self._connect().zcard(messages_key(self.prefix, client)))
         except Exception:  # noqa: BLE001 - any Redis trouble: no probe row, the run is not disturbed
             self.failed += 1
             return
         self.recorder.record(Kind.SESSION_SNAPSHOT, client=client, zset_size=size,
                              detail={"when": "before_reconnect", "why": why})
         self.recorded += 1
+
+    def preset_if_empty(self, client: str, last_packet_id: int) -> None:
+        """preset_each_offline: set the session's last packet id to ``last_packet_id`` if its message queue is
+        empty (tried ``PRESET_ATTEMPTS`` times, shortly before a planned disconnect) (nothing in flight, nothing queued: no stored packet id can collide, and the broker
+        reads an emptied queue from its start), atomically with that check.  The next offline backlog then
+        crosses the wrap, as the first one did.  Recorded as a ``session_snapshot`` row with
+        ``detail.when = "preset"`` (the id only in ``detail``: the last_packet_id column is the stored id the
+        white-box rules judge after the drain); a queue that was not empty leaves the id alone
+        (``applied`` false)."""
+        try:
+            cluster = self._connect()
+            script = cluster.register_script(PRESET_IF_EMPTY)
+            keys = [messages_key(self.prefix, client), last_packet_id_key(self.prefix, client)]
+            for attempt in range(PRESET_ATTEMPTS):
+                # Why retry: a connected subscriber's queue empties whenever its in-flight messages are acked
+                # (milliseconds); a message caught in flight is no reason to skip this window's wrap.
+                previous, size, applied = script(keys=keys, args=[int(last_packet_id)])
+                if applied or attempt == PRESET_ATTEMPTS - 1:
+                    break
+                time.sleep(PRESET_RETRY_S)
+        except Exception as error:  # noqa: BLE001 - Redis trouble (a fault is running): say so, go on
+            self.failed += 1
+            self.recorder.record(Kind.SESSION_SNAPSHOT, client=client, detail={
+                "when": "preset", "applied": False, "preset_last_packet_id": int(last_packet_id),
+                "error": f"{type(error).__name__}: {error}"})
+            return
+        self.recorder.record(Kind.SESSION_SNAPSHOT, client=client, zset_size=int(size), detail={
+            "when": "preset", "applied": bool(applied), "preset_last_packet_id": int(last_packet_id),
+            "previous_last_packet_id": None if previous is None else int(previous)})
+        self.presets_applied += int(bool(applied))
 
     def close(self) -> None:
         if self._cluster is not None:

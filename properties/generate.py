@@ -195,8 +195,40 @@ def generate_plan(scenario: Scenario, seed: int, draw: Draw) -> Plan:
 
     actions = _subscriber_actions(scenario, subscriber_plans, nodes, draw)
     faults = _faults(scenario, subscriber_plans, actions, draw)
+    # Drawn last: a scenario without publisher reconnects draws nothing here, so its plans stay as they were.
+    actions = sorted(actions + _publisher_actions(scenario, clients[:len(publisher_topics)], nodes, draw),
+                     key=lambda a: (a.offset_s, a.client_id))
     return Plan(scenario=scenario.name, seed=seed, duration_s=duration, clients=tuple(clients),
                 publishes=tuple(publishes), subscriber_actions=tuple(actions), faults=tuple(faults))
+
+
+def _publisher_actions(scenario: Scenario, publishers: list[ClientPlan], nodes: int,
+                       draw: Draw) -> list[SubscriberAction]:
+    """Publishers reconnecting mid-stream: drops as a Poisson process of the scenario's rate, each followed by
+    an offline time and a clean-start reconnect (a publisher keeps no session; its packet ids restart on the
+    new connection, which a broker keeping the old connection's QoS 2 state would mistake for duplicates).
+    They share the plan's action list (``subscriber_actions``: every client's connects and disconnects)."""
+    workload = scenario.workload
+    rate_per_s = workload.publisher_disconnects_per_minute / 60.0
+    duration = scenario.scenario.duration_s
+    actions: list[SubscriberAction] = []
+    for client in publishers if rate_per_s > 0 else ():
+        node, now = client.node, 0.0
+        while True:
+            now += -math.log(draw.uniform(1e-6, 1.0)) / rate_per_s  # as for subscribers: shrinks to fewer
+            if now >= duration:
+                break
+            actions.append(SubscriberAction(offset_s=_round(now), client_id=client.client_id, action=DISCONNECT,
+                                            abrupt=draw.chance(workload.publisher_abrupt_fraction)))
+            now += draw.uniform(*workload.publisher_offline_s)
+            if now >= duration:
+                # the publisher stays away to the end; settle() finds it disconnected
+                break
+            node = _reconnect_node(scenario.subscribers.reconnect_node, node, nodes, draw)
+            actions.append(SubscriberAction(offset_s=_round(now), client_id=client.client_id, action=CONNECT,
+                                            clean_start=True, node=node))
+            now += 0.1
+    return actions
 
 
 def _subscriber_actions(scenario: Scenario, subscribers: list[ClientPlan], nodes: int,
@@ -226,10 +258,14 @@ def _subscriber_actions(scenario: Scenario, subscribers: list[ClientPlan], nodes
             if now >= duration:
                 break  # the final phase reconnects every persistent subscriber
             node = _reconnect_node(behaviour.reconnect_node, node, nodes, draw)
+            clean_start = draw.chance(behaviour.clean_start_fraction)
+            expiry = client.session_expiry_s
+            if client.protocol == 5 and behaviour.session_expiry_mix:
+                # per connect: one client id goes persistent -> clean / short-lived -> persistent
+                expiry = draw.weighted(behaviour.session_expiry_mix)
             actions.append(SubscriberAction(
                 offset_s=_round(now), client_id=client.client_id, action=CONNECT,
-                clean_start=draw.chance(behaviour.clean_start_fraction),
-                session_expiry_s=client.session_expiry_s, node=node))
+                clean_start=clean_start, session_expiry_s=expiry, node=node))
             now += 0.1  # at least a moment connected before the next disconnect
     actions.sort(key=lambda a: (a.offset_s, a.client_id))
     return actions

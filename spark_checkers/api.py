@@ -17,8 +17,9 @@ from spark_checkers import CHECKER_VERSION
 from spark_checkers.explain import explain, loss_gaps
 from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
 from spark_checkers.loader import RunInput, local_run_dir, open_run
+from spark_checkers.logs import LogFinding, judge_logs
 from spark_checkers.timeline import Timeline, build_timeline
-from spark_checkers.verdicts import VERDICTS, InvariantResult, decide, exit_code
+from spark_checkers.verdicts import NOT_APPLICABLE, VERDICTS, InvariantResult, decide, exit_code
 
 
 @dataclass
@@ -31,6 +32,9 @@ class RunOutcome:
     timeline: Timeline | None = None
     errors: dict[str, str] = field(default_factory=dict)  # invariant -> checker error
     fatal: list[str] = field(default_factory=list)
+    # invariant -> the context rows of each shown witness, in the order they are shown (spark_checkers/context.py)
+    contexts: dict[str, list[list[dict]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=None, quiet: bool = False,
@@ -168,31 +172,80 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
                 outcome.witnesses[invariant] = [json.loads(w) for w in witnesses[(run_id, invariant)]]
     for row in metric_rows:
         outcomes[row["run_id"]].metrics.append((row["metric"], row["key"], row["value"]))
+    try:
+        with jobs.timed("witness context"):
+            _contexts(spark, events, inputs, outcomes)
+    except Exception as error:  # noqa: BLE001 - the context only illustrates the witnesses; verdicts stand
+        for run in inputs:
+            outcomes[run.run_id].notes.append(f"the witnesses' history context could not be read: {_short(error)}")
+
+
+def _merged(outcome: RunOutcome) -> tuple[dict[str, int], dict[str, list[dict]], dict[str, dict[str, float]]]:
+    """(counts, witnesses, metrics) of one run: the Spark side's, the timeline's and the stored-id check's."""
+    counts = dict(outcome.counts)
+    witnesses = {k: list(v) for k, v in outcome.witnesses.items()}
+    metrics: dict[str, dict[str, float]] = {}
+    for metric, key, value in outcome.metrics:
+        metrics.setdefault(metric, {})[key] = value
+    timeline = outcome.timeline
+    if timeline is not None:
+        for invariant, found in timeline.violations.items():
+            counts[invariant] = counts.get(invariant, 0) + len(found)
+            witnesses.setdefault(invariant, []).extend(found)
+        _last_packet_id(timeline, metrics.get("last_packet_id", {}), counts, witnesses)
+    return counts, witnesses, metrics
+
+
+def _contexts(spark, events, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) -> None:
+    """The history rows around every witness the report will show (one Spark query for all runs)."""
+    from spark_checkers import context, jobs
+
+    windows, where = [], {}
+    for run in inputs:
+        outcome = outcomes[run.run_id]
+        if outcome.timeline is None:
+            continue
+        counts, witnesses, _ = _merged(outcome)
+        for invariant, raw in witnesses.items():
+            shown, _details = _shown(invariant, raw, outcome.timeline, counts.get(invariant, 0))
+            for index, w in enumerate(shown):
+                window = context.window_of(w)
+                if window is None:
+                    continue
+                wid = len(windows)
+                windows.append((run.run_id, wid, window.client, window.t_lo, window.t_hi, window.publisher,
+                                window.pub_seq))
+                where[wid] = (run.run_id, invariant, index, window)
+    found = jobs.collect_context(spark, events, windows, context.MESSAGE_ROWS, context.MARGIN_US)
+    for wid, (run_id, invariant, index, window) in where.items():
+        outcome = outcomes[run_id]
+        rows = context.assemble(window, found.get((run_id, wid), []), outcome.timeline)
+        per = outcome.contexts.setdefault(invariant, [])
+        per.extend([[] for _ in range(index + 1 - len(per))])
+        per[index] = rows
 
 
 def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: float) -> dict[str, Any]:
     timeline = outcome.timeline
     g = run.guarantees
-    counts = dict(outcome.counts)
-    witnesses = {k: list(v) for k, v in outcome.witnesses.items()}
+    counts, witnesses, metrics = _merged(outcome)
     unknown: dict[str, str] = {}
     incomplete = list(run.incomplete)
-    metrics: dict[str, dict[str, float]] = {}
-    for metric, key, value in outcome.metrics:
-        metrics.setdefault(metric, {})[key] = value
     if timeline is not None:
         incomplete += timeline.incomplete
         unknown.update(timeline.unknown)
-        for invariant, found in timeline.violations.items():
-            counts[invariant] = counts.get(invariant, 0) + len(found)
-            witnesses.setdefault(invariant, []).extend(found)
-        _last_packet_id(timeline, metrics.get("last_packet_id", {}), counts, witnesses)
     errors = dict(outcome.errors)
     if errors:
         unknown.update({k: f"checker error: {v}" for k, v in errors.items() if k != "*"})
     fatal = tuple(outcome.fatal)
+    logs = _log_findings(run, g, timeline, fatal)
+    errors.update({k: f.unknown.removeprefix("checker error: ") for k, f in logs.items()
+                   if f.unknown and f.unknown.startswith("checker error: ")})  # named by meta.checker_error
     results = []
     for invariant in INVARIANTS:
+        if invariant.id in logs:
+            results.append(_log_result(invariant, logs[invariant.id], g, fatal))
+            continue
         count = counts.get(invariant.id, 0)
         reason = unknown.get(invariant.id)
         if invariant.id == "meta.history_complete" and incomplete:
@@ -204,7 +257,8 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
                                        white_box=g.white_box if g else True,
                                        queue_policy=g.queue_policy if g else "drop_oldest",
                                        allowance=_allowance(g))
-        shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count)
+        shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count,
+                                    outcome.contexts.get(invariant.id, []))
         if invariant.id == "liveness.unseen_over_time":
             count = int(sum(metrics.get("unseen_delta_per_bucket", {}).values()))
             details["owed"] = metrics.get("count", {}).get("owed", 0)
@@ -218,7 +272,7 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
         "verdict": {0: "pass", 1: "fail", 2: "unknown"}[code],
         "exit_code": code,
         "summary": {v: sum(1 for r in results if r.verdict == v) for v in VERDICTS},
-        "notes": _notes(g, timeline),
+        "notes": _notes(g, timeline) + outcome.notes,
         "invariants": [r.to_dict() for r in results],
         "history": {"hash_sha256": run.history_hash, "manifest": run.manifest, "parts": len(run.parts),
                     "incomplete": incomplete, "fatal": list(fatal)},
@@ -232,6 +286,32 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
         "environment": {"python": sys.version.split()[0], "platform": platform.platform(),
                         "spark_master": master, "pyspark": _pyspark_version(), "check_seconds": round(elapsed, 2)},
     }
+
+
+def _log_findings(run: RunInput, g, timeline: Timeline | None, fatal: tuple[str, ...]) -> dict[str, LogFinding]:
+    """The log oracle (spark_checkers/logs.py) over history/logs.parquet; a broken table or a bug in it makes
+    only the log invariants unknown."""
+    from spark_checkers.logs import LOG_INVARIANTS
+
+    if fatal or g is None:
+        return {invariant: LogFinding() for invariant in LOG_INVARIANTS}
+    try:
+        return judge_logs(run.run_dir / "history", g.log_patterns, timeline.t_first if timeline else 0)
+    except Exception as error:  # noqa: BLE001 - a checker error is unknown, never a pass
+        return {invariant: LogFinding(unknown=f"checker error: {_short(error)}") for invariant in LOG_INVARIANTS}
+
+
+def _log_result(invariant, finding: LogFinding, g, fatal: tuple[str, ...]) -> InvariantResult:
+    if finding.not_applicable and not fatal:
+        verdict, why, allowed = NOT_APPLICABLE, finding.not_applicable, False
+    else:
+        verdict, why, allowed = decide(invariant, finding.count, allowed=g.allowed if g else (), fatal=fatal,
+                                       incomplete=(), unknown_reason=finding.unknown, white_box=True)
+        unread = finding.details.get("unread")
+        if unread and verdict != "unknown":  # a failure proven by the logs that could be read
+            why = f"{why + '; ' if why else ''}not judged: {'; '.join(unread)}"
+    return InvariantResult(invariant.id, invariant.title, verdict, finding.count, tuple(finding.witnesses), why,
+                           allowed, invariant.reported_only, finding.details)
 
 
 def _allowance(g) -> str:
@@ -274,7 +354,17 @@ def _last_packet_id(timeline: Timeline, delivered: dict[str, float], counts: dic
                 {"client": client, "stored": stored, "delivered": last, "t": snap["t_mono_us"]})
 
 
-def _witnesses(invariant: str, raw: list[dict], timeline: Timeline | None, count: int) -> tuple[list[dict], dict]:
+def _witnesses(invariant: str, raw: list[dict], timeline: Timeline | None, count: int,
+               contexts: list[list[dict]] = ()) -> tuple[list[dict], dict]:
+    shown, details = _shown(invariant, raw, timeline, count)
+    if timeline is None:
+        return [], details
+    return [{"text": explain(invariant, w, timeline), "data": w,
+             "context": contexts[i] if i < len(contexts) else []} for i, w in enumerate(shown)], details
+
+
+def _shown(invariant: str, raw: list[dict], timeline: Timeline | None, count: int) -> tuple[list[dict], dict]:
+    """The raw witnesses the report shows (the earliest few; lost messages grouped into gaps), and details."""
     if timeline is None or not raw:
         return [], {}
     details: dict[str, Any] = {}
@@ -287,7 +377,7 @@ def _witnesses(invariant: str, raw: list[dict], timeline: Timeline | None, count
         raw = gaps
     raw = sorted(raw, key=lambda w: (w.get("t") or w.get("t_invoke") or 0))[:WITNESS_CAP] \
         if invariant not in LOSS_INVARIANTS else raw[:WITNESS_CAP]
-    return [{"text": explain(invariant, w, timeline), "data": w} for w in raw], details
+    return raw, details
 
 
 def _series(metrics: dict[str, dict[str, float]], timeline: Timeline | None) -> dict[str, Any]:

@@ -12,6 +12,10 @@ from contracts.invariants import (
     MAX_QUEUE_LIMIT,
     UNDECLARED_QUEUE_LIMIT,
     UNDECLARED_TTL_S,
+    LogPattern,
+    default_log_preset,
+    effective_log_patterns,
+    log_pattern_from_mapping,
     validate_ids,
 )
 from contracts.scenario import PERSISTENCE_PROMISES, QUEUE_POLICIES, TARGET_KINDS
@@ -42,6 +46,10 @@ class Guarantees:
     target_name: str = ""
     mqtt_versions: tuple[str, ...] = ("3.1.1", "5")
     fault_mix: tuple[str, ...] = ()  # the scenario's fault kinds (a mix that produced no fault is noted)
+    # The log oracle: the patterns every node's log is judged by, in the order they are tried (scenario.json
+    # checks.logs.effective), and the preset they came from.
+    log_patterns: tuple[LogPattern, ...] = ()
+    log_preset: str = ""
 
     @property
     def unpromised_faults(self) -> tuple[str, ...]:
@@ -78,6 +86,7 @@ class Guarantees:
                          else self.persisted_message_ttl_s,
                          "mqtt_versions": list(self.mqtt_versions),
                          "losses_allowed_after": list(self.unpromised_faults)},
+            "logs": {"preset": self.log_preset, "patterns": [p.to_dict() for p in self.log_patterns]},
         }
 
     @classmethod
@@ -122,9 +131,27 @@ class Guarantees:
         if policy == "none":
             limit = NO_LIMIT
         versions = tuple(promises.get("mqtt_versions") or ("3.1.1", "5"))
+        preset, patterns = _log_patterns(checks, target, broker, kind, source)
         return cls(limit, ttl, tolerance, allowed, kind, source, pipeline_slack_ms=slack, queue_policy=policy,
                    persistence=persistence, target_name=str(target.get("name") or ""), mqtt_versions=versions,
-                   fault_mix=mix)
+                   fault_mix=mix, log_patterns=patterns, log_preset=preset)
+
+
+def _log_patterns(checks: Mapping[str, Any], target: Mapping[str, Any], broker: Mapping[str, Any], kind: str,
+                  source: str) -> tuple[str, tuple[LogPattern, ...]]:
+    """checks.logs.effective as written by the run; a scenario.json without it (written before the log oracle)
+    gets the target's defaults, computed by the same function the run uses (contracts/invariants.py)."""
+    logs = checks.get("logs")
+    if logs is None:
+        start = target.get("start") if isinstance(target.get("start"), list) else []
+        preset = default_log_preset(kind, start)
+        return preset, effective_log_patterns((), preset, dict(broker))
+    if not isinstance(logs, Mapping) or not isinstance(logs.get("effective"), list):
+        raise ValueError(f"{source}: checks.logs must be an object with an 'effective' list of patterns, got {logs!r}")
+    patterns = tuple(log_pattern_from_mapping(dict(p) if isinstance(p, Mapping) else p,
+                                              f"{source}: checks.logs.effective[{i}]")
+                     for i, p in enumerate(logs["effective"]))
+    return str(logs.get("preset") or ""), patterns
 
 
 def _section(scenario: Mapping[str, Any], name: str, source: str) -> Mapping[str, Any]:

@@ -21,10 +21,13 @@ import pyarrow as pa
 
 from contracts.history_schema import (
     EVENT_SCHEMA,
+    LOG_SCHEMA,
     SCHEMA_VERSION,
     Kind,
+    LogSource,
     Manifest,
     Phase,
+    write_log_table,
     write_manifest,
     write_part,
 )
@@ -83,15 +86,22 @@ class Spec:
     scenario_name: str = "synthetic"
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
+    # The nodes' logs (history/logs.parquet): (node, role, line) in order; None = a clean log of a correct
+    # broker (clean_log_lines).  ``unread_logs``: nodes whose log could not be read (their source says why).
+    log_lines: tuple[tuple[str, str, str], ...] | None = None
+    unread_logs: tuple[str, ...] = ()
+    failure_strategy: str = "skip"  # both stages' [broker] *_failure_strategy (the log oracle's defaults)
 
     def scenario(self) -> dict[str, Any]:
         return {
             "name": self.scenario_name,
-            "broker": {"persisted_messages_limit": self.limit, "persisted_message_ttl_s": self.ttl_s},
+            "broker": {"persisted_messages_limit": self.limit, "persisted_message_ttl_s": self.ttl_s,
+                       "incoming_failure_strategy": self.failure_strategy,
+                       "persisted_failure_strategy": self.failure_strategy},
             "checks": {"clock_tolerance_ms": self.tolerance_ms, "allowed": list(self.allowed),
                        "pipeline_slack_ms": self.pipeline_slack_ms},
             "target": ({"kind": self.target_kind} if self.target_kind == "reference" else {
-                "kind": self.target_kind, "name": self.target_name,
+                "kind": self.target_kind, "name": self.target_name, "start": ["mosquitto"],  # its log preset
                 "promises": {"queue_limit": None if self.queue_policy == "none" else self.limit,
                              "queue_policy": self.queue_policy, "persistence": self.persistence,
                              "message_ttl_s": self.ttl_s, "mqtt_versions": ["3.1.1", "5"]}}),
@@ -301,7 +311,43 @@ def write_run(run_dir: Path, rows: list[Row], spec: Spec, *, complete: bool = Tr
         incomplete_reason="" if complete else end_reason, started_wall_us=START_WALL_US,
         updated_wall_us=START_WALL_US, meta={"scenario": spec.scenario_name, "seed": spec.seed},
         schema_version=schema_version))
+    write_logs(history_dir, spec)
     return run_dir
+
+
+def clean_log_lines(spec: Spec) -> tuple[tuple[str, str, str], ...]:
+    """What the nodes of a correct run log: INFO lines and the warnings of a fault the broker survives."""
+    if spec.target_kind != "reference":
+        return ((spec.target_name, "mqtt-broker", "1790000001: New client connected from 127.0.0.1:50000 as sub-0"),)
+    return (
+        ("broker-1", "broker", "2026-09-21 12:26:41,000 broker-1 INFO reference_broker: broker-1 ready"),
+        ("broker-1", "broker", "2026-09-21 12:26:43,000 broker-1 WARNING reference_broker.pipeline: "
+                               "tbmq.msg.persisted: processing failed (attempt 1): network:ConnectionError; retrying"),
+        ("redis-2", "redis", "7:M 21 Sep 2026 12:26:44.000 # Connection with replica 127.0.0.5:6379 lost."),
+        ("kafka", "kafka", "ready in 44ms"),
+    )
+
+
+def write_logs(history_dir: Path, spec: Spec) -> Path:
+    """history/logs.parquet of a synthetic run: ``spec.log_lines`` (a time stamp at the start of a line is
+    not parsed here: a synthetic line's time is its position, one slot apart, from the run's start)."""
+    lines = clean_log_lines(spec) if spec.log_lines is None else spec.log_lines
+    rows: dict[str, list[Any]] = {name: [] for name in LOG_SCHEMA.names}
+    numbers: dict[str, int] = {}
+    for index, (node, role, line) in enumerate(lines):
+        numbers[node] = numbers.get(node, 0) + 1
+        t_mono = T0_US + index * spec.interval_us
+        for key, value in (("node", node), ("role", role), ("line_no", numbers[node]),
+                           ("t_wall_us", START_WALL_US + t_mono), ("t_mono_us", t_mono), ("line", line)):
+            rows[key].append(value)
+    roles = {node: role for node, role, _ in lines}
+    sources = [LogSource(node, role, f"logs/{node}.log", lines=numbers[node]) for node, role in roles.items()
+               if node not in spec.unread_logs]
+    sources += [LogSource(node, roles.get(node, ""), f"logs/{node}.log", error="PermissionError: Permission denied")
+                for node in spec.unread_logs]
+    keep = [i for i, node in enumerate(rows["node"]) if node not in spec.unread_logs]
+    table = pa.table({k: [v[i] for i in keep] for k, v in rows.items()}, schema=LOG_SCHEMA)
+    return write_log_table(history_dir, table, sources)
 
 
 def write_spec(run_dir: Path, spec: Spec, **kwargs: Any) -> Path:
@@ -454,7 +500,58 @@ def lose_session(rows: list[Row], client: str, nth: int) -> list[Row]:
     subscriptions = [r for r in rows if r["kind"] == Kind.SUBSCRIBE_ACK and r.get("client") == client]
     for sub in subscriptions[:1]:
         rows.append({**copy.deepcopy(sub), "t_mono_us": connect["t_mono_us"] + 1})
-    return sort_rows(rows)
+    # A new session starts its stored packet ids at 1 (the reference broker discards the old counter).
+    return renumber(sort_rows(rows), client, connect["t_mono_us"], 1)
+
+
+def renumber(rows: list[Row], client: str, from_t: int, first_id: int) -> list[Row]:
+    """Hand ``client``'s packet ids out anew from ``first_id`` (then 1..65535 in order, as the reference broker
+    does) for its deliveries at or after ``from_t``: each new message takes the next id; a resend of a message
+    keeps the id it got; acks follow their delivery.  The session snapshot's last packet id follows too."""
+    rows = _copy(rows)
+    holder: dict[int, tuple[Any, Any, int]] = {}  # old id -> (publisher, pub_seq, new id), as sent last
+    next_id = first_id
+    last = None
+    for row in rows:
+        if row.get("client") != client or row["t_mono_us"] < from_t or row.get("packet_id") is None:
+            continue
+        old = row["packet_id"]
+        if row["kind"] == Kind.DELIVERY and (row.get("qos") or 0) > 0:
+            held = holder.get(old)
+            if held is not None and held[:2] == (row.get("publisher"), row.get("pub_seq")):
+                row["packet_id"] = held[2]
+                continue
+            holder[old] = (row.get("publisher"), row.get("pub_seq"), next_id)
+            row["packet_id"] = last = next_id
+            next_id = next_packet_id(next_id)
+        elif row["kind"] == Kind.DELIVERY_ACK_SENT and old in holder:
+            row["packet_id"] = holder[old][2]
+    if last is not None:
+        for row in rows:
+            if row["kind"] == Kind.SESSION_SNAPSHOT and row.get("client") == client:
+                row["last_packet_id"] = last
+    return rows
+
+
+def skip_packet_ids(rows: list[Row], client: str, packet_id: int, skip: int = 1) -> list[Row]:
+    """From ``client``'s first delivery with ``packet_id`` on, the ids jump ``skip`` values ahead (ids skipped
+    as a broker that burns ids, or one that trimmed or expired that many stored messages, shows them)."""
+    target = next(r for r in deliveries(rows, client) if r.get("packet_id") == packet_id)
+    first = packet_id
+    for _ in range(skip):
+        first = next_packet_id(first)
+    return renumber(rows, client, target["t_mono_us"], first)
+
+
+def add_delivery_in_sequence(rows: list[Row], template: Row, t_mono_us: int, **fields: Any) -> list[Row]:
+    """As ``add_delivery`` (acknowledged), but the new delivery takes the next packet id of its subscriber's
+    stored sequence and the later ones move up by one: a second copy the broker stored and sent, not an id
+    out of nowhere."""
+    client = fields.get("client", template["client"])
+    before = [r for r in deliveries(rows, client) if r["t_mono_us"] < t_mono_us and r.get("packet_id")]
+    first = next_packet_id(before[-1]["packet_id"]) if before else 1
+    rows = add_delivery(rows, template, t_mono_us, packet_id=0, **fields)
+    return renumber(rows, client, t_mono_us, first)
 
 
 def reuse_packet_id(rows: list[Row], client: str, publisher: str, seq_held: int, seq_reusing: int) -> list[Row]:

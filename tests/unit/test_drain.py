@@ -148,3 +148,12 @@ def test_the_broker_topics_come_from_the_node_configs_broker_table(tmp_path):
     (tmp_path / "broker-config.json").write_text(json.dumps(
         {"broker": {"incoming_topic": "in.x"}, "kafka_bootstrap": "127.0.0.1:9092", "redis_startup_nodes": []}))
     assert _broker_topics(tmp_path) == ["in.x", "tbmq.msg.persisted"]
+
+
+def test_a_fresh_session_forgets_what_the_old_one_was_owed():
+    owed = OutstandingDeliveries()
+    subs = [("sub-a", [("t/#", 1)]), ("sub-b", [("t/#", 1)])]
+    owed.acknowledged("pub", 1, "t/x", 1, subs)
+    owed.acknowledged("pub", 2, "t/x", 1, subs)
+    owed.forget("sub-a")  # sub-a reconnected with clean start: its old queue is gone, legally
+    assert owed.owed == {("sub-b", "pub", 1), ("sub-b", "pub", 2)}

@@ -143,3 +143,41 @@ def test_ordeal_plan_prints_the_no_fault_note(tmp_path):
                     "targets = { process_kill = ['broker:1'] }\nquiet_s = [5, 6]\n")
     result = CliRunner().invoke(main, ["plan", str(path), "--summary"])
     assert result.exit_code == 0 and "note: the fault mix (process_kill) produced no fault" in result.output
+
+
+def test_session_mix_reaches_persistent_clean_persistent_and_expiry_mixes():
+    """session-mix: one client id goes persistent -> clean -> persistent, and MQTT 5 reconnects draw their
+    session expiry (0, short, long); publishers reconnect mid-stream with clean start."""
+    scenario = load_scenario(find_scenario("session-mix"))
+    plan = make_plan(scenario, 1)
+    assert plan.to_json() == make_plan(load_scenario(find_scenario("session-mix")), 1).to_json()
+    mixed = 0
+    for sub in plan.subscribers():
+        starts = [a.clean_start for a in plan.subscriber_actions if a.client_id == sub.client_id and a.action == CONNECT]
+        # a clean start with a resume (clean start 0) both before and after it
+        mixed += any(starts[i] and not starts[0] and not all(starts[i + 1:]) for i in range(1, len(starts) - 1))
+    assert mixed, "no subscriber went persistent -> clean -> persistent"
+    v5 = {c.client_id for c in plan.subscribers() if c.protocol == 5}
+    expiries = {a.session_expiry_s for a in plan.subscriber_actions if a.client_id in v5 and a.action == CONNECT}
+    assert {0, 2, 3600} <= expiries
+    publishers = {c.client_id for c in plan.publishers()}
+    moves = [a for a in plan.subscriber_actions if a.client_id in publishers]
+    assert any(a.action == DISCONNECT for a in moves) and any(a.action == CONNECT for a in moves)
+    assert all(a.clean_start for a in moves if a.action == CONNECT)
+    assert all(a.offset_s > 0 for a in moves)
+
+
+def test_new_keys_leave_other_scenarios_plans_alone():
+    """No publisher reconnects, no session expiry mix: nothing more is drawn, plans stay as they were."""
+    text = "[scenario]\nname='x'\nduration_s=8\n[workload]\npairs=2\nprotocol_mix={mqtt5=1}\n" \
+           "[subscribers]\ndisconnects_per_minute=20\n"
+    plain = make_plan(parse_scenario(text), 4)
+    assert all(a.session_expiry_s in (None, 3600) for a in plain.subscriber_actions)
+    assert not [a for a in plain.subscriber_actions if a.client_id.startswith("test_pub")]
+    expiring = make_plan(parse_scenario(text + 'session_expiry_mix = { "3600" = 1 }\n'), 4)
+    assert expiring.to_json() == plain.to_json()  # a one-value mix draws nothing
+
+
+def test_message_expiry_zero_is_planned():
+    plan = make_plan(load_scenario(find_scenario("expiry-zero")), 1)
+    assert 0 in {p.expiry_s for p in plan.publishes}

@@ -171,3 +171,33 @@ def test_killing_tansu_on_its_memory_engine_is_refused():
 def test_s3rver_with_two_broker_nodes_is_refused_on_load():
     message = _error(MINIMAL + '\n[topology]\nkafka_storage = "s3rver"\nbroker_nodes = 2\n')
     assert "bad.toml [topology]" in message and "conditional writes" in message
+
+
+def test_issue17_keys_validate():
+    # message expiry 0 is a valid interval (MQTT 5 §3.3.2.3.3); the range names it
+    v5 = MINIMAL + "\n[workload]\nprotocol_mix = { mqtt5 = 1 }\n"
+    scenario = parse_scenario(v5 + 'expiry_mix = { "0" = 1, none = 1 }\n')
+    assert dict(scenario.workload.expiry_mix) == {None: 1.0, 0: 1.0}
+    assert "a whole number of seconds 0..4294967295" in _error(v5 + 'expiry_mix = { "-1" = 1 }\n')
+    # session expiry drawn per reconnect: 0, short, long; MQTT 5 subscribers only
+    mixed = parse_scenario(v5 + '[subscribers]\nsession_expiry_mix = { "0" = 1, "2" = 2, "3600" = 1 }\n')
+    assert mixed.subscribers.session_expiry_mix == ((0, 1.0), (2, 2.0), (3600, 1.0))
+    assert mixed.to_dict()["subscribers"]["session_expiry_mix"] == {"0": 1.0, "2": 2.0, "3600": 1.0}
+    assert scenario_from_mapping(mixed.to_dict()).subscribers == mixed.subscribers
+    assert _error(MINIMAL + '[subscribers]\nsession_expiry_mix = { "2" = 1 }\n').endswith(
+        "a session expiry interval needs MQTT 5 subscribers; give [workload] protocol_mix an mqtt5 weight > 0")
+    assert _error(v5 + '[subscribers]\nsession_expiry_mix = { "soon" = 1 }\n') == (
+        "bad.toml: [subscribers] session_expiry_mix.soon = 1.0: keys must be a whole number of seconds "
+        "0..4294967295, e.g. \"0\", \"2\" or \"3600\"")
+    assert _error(v5 + '[subscribers]\nsession_expiry_mix = { "2" = 0 }\n').endswith(
+        "needs at least one entry with a weight > 0")
+    # publishers reconnecting
+    assert _error(MINIMAL + "[workload]\npublisher_disconnects_per_minute = -1\n") == (
+        "bad.toml: [workload] publisher_disconnects_per_minute = -1: must be >= 0.0 and <= 600.0")
+    assert "must satisfy 0.0 <= low <= high" in _error(MINIMAL + "[workload]\npublisher_offline_s = [2, 1]\n")
+    # the preset at every offline window needs a preset value
+    assert _error(MINIMAL + "[workload]\npreset_each_offline = true\n") == (
+        "bad.toml: [workload] preset_each_offline = True: needs preset_last_packet_id > 0 (the value each offline "
+        "window's session is preset to), e.g. preset_last_packet_id = 65500")
+    assert _error(MINIMAL + "[workload]\npreset_each_offline = 1\npreset_last_packet_id = 9\n") == (
+        "bad.toml: [workload] preset_each_offline = 1: must be true or false")

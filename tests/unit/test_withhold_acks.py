@@ -71,3 +71,16 @@ def test_resend_scenario_withholds() -> None:
     plan = make_plan(scenario, 1)
     assert scenario.subscribers.withhold_acks_s > 0
     assert withhold_starts(plan.subscriber_actions), "seed 1 must have an abrupt drop to withhold before"
+
+
+def test_preset_points_come_shortly_before_each_planned_disconnect() -> None:
+    from harness.executor import PRESET_LEAD_S, preset_starts
+
+    actions = [SubscriberAction(0.0, "s", CONNECT), SubscriberAction(3.0, "s", DISCONNECT, abrupt=True),
+               SubscriberAction(5.0, "s", CONNECT), SubscriberAction(5.4, "s", DISCONNECT),
+               SubscriberAction(0.0, "t", CONNECT)]
+    # 0.5 s before the first drop; halfway into the short second connection (never before its connect)
+    assert preset_starts(actions) == [(3.0 - PRESET_LEAD_S, "s"), (5.2, "s")]
+    plan = make_plan(load_scenario("scenarios/wrap-backlog.toml"), 1)
+    drops = [a for a in plan.subscriber_actions if a.action == DISCONNECT]
+    assert len(preset_starts(plan.subscriber_actions)) == len(drops) >= 3

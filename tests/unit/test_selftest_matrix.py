@@ -338,3 +338,28 @@ def test_rendering_shows_the_per_defect_fraction():
     assert "1/2" in text_table(document)
     page = render_html(document)
     assert page.count('<tr class="defect"') == 1 and page.count("<tr style=") == 3
+
+
+def test_rejudge_from_stored_reports_and_recheck_first(tmp_path, monkeypatch):
+    import json
+
+    from ordeal import selftest
+
+    rows = []
+    for seed, verdict in ((1, "fail"), (2, "pass")):
+        run_dir = tmp_path / f"run-{seed}"
+        run_dir.mkdir()
+        (run_dir / "report.json").write_text(json.dumps(_report({"order.dup_flag": verdict}, verdict=verdict)))
+        row = replace(judge(DEFECT_JOB, None, run_s=1.0, run_dir=str(run_dir)), seed=seed, need=2)
+        rows.append(row.__dict__ | {"scenario": "scenarios/a.toml"})
+    (tmp_path / "selftest.json").write_text(json.dumps({"tier": "full", "rows": rows, "uncovered": [],
+                                                        "check_s": 1.0, "total_s": 2.0, "errors": []}))
+    matrix = _parse(_doc())
+    result = selftest.rejudge(tmp_path, matrix)
+    assert [r.outcome for r in result.rows] == [CAUGHT, MISSED]
+    assert defect_summaries(result.rows)[0]["outcome"] == MISSED  # 1 of 2 caught, 2 needed
+    assert json.loads((tmp_path / "selftest.json").read_text())["defects"][0]["caught"] == 1
+    checked = []
+    monkeypatch.setattr(selftest, "_check_all", lambda run_dirs, spark_master: checked.extend(run_dirs))
+    selftest.rejudge(tmp_path, matrix, recheck=True, log=lambda text: None)
+    assert checked == [tmp_path / "run-1", tmp_path / "run-2"]

@@ -20,6 +20,14 @@ START = "<!-- detection-matrix:start (scripts/readme_matrix.py) -->"
 END = "<!-- detection-matrix:end -->"
 
 
+def full_entries() -> list[dict]:
+    """The full-tier entries of selftest/matrix.toml (defect, scenario, expect)."""
+    import tomllib
+
+    matrix = tomllib.loads((README.parent / "selftest" / "matrix.toml").read_text())
+    return [e for e in matrix.get("entry", []) if e.get("tier", "full") == "full"]
+
+
 def merge(documents: list[dict]) -> dict:
     """One document from several: defect lines by (defect, scenario), false-alarm figures summed per
     scenario, the worst exit code."""
@@ -48,6 +56,11 @@ def matrix_markdown(document: dict, source: str) -> str:
         need = f", needs {line['need']}" if line["outcome"] != "caught" else ""
         lines.append(f"| `{line['defect']}` | {Path(line['scenario']).stem} | {', '.join(line['expect'])} | "
                      f"{line['caught']}/{line['runs']}{need} | {line['outcome']} | {detected} |")
+    measured = {line["defect"] for line in document["defects"]}
+    for entry in document.get("not_run", []):
+        if entry["defect"] not in measured:
+            lines.append(f"| `{entry['defect']}` | {Path(entry['scenario']).stem} | {', '.join(entry['expect'])} | "
+                         f"- | not run | - |")
     runs = sum(f["runs"] for f in document["false_alarms"].values())
     violations = sum(f["violations"] for f in document["false_alarms"].values())
     unknown = sum(f["unknown"] for f in document["false_alarms"].values())
@@ -79,7 +92,9 @@ def main(argv: list[str]) -> int:
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     sources = ", ".join(f"`{Path(a).as_posix()}`" for a in argv)
-    README.write_text(f"{head}{START}\n{matrix_markdown(merge(documents), sources)}\n{END}{tail}")
+    merged = merge(documents)
+    merged["not_run"] = full_entries()  # the matrix's full entries none of the files ran: listed, never hidden
+    README.write_text(f"{head}{START}\n{matrix_markdown(merged, sources)}\n{END}{tail}")
     print(f"{README}: detection matrix updated from {sources}")
     return 0
 

@@ -31,6 +31,17 @@ def test_defect_lines_and_false_alarm_totals():
     assert "**1 false alarms in 5 runs** (1 unknown) over 2 scenarios" in text
 
 
+def test_a_defect_no_file_ran_is_listed_as_not_run():
+    document = dict(DOCUMENT, not_run=[{"defect": "retry_gives_up", "scenario": "scenarios/x.toml",
+                                        "expect": ["durability.lost"]},
+                                       {"defect": "trim_newest", "scenario": "scenarios/p2p-limit-trim.toml",
+                                        "expect": ["limits.trim_not_oldest"]}])
+    text = readme_matrix.matrix_markdown(document, "x")
+    assert "| `retry_gives_up` | x | durability.lost | - | not run | - |" in text
+    assert text.count("`trim_newest`") == 1  # measured: not listed again
+    assert {e["defect"] for e in readme_matrix.full_entries()} >= {"commit_before_save", "retry_gives_up"}
+
+
 def test_several_files_merge():
     other = {"tier": "full", "verdict": "pass", "exit_code": 0,
              "defects": [_line("commit_before_save", "broker-node-kill", 5, 5, "caught", 20.0)],

@@ -17,12 +17,38 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class ErrorDetail(logging.Filter):
+    """A Redis error's repr is only its kind and class (redis-py: ``server:ResponseError``), so a script's
+    error (``... on @user_script:12.``) or a refused command never reached the log, where the log oracle
+    reads it (Ordeal's docs/invariants.md "Node logs").  An exception among a record's arguments whose repr
+    lacks its message is shown as ``repr: message``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, BaseException) for a in record.args):
+            record.args = tuple(_Detailed(a) if isinstance(a, BaseException) else a for a in record.args)
+        return True
+
+
+class _Detailed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        text, detail = repr(self.error), str(self.error)
+        return text if not detail or detail in text else f"{text}: {detail}"
+
+    def __str__(self) -> str:
+        return str(self.error)
+
+
 def run_node(node: NodeConfig, node_id: str, host: str, port: int) -> None:
     from reference_broker.server import Broker
 
     sys.stdout.reconfigure(line_buffering=True)  # the log must show "ready" (and a crash) at once
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"%(asctime)s {node_id} %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(ErrorDetail())
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     asyncio.run(Broker(node, node_id, host, port).serve_forever())
 

@@ -370,10 +370,10 @@ GIVE_UP = (f"{_LOG} ERROR reference_broker.pipeline: tbmq.msg.persisted: giving 
            "(ConnectionError('Connection refused')); committing anyway")
 SURVIVED = (f"{_LOG} ERROR aiokafka: Unable connect to node with id 0: [Errno 111] Connect call failed",
             f"{_LOG} WARNING reference_broker.pipeline: tbmq.msg.persisted: processing failed (attempt 2): "
-            "ResponseError('save script for sub-0_messages not run: no master took it after 3 attempts (redirected "
-            "or script missing)'); retrying")
-LUA = (f"{_LOG} WARNING reference_broker.session: sub-0: delivery read failed: ResponseError('user_script:9: "
-       "attempt to perform arithmetic on a nil value'); retrying")
+            "server:ResponseError: save script for sub-0_messages not run: no master took it after 3 attempts "
+            "(redirected or script missing); retrying")
+LUA = (f"{_LOG} WARNING reference_broker.session: sub-0: delivery read failed: server:ResponseError: user_script:9: "
+       "attempt to perform arithmetic on local 'x' (a nil value) script: 104ac674, on @user_script:9.; retrying")
 
 
 def _logs(spec, *lines):

@@ -123,13 +123,17 @@ def test_committing_anyway_fails_where_nothing_may_be_skipped_and_is_reported_un
      "attempt to compare nil with number'); retrying", "lua_script_error"),
     (f"{TS} WARNING reference_broker.pipeline: tbmq.msg.persisted: processing failed (attempt 1): "
      "ResponseError('Error running script (call to f_0a1b): @user_script:3: oops'); retrying", "lua_script_error"),
+    # Redis 7's own text, as the broker logs it (its log filter adds the message to redis-py's repr)
+    (f"{TS} WARNING reference_broker.pipeline: tbmq.msg.persisted: processing failed (attempt 1): "
+     "server:ResponseError: Unknown Redis command called from script script: 4f5958, on @user_script:1.; "
+     "retrying", "lua_script_error"),
     (f"{TS} ERROR reference_broker: background task died; stopping the node", "broker_error"),
     (f"{TS} CRITICAL reference_broker.server: out of file descriptors", "broker_error"),
     ("Traceback (most recent call last):", "python_traceback"),
     # near misses: what the correct broker logs under the shipped faults, and words that only look alike
     (f"{TS} WARNING reference_broker.pipeline: tbmq.msg.persisted: processing failed (attempt 2): "
-     "ResponseError('save script for sub-1_messages not run: no master took it after 3 attempts (redirected or "
-     "script missing)'); retrying", None),
+     "server:ResponseError: save script for sub-1_messages not run: no master took it after 3 attempts "
+     "(redirected or script missing); retrying", None),
     (f"{TS} WARNING reference_broker.pipeline: tbmq.msg.persisted: processing failed (attempt 3): "
      "server:ClusterDownError; retrying", None),
     (f"{TS} WARNING reference_broker.session: sub-2: delivery read failed: AttributeError(\"'NoneType' object "
@@ -352,3 +356,35 @@ def test_a_corrupt_log_table_is_unknown_naming_the_file(tmp_path):
     (tmp_path / LOG_TABLE_NAME).write_bytes(b"PAR1 not really")
     found = judge_logs(tmp_path, default_log_patterns("reference", RETRY))
     assert all("logs.parquet: not a readable Parquet file" in f.unknown for f in found.values())
+
+
+def test_the_broker_logs_a_redis_script_error_with_its_message_and_the_oracle_fails_it():
+    """redis-py's repr of a ResponseError is only "server:ResponseError"; the broker's log filter adds the
+    message (measured: Redis 7's text for a failing script), so the Lua pattern can see it."""
+    import io
+    import logging
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ResponseError
+
+    from reference_broker.__main__ import ErrorDetail
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("2026-11-24 11:10:58,893 broker-1 %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(ErrorDetail())
+    log = logging.getLogger("reference_broker.pipeline.test")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        script = ResponseError("invalid expire time in 'set' command script: f729284a, on @user_script:1.")
+        log.warning("%s: processing failed (attempt %d): %r; retrying", "tbmq.msg.persisted", 1, script)
+        log.warning("%s: processing failed (attempt %d): %r; retrying", "tbmq.msg.persisted", 2,
+                    RedisConnectionError("Error 111 connecting to 127.0.0.3:6379. Connection refused."))
+        log.warning("plain %r", ValueError("kept as it was"))
+    finally:
+        log.removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    assert "server:ResponseError: invalid expire time in 'set' command" in lines[0]
+    assert lines[2].endswith("plain ValueError('kept as it was')")
+    assert _verdicts(lines, default_log_patterns("reference", RETRY)) == [("lua_script_error", "fail", 1)]

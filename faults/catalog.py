@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from contracts import scenario as scenario_model
-from faults import client, network, process, redis_failover  # noqa: F401  (registration side effects)
+from faults import client, failure_paths, network, process, redis_failover  # noqa: F401  (registration side effects)
 from faults.base import (
     FAULT_KINDS,
     Fault,
@@ -120,9 +120,12 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "redis_failover": ("redis-master-of:{subscriber}",),
     "net_isolate": ("redis-master-of:{subscriber}",),
     "client_flap": ("{subscriber}",),
+    "redis_write_stall": ("redis-master-of:{subscriber}",),
+    "redis_outage": ("redis-master-of:{subscriber}",),
+    "kafka_outage_during_save": ("kafka",),
 }
 # Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
-LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart")
+LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart", "kafka_outage_during_save")
 
 # What an external target has: one node (node:<name>, also broker:1 / broker-random) and its clients.
 EXTERNAL_NODE_SELECTORS = ("node", "broker", "broker-random")

@@ -30,6 +30,7 @@ from typing import Any
 from faults import probes
 from faults.base import Evidence, Fault, FaultContext, FaultNotApplicable, FaultSpec, FaultSpecError
 from faults.catalog import build_fault, is_client_fault, validate_spec
+from faults.failure_paths import release_client_pauses
 from faults.network import heal_all_network
 from faults.targets import all_nodes
 
@@ -214,6 +215,7 @@ class Nemesis:
             summary["network_removed"] = heal_all_network()
         except Exception as error:  # noqa: BLE001 - reported in the summary and the history
             summary["errors"].append(f"network heal: {error}")
+        summary["unpaused"] = release_client_pauses(self.ctx.topology)
         nodes = all_nodes(self.ctx.topology)
         for node in nodes:
             try:

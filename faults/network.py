@@ -124,6 +124,8 @@ def drop_rules(kind: str, a: list[str], b: list[str], percent: int | None, direc
         (node,) = a
         return [f"ip saddr {node} ip daddr != {node} counter drop",
                 f"ip daddr {node} ip saddr != {node} counter drop"]
+    if kind == "reject":  # TCP from a to b answered with a reset: the sender fails at once (redis_outage)
+        return [f"ip saddr {addr_set(a)} ip daddr {addr_set(b)} meta l4proto tcp counter reject with tcp reset"]
     rules = [f"ip saddr {addr_set(a)} ip daddr {addr_set(b)} {random_drop}counter drop"]
     if direction == "both":
         rules.append(f"ip saddr {addr_set(b)} ip daddr {addr_set(a)} {random_drop}counter drop")
@@ -152,12 +154,17 @@ def _check_disjoint(spec: FaultSpec, a: dict[str, str], b: dict[str, str]) -> No
             "a network fault needs every node on its own 127.0.0.x (a topology started isolated)")
 
 
+def RejectFault(spec: FaultSpec) -> DropFault:  # noqa: N802 - a factory named like the class it makes
+    """TCP from params.src to params.dst reset by nftables (counted): used by faults/failure_paths.py."""
+    return DropFault(spec, "reject")
+
+
 class DropFault:
     """partition / one-way partition / lossy link / isolate: nft drop rules with counters."""
 
     def __init__(self, spec: FaultSpec, shape: str) -> None:
         self.spec = spec
-        self.shape = shape  # "partition" | "oneway" | "lossy" | "isolate"
+        self.shape = shape  # "partition" | "oneway" | "lossy" | "isolate" | "reject" (src -> dst, TCP reset)
         self.chain = chain_name(spec.id)
         self.installed = False
         self.sides: dict[str, dict[str, str]] = {}
@@ -172,13 +179,13 @@ class DropFault:
                 raise FaultNotApplicable(f"fault {self.spec.id}: {node.name} listens on 127.0.0.1, shared with "
                                          "everything; isolating it needs a topology started isolated")
             return [node.host], [], "both", None
-        src_key, dst_key = ("src", "dst") if self.shape == "oneway" else ("a", "b")
+        src_key, dst_key = ("src", "dst") if self.shape in ("oneway", "reject") else ("a", "b")
         cache: dict = {}
         a = resolve_group(ctx.topology, params[src_key], rng, ctx.broker_key_prefix, cache)
         b = resolve_group(ctx.topology, params[dst_key], rng, ctx.broker_key_prefix, cache)
         _check_disjoint(self.spec, a, b)
         self.sides = {src_key: a, dst_key: b}
-        direction = "oneway" if self.shape == "oneway" else params.get("direction", "both")
+        direction = "oneway" if self.shape in ("oneway", "reject") else params.get("direction", "both")
         return list(a.values()), list(b.values()), direction, params.get("percent")
 
     def apply(self, ctx: FaultContext) -> Evidence:
@@ -186,7 +193,7 @@ class DropFault:
         family = self.place.family
         require_private_netns(f"fault {self.spec.id} ({self.spec.kind})", self.place)
         a, b, direction, percent = self._sides(ctx)
-        rules = drop_rules("isolate" if self.shape == "isolate" else "drop", a, b, percent, direction)
+        rules = drop_rules(self.shape if self.shape in ("isolate", "reject") else "drop", a, b, percent, direction)
         chains = self.place.chains(self.chain)
         script = "\n".join([f"add table {family} {TABLE}", *(line for chain, hook in chains for line in (
             f"add chain {family} {TABLE} {chain} {{ type filter hook {hook} priority 0; policy accept; }}",

@@ -107,7 +107,11 @@ class Executor:
         self._held_by_fault: dict[str, str] = {}  # client id -> the client fault holding it offline
 
     def _expect_deliveries(self, publish: PublishPlan) -> None:
-        """An acknowledged publish is owed to every persistent subscriber subscribed right now."""
+        """An acknowledged publish is owed to every persistent subscriber subscribed right now -- but one with
+        message expiry 0 is owed to nobody (expired on arrival; expiry-zero seed 1: 87 such kept the drain
+        waiting for its longer outstanding quiet)."""
+        if publish.expiry_s == 0:
+            return
         listening = [(s.client_id, [(sub.topic_filter, sub.qos) for sub in s.plan.subscriptions])
                      for s in self.sessions.values() if s.session_persistent and s.subscribed and not s.is_publisher]
         self.outstanding.acknowledged(publish.publisher, publish.seq, publish.topic, publish.qos, listening)

@@ -19,6 +19,8 @@ WRAP = replace(BASE, first_packet_id=65530)
 V5 = replace(BASE, protocol=5, expiry_s=2)
 V5_LONG = replace(BASE, protocol=5, expiry_s=60, messages=45, offline=(s.Offline(0, 5, 40),))
 V5_SHORT = replace(BASE, protocol=5, expiry_s=1, messages=30, offline=(s.Offline(0, 5, 25),))
+# Message expiry 0 (MQTT 5 §3.3.2.3.3: a lifetime of 0 s): the correct broker drops every one of them.
+V5_ZERO = replace(BASE, protocol=5, expiry_s=0)
 LIMIT = replace(BASE, limit=3, offline=(s.Offline(0, 5, 11),))
 QOS2 = replace(BASE, qos=2)
 EXTERNAL = replace(BASE, target_kind="external")
@@ -48,6 +50,17 @@ def _error_stage(rows, stage, reason):
 def _session_gone_after_kill(rows):
     """sub-0 (away over the kill) comes back to session present = 0 and an empty queue, and resubscribes."""
     return s.lose_session(_drop_seqs(rows, "sub-0", "pub-0", range(5, 11)), "sub-0", 1)
+
+
+def _deliver_expiry_zero(rows, offset_us):
+    """sub-1 gets pub-1 #12 (expiry 0) ``offset_us`` after its publish, remaining expiry 0, and acks it."""
+    invoke = s.publish_row(rows, Kind.PUBLISH_INVOKE, "pub-1", 12)
+    t = invoke["t_mono_us"] + offset_us
+    common = {"client": "sub-1", "node": "broker-1", "protocol": 5, "qos": 1, "packet_id": 65535}
+    delivery = {**common, "t_mono_us": t, "kind": Kind.DELIVERY, "topic": invoke["topic"], "dup": False,
+                "retain": False, "payload_size": 62, "remaining_expiry_s": 0, "publisher": "pub-1", "pub_seq": 12,
+                "send_wall_us": invoke["send_wall_us"], "body_hash": invoke["body_hash"]}
+    return s.sort_rows([*rows, delivery, {**common, "t_mono_us": t + 300, "kind": Kind.DELIVERY_ACK_SENT}])
 
 
 def _swap_with_qos(rows, qos_of):
@@ -237,6 +250,12 @@ CASES = {
     "dropped_early": (replace(V5_LONG, offline=(s.Offline(0, 5, 9),)),
                       lambda r: s.drop_delivery(r, "sub-0", "pub-0", 6), {"expiry.dropped_early"}),
     "expired_while_offline": (V5_SHORT, None, set()),
+    # Expiry 0 needs no rule of its own: never owed (dropping all is right), and delivered it must be at once,
+    # within the clock tolerance of the publish (near miss), not later (planted twin).
+    "expiry_zero_all_dropped": (V5_ZERO, None, set()),
+    "expiry_zero_delivered_at_once": (V5_ZERO, lambda r: _deliver_expiry_zero(r, 200_000 - 1_000), set()),
+    "expiry_zero_delivered_late": (V5_ZERO, lambda r: _deliver_expiry_zero(r, 200_000 + 1_000),
+                                   {"expiry.delivered_expired"}),
     # pub-0 #7 is acknowledged just before sub-0's reconnect, within the pipeline slack (2 s): it may reach the
     # queue only after the backlog is read.  With a 1 s expiry it may expire on the way (legal); with 5 s it
     # still had time after any pipeline delay the slack allows (dropped early).

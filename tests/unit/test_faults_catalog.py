@@ -16,7 +16,7 @@ from faults.targets import parse_group, parse_selector
 EXPECTED_KINDS = {
     "process_kill", "process_stop", "process_pause", "process_restart", "redis_failover",
     "net_partition", "net_partition_oneway", "net_isolate", "net_lossy", "net_bandwidth",
-    "client_flap", "client_reconnect_storm",
+    "client_flap", "client_reconnect_storm", "redis_write_stall", "redis_outage", "kafka_outage_during_save",
 }
 
 
@@ -204,3 +204,52 @@ def test_client_fault_helpers_are_deterministic():
     assert 0 <= reconnect_node("random", 0, 3, random.Random(0)) < 3
     with pytest.raises(FaultNotApplicable, match="has 2 broker node"):
         reconnect_node("broker:3", 0, 2, random.Random(0))
+
+
+def test_failure_path_kinds_validate_and_fill_defaults():
+    stall = validate_spec({"id": "s", "kind": "redis_write_stall", "target": "redis-master-of:c1"})
+    assert stall.params == {"max_ms": 120_000, "probe_timeout_s": 0.5}
+    outage = validate_spec({"id": "o", "kind": "redis_outage", "target": "redis-random-master"})
+    assert outage.params == {"scope": "master", "spare_lease_master": True}
+    kafka = validate_spec({"id": "k", "kind": "kafka_outage_during_save", "target": "kafka",
+                           "params": {"stall_master": "redis-master-of:c1", "hold_max_s": 2}})
+    assert kafka.params == {"mode": "kill", "stall_master": "redis-master-of:c1", "hold_max_s": 2.0}
+    for fault, fragment in [
+        ({"id": "s", "kind": "redis_write_stall", "target": "redis-random-master", "params": {"max_ms": 10}},
+         "parameter 'max_ms' = 10: must be >= 100"),
+        ({"id": "o", "kind": "redis_outage", "target": "kafka", "params": {"scope": "everything"}},
+         "expected one of 'master', 'cluster'"),
+        ({"id": "o", "kind": "redis_outage", "target": None}, "needs a target"),
+        ({"id": "k", "kind": "kafka_outage_during_save", "target": "kafka", "params": {"stall_master": "redis"}},
+         "parameter 'stall_master' = 'redis': expected a node selector"),
+        ({"id": "k", "kind": "kafka_outage_during_save", "target": "kafka", "params": {"mode": "sigstop"}},
+         "expected one of 'kill', 'stop', 'pause'"),
+    ]:
+        with pytest.raises(FaultSpecError) as error:
+            validate_spec(fault)
+        assert fragment in str(error.value), str(error.value)
+    assert type(build_fault(stall)).__name__ == "WriteStallFault"
+
+
+def test_failure_path_helpers(tmp_path):
+    from types import SimpleNamespace
+
+    from faults.failure_paths import BrokerLogWatch, broker_check, probe_key
+    from faults.redis_cluster import ClusterEntry
+
+    assert drop_rules("reject", ["127.0.0.5"], ["127.0.0.2"], None, "oneway") == [
+        "ip saddr { 127.0.0.5 } ip daddr { 127.0.0.2 } meta l4proto tcp counter reject with tcp reset"]
+    entry = ClusterEntry("id", "127.0.0.2:6379", frozenset({"master"}), None, 1, True, ((5461, 10922),))
+    from redis.crc import key_slot
+    assert 5461 <= key_slot(probe_key(entry).encode()) <= 10922
+    log = tmp_path / "broker-1.log"
+    log.write_text("before: processing failed (attempt 9): x\n")
+    watch = BrokerLogWatch(SimpleNamespace(brokers=[SimpleNamespace(name="broker-1", log_path=log)]))
+    with log.open("a") as out:  # only what is written after the watch began counts
+        out.write("W tbmq.msg.persisted: processing failed (attempt 1): ConnectionError; retrying\n"
+                  "W tbmq.msg.persisted: processing failed (attempt 2): ConnectionError; retrying\n"
+                  "E tbmq.msg.persisted: giving up on 3 records after 3 attempts (x); committing anyway\n")
+    seen = watch.since()
+    assert seen["counts"] == {"processing_failed": 2, "gave_up": 1, "committing_anyway": 1}
+    assert seen["max_attempt"] == 2 and len(seen["lines"]) == 3
+    assert broker_check(watch, ("gave_up",), "x").ok and not broker_check(watch, ("commit_failed",), "x").ok

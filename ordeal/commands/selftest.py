@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ordeal.commands.run import enter_isolation, isolation_option
 from ordeal.commands.spark import spark_options
 
 
@@ -38,9 +39,10 @@ class InputError(click.ClickException):
               help="Run nothing: judge OUT's stored runs again (their report.json) and rewrite its outputs.")
 @click.option("--recheck", is_flag=True,
               help="With --rejudge: check OUT's stored runs again first (changed checkers), then judge.")
+@isolation_option
 def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None, blackbox: bool | None,
              defects: tuple[str, ...], seeds: tuple[int, ...], spark_master: str | None, rejudge: bool,
-             recheck: bool) -> None:
+             recheck: bool, isolated: bool) -> None:
     """Run the defect detection matrix: each catalog defect switched on in its scenario must be caught by
     its expected invariant, and the correct broker must pass the same scenarios.  Writes OUT/selftest.json
     and OUT/selftest.html.  Exit 0: all caught, no false alarm; 1: a defect missed or a correct run
@@ -65,6 +67,10 @@ def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None,
             result = rejudge_stored(out, matrix, recheck=recheck, spark_master=spark_master,
                                     log=lambda text: click.echo(text, err=True))
         else:
+            # like run / explore: the runs' network faults (partitions, redis_outage) need the private namespace;
+            # without it they are refused and every such run is unknown (issue 17: partition-client-broker,
+            # redis-outage are matrix scenarios)
+            click.echo(f"network: {enter_isolation(isolated)}", err=True)
             result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
                                   seeds=seeds, spark_master=spark_master, log=lambda text: click.echo(text, err=True))
     except MatrixError as error:

@@ -9,6 +9,8 @@ Heal brings the node back (start / resume) and checks it is alive and accepting 
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import redis
@@ -135,19 +137,42 @@ class _StopFault(_NodeFault):
         if role == "master":
             view = ClusterView.read(ctx.topology)
             old_id = view.entry_for(node).node_id
+        stage_check = None
         if self.graceful:
             node.stop(timeout=float(self.spec.params.get("timeout_s", 10.0)))
             ctx.note_node_event(node.name, "stop", fault_id=self.spec.id, pid=self.pid_before)
+        elif self.spec.params.get("at_stage", "now") != "now":
+            stage_check = self._kill_at_stage(ctx, node, self.spec.params["at_stage"])
         else:
             node.kill()
             ctx.note_node_event(node.name, "kill", fault_id=self.spec.id, pid=self.pid_before)
-        checks = self._down_checks(ctx)
+        checks = self._down_checks(ctx) + ([stage_check] if stage_check else [])
         if role == "master" and replica_ids and self.spec.params.get("wait_promotion", True):
             checks.append(_promotion_check(ctx, node, old_id, replica_ids))
         return Evidence.of(*checks)
 
     def heal(self, ctx: FaultContext) -> Evidence:
         return self._bring_back(ctx)
+
+    def _kill_at_stage(self, ctx: FaultContext, node: Any, stage: str) -> Check:
+        """A kill timed by the broker's own stage: SIGUSR1 arms the reference broker's crash point (it SIGKILLs
+        itself right after its next persisted-topic commit, reference_broker/server.py crash_point); a node
+        that does not reach it within stage_timeout_s (it holds no persisted partition, say) is SIGKILLed
+        from here.  Evidence: whether the node died at its stage (the kill bit either way)."""
+        if node.role != "broker":
+            raise FaultNotApplicable(f"fault {self.spec.id}: at_stage = {stage!r} needs a reference-broker node, "
+                                     f"not {node.name} ({node.role})")
+        timeout = float(self.spec.params.get("stage_timeout_s", 5.0))
+        os.kill(self.pid_before, signal.SIGUSR1)
+        died, _, waited = wait_until(lambda: (not node.is_alive(), {}), timeout, interval_s=0.01)
+        node.kill()  # reaps a node that died at its stage; kills one that did not get there
+        # reached: the node's own log says so (this start's part of it: the log is appended per start)
+        log_text = node.log_path.read_text(errors="replace") if node.log_path.is_file() else ""
+        reached = died and f"crash point {stage} reached" in log_text.rsplit("=== ordeal: start", 1)[-1]
+        ctx.note_node_event(node.name, "kill", fault_id=self.spec.id, pid=self.pid_before, at_stage=stage,
+                            reached=reached)
+        return Check("killed at its stage", {"node": node.name, "stage": stage, "reached": reached,
+                                             "waited_s": waited, "timeout_s": timeout}, True)
 
 
 class KillFault(_StopFault):
@@ -229,8 +254,13 @@ _WAIT_PROMOTION = Param("wait_promotion", bool, True,
 
 register(KindInfo(
     name="process_kill", category="process", target="node", factory=KillFault,
-    description="SIGKILL the target node; heal starts it again",
-    params=(_WAIT_PROMOTION,),
+    description="SIGKILL the target node (at once, or for a reference-broker node at_stage = "
+                "\"persisted_commit\": right after its next persisted-topic commit); heal starts it again",
+    params=(_WAIT_PROMOTION,
+            Param("at_stage", str, "now", "when the node dies: now, or (reference broker) right after its next "
+                  "persisted-topic commit", choices=("now", "persisted_commit")),
+            Param("stage_timeout_s", float, 5.0, "at_stage: SIGKILL from outside if the stage is not reached "
+                  "within this time", min=0.1, max=60.0)),
 ))
 register(KindInfo(
     name="process_stop", category="process", target="node", factory=StopFault,

@@ -30,7 +30,13 @@ else
   last_id = stored_last
 end
 local previous = last_id
-if top[2] then score = tonumber(top[2]) else score = last_id end
+if top[2] and not defect('score_from_last_packet_id') then
+  score = tonumber(top[2])
+else
+  -- (defect score_from_last_packet_id: every call restarts the score at the last packet id, so after a wrap
+  -- a batch sorts before the messages still queued from before it)
+  score = last_id
+end
 
 local current_gen = nil
 if session then
@@ -45,9 +51,13 @@ for _, msg in ipairs(messages) do
   if session and msg.gen ~= nil and msg.gen ~= cjson.null and msg.gen ~= current_gen then
     ttl = 0  -- the session this message was routed to is gone
   end
-  if ttl > 0 then
+  -- (defect zero_expiry_breaks_save: an expiry of 0 passes the guard and SET ... EX 0 fails the script
+  -- half-way: the messages before it are written under ids the last packet id never records)
+  if ttl > 0 or (defect('zero_expiry_breaks_save') and msg.expiry ~= nil and msg.expiry ~= cjson.null
+                 and tonumber(msg.expiry) == 0) then
     last_id = last_id + 1
-    if last_id > 65535 then
+    -- (defect packet_id_skips_65535: the wrap test is off by one and 65535 is never handed out)
+    if last_id > 65535 or (last_id == 65535 and defect('packet_id_skips_65535')) then
       -- wraparound: packet ids restart at 1 (0 is not a packet id); the score keeps growing
       if defect('packet_id_wraps_to_zero') then last_id = 0 else last_id = 1 end
       if defect('score_reset_at_wrap') then score = last_id - 1 end

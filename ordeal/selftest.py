@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import html
 import json
+import math
+import statistics
 import time
 import tomllib
 from collections.abc import Callable, Mapping
@@ -31,6 +33,7 @@ CAUGHT, MISSED, PASSED, VIOLATION, UNKNOWN, FINDING = "caught", "missed", "pass"
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MATRIX = REPO_ROOT / "selftest" / "matrix.toml"
+NEED_FRACTION = 0.8  # an entry's default: ceil(0.8 x seeds) must catch the defect (4 of 5)
 
 
 class MatrixError(ValueError):
@@ -39,11 +42,19 @@ class MatrixError(ValueError):
 
 @dataclass(frozen=True)
 class MatrixEntry:
+    """One defect in one tier: its scenario, the seeds it is run with, the invariants that must fail and how
+    many of the seeds must catch it (``need``; default 4 of 5, i.e. ceil(0.8 x seeds))."""
+
     defect: str
     scenario: Path
-    seed: int
+    seeds: tuple[int, ...]
     expect: tuple[str, ...]
     tier: str
+    need: int = 1
+
+    @property
+    def seed(self) -> int:
+        return self.seeds[0]
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,8 @@ class Matrix:
     blackbox: BlackboxSpec = BlackboxSpec()
 
     def uncovered(self, catalog: Mapping[str, Any]) -> tuple[str, ...]:
-        covered = {e.defect for e in self.entries}
+        """Catalog defects without a full-tier entry (the detection matrix proper)."""
+        covered = {e.defect for e in self.entries if e.tier == "full"}
         return tuple(name for name in catalog if name not in covered)
 
 
@@ -82,6 +94,7 @@ class Job:
     seed: int
     defect: str | None = None
     expect: tuple[str, ...] = ()
+    need: int = 1                  # a defect job: how many of its entry's seeds must catch it
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,7 @@ class Row:
     witness: str = ""              # the first witness of the deciding invariant, as text
     reason: str = ""               # why unknown / what went wrong
     replay: str = ""
+    need: int = 1                  # a defect row: how many of its entry's seeds must catch it
 
 
 @dataclass
@@ -148,19 +162,31 @@ def parse_matrix(document: Mapping[str, Any], *, source: str, root: Path = REPO_
     if not isinstance(raw_entries, list) or not raw_entries:
         raise MatrixError(f"{source}: needs at least one [[entry]] table (defect, scenario, seed, expect, tier)")
     entries: list[MatrixEntry] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for index, raw in enumerate(raw_entries):
         where = f"{source}: [[entry]] #{index + 1}"
-        _only_keys(raw, {"defect", "scenario", "seed", "expect", "tier"}, where)
+        _only_keys(raw, {"defect", "scenario", "seed", "seeds", "expect", "tier", "need"}, where)
         defect = _required(raw, "defect", str, where)
         where = f"{where} (defect {defect!r})"
         if defect not in catalog:
             raise MatrixError(f"{where}: defect = {defect!r} is not in the catalog; known: {', '.join(catalog)}")
-        if defect in seen:
-            raise MatrixError(f"{where}: defect {defect!r} has a second entry; one entry per defect")
-        seen.add(defect)
-        scenario = _scenario_path(_required(raw, "scenario", str, where), root, where, check_files)
-        seed = _required(raw, "seed", int, where)
+        tier = raw.get("tier", "full")
+        if tier not in TIERS:
+            raise MatrixError(f"{where}: tier = {tier!r}: must be one of {', '.join(TIERS)}")
+        if (defect, tier) in seen:
+            raise MatrixError(f"{where}: defect {defect!r} has a second {tier} entry; one entry per defect and tier")
+        seen.add((defect, tier))
+        text = _required(raw, "scenario", str, where)
+        scenario = _scenario_path(text, root, where, check_files)
+        if tier == "full" and scenario.parent != root / "scenarios":
+            # the question users ask: does a scenario they run catch it, not one written for the defect
+            raise MatrixError(f"{where}: scenario = {text!r}: a full-tier entry must name a shipped scenario "
+                              "(scenarios/*.toml, the nightly set), not a selftest-only one")
+        seeds = _seeds(raw, where)
+        need = raw.get("need", math.ceil(NEED_FRACTION * len(seeds)))
+        if not isinstance(need, int) or isinstance(need, bool) or not 1 <= need <= len(seeds):
+            raise MatrixError(f"{where}: need = {need!r}: must be a whole number from 1 to the number of seeds "
+                              f"({len(seeds)})")
         expect = raw.get("expect")
         if not isinstance(expect, list) or not expect or not all(isinstance(x, str) for x in expect):
             raise MatrixError(f"{where}: expect = {expect!r}: must be a non-empty list of invariant ids")
@@ -168,10 +194,7 @@ def parse_matrix(document: Mapping[str, Any], *, source: str, root: Path = REPO_
         if bad:
             raise MatrixError(f"{where}: expect has unknown invariant id(s) {', '.join(bad)}; known: "
                               f"{', '.join(invariant_ids)}")
-        tier = raw.get("tier", "full")
-        if tier not in TIERS:
-            raise MatrixError(f"{where}: tier = {tier!r}: must be one of {', '.join(TIERS)}")
-        entries.append(MatrixEntry(defect, scenario, seed, tuple(expect), tier))
+        entries.append(MatrixEntry(defect, scenario, seeds, tuple(expect), tier, need))
 
     false_alarm = FalseAlarmSpec()
     if "false_alarm" in document:
@@ -195,6 +218,19 @@ def parse_matrix(document: Mapping[str, Any], *, source: str, root: Path = REPO_
             raise MatrixError(f"{where}: seed = {seed!r}: must be a whole number >= 0")
         blackbox = BlackboxSpec(_scenario_list(raw, where, root, check_files), seed)
     return Matrix(source, tuple(entries), false_alarm, blackbox)
+
+
+def _seeds(raw: Mapping[str, Any], where: str) -> tuple[int, ...]:
+    if ("seed" in raw) == ("seeds" in raw):
+        raise MatrixError(f"{where}: give either seed = N or seeds = [N, ...] (got "
+                          f"{'both' if 'seed' in raw else 'neither'})")
+    if "seed" in raw:
+        return (_required(raw, "seed", int, where),)
+    seeds = raw["seeds"]
+    if not isinstance(seeds, list) or not seeds or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds) or len(set(seeds)) != len(seeds):
+        raise MatrixError(f"{where}: seeds = {seeds!r}: must be a non-empty list of distinct whole numbers >= 0")
+    return tuple(seeds)
 
 
 def _only_keys(raw: Any, allowed: set[str], where: str) -> None:
@@ -234,26 +270,35 @@ def _scenario_list(raw: Mapping[str, Any], where: str, root: Path, check_files: 
 # ----------------------------------------------------------------------------------------------- the jobs
 
 def plan_jobs(matrix: Matrix, tier: str, *, repeat: int | None = None, blackbox: bool | None = None,
-              defects: tuple[str, ...] = ()) -> list[Job]:
-    """The runs of a tier, in the order they are run.  smoke: the smoke entries + their scenarios with the
-    correct broker.  full: every entry + correct runs + the false-alarm repeats + the black-box runs.
-    ``defects``: only these entries, whatever their tier (and their scenarios' correct runs); ``repeat``
-    overrides the matrix's."""
+              defects: tuple[str, ...] = (), seeds: tuple[int, ...] = ()) -> list[Job]:
+    """The runs of a tier, in the order they are run: every seed of every entry of the tier, then each
+    entry scenario + seed once with the correct broker; full adds the false-alarm repeats and the black-box
+    runs.  ``defects``: only these defects' entries of the tier (the other tier's entry when the tier has
+    none: a named defect never silently runs nothing), no repeats; ``seeds`` replaces the entries' seeds;
+    ``repeat`` the matrix's."""
     if tier not in TIERS:
         raise MatrixError(f"tier {tier!r}: must be one of {', '.join(TIERS)}")
     unknown = [d for d in defects if d not in {e.defect for e in matrix.entries}]
     if unknown:
         raise MatrixError(f"{matrix.source}: no entry for defect(s) {', '.join(unknown)}")
-    # A named defect is run whatever its tier: `--defect X` must never silently run nothing.
-    entries = [e for e in matrix.entries if e.defect in defects] if defects else \
-        [e for e in matrix.entries if tier == "full" or e.tier == "smoke"]
-    jobs = [Job("defect", f"defect-{e.defect}", e.scenario, e.seed, e.defect, e.expect) for e in entries]
+    if defects:
+        entries = []
+        for name in defects:
+            own = [e for e in matrix.entries if e.defect == name]
+            entries.append(next((e for e in own if e.tier == tier), own[0]))
+    else:
+        entries = [e for e in matrix.entries if e.tier == tier]
+    if seeds:
+        entries = [replace(e, seeds=tuple(seeds), need=min(e.need, len(seeds))) for e in entries]
+    jobs = [Job("defect", f"defect-{e.defect}-{seed}", e.scenario, seed, e.defect, e.expect, e.need)
+            for e in entries for seed in e.seeds]
     correct_done: set[tuple[Path, int]] = set()
     for entry in entries:
-        key = (entry.scenario, entry.seed)
-        if key not in correct_done:
-            correct_done.add(key)
-            jobs.append(Job("correct", f"correct-{entry.scenario.stem}-{entry.seed}", entry.scenario, entry.seed))
+        for seed in entry.seeds:
+            key = (entry.scenario, seed)
+            if key not in correct_done:
+                correct_done.add(key)
+                jobs.append(Job("correct", f"correct-{entry.scenario.stem}-{seed}", entry.scenario, seed))
     if tier == "full" and not defects:
         times = matrix.false_alarm.repeat if repeat is None else repeat
         for scenario in matrix.false_alarm.scenarios:
@@ -289,7 +334,7 @@ def judge(job: Job, report: Mapping[str, Any] | None, *, run_s: float | None, ru
     was not applicable); unknown otherwise.  correct / false_alarm: pass only when the run passed; any
     failure is a violation.  blackbox: always a finding (what failed is listed)."""
     base = dict(role=job.role, label=job.label, scenario=_relative(job.scenario), seed=job.seed,
-                defect=job.defect, expect=job.expect, run_s=run_s, run_dir=run_dir, replay=replay)
+                defect=job.defect, expect=job.expect, run_s=run_s, run_dir=run_dir, replay=replay, need=job.need)
     if report is None:
         return Row(**base, outcome=UNKNOWN if job.role != "blackbox" else FINDING, verdict="unknown", failed=(),
                    unknown=(), detection_s=None, reason=run_error or "the run was not checked")
@@ -371,15 +416,42 @@ def _first_witness(report: Mapping[str, Any], invariants: list[str]) -> str:
 
 
 def selftest_exit_code(rows: list[Row], uncovered: tuple[str, ...] = (), errors: list[str] | None = None) -> int:
-    """1 if a covered defect was missed or a correct run had a violation; else 2 if anything is unknown
-    (an undecided run, a catalog defect without an entry, an error); else 0.  Black-box findings never
-    decide it."""
-    judged = [r for r in rows if r.role != "blackbox"]
-    if any(r.outcome in (MISSED, VIOLATION) for r in judged):
+    """1 if a defect was caught on fewer seeds than its entry needs (even counting every unknown seed as a
+    catch) or a correct run had a violation; else 2 if anything is unknown (a defect short of its need only
+    through unknown seeds, an undecided correct run, a catalog defect without an entry, an error); else 0.
+    Black-box findings never decide it."""
+    summaries = defect_summaries(rows)
+    correct = [r for r in rows if r.role in ("correct", "false_alarm")]
+    if any(s["outcome"] == MISSED for s in summaries) or any(r.outcome == VIOLATION for r in correct):
         return EXIT_FAIL
-    if uncovered or errors or any(r.outcome == UNKNOWN for r in judged) or not judged:
+    if uncovered or errors or any(s["outcome"] == UNKNOWN for s in summaries) or \
+            any(r.outcome == UNKNOWN for r in correct) or not (summaries or correct):
         return EXIT_UNKNOWN
     return EXIT_OK
+
+
+def defect_summaries(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per defect and scenario (in row order): the seeds run, how many caught / missed / unknown, the need,
+    the outcome (caught: at least ``need`` seeds caught it; missed: not even with every unknown seed;
+    unknown otherwise) and the median time to detection over the catching seeds."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        if row.role == "defect":
+            groups.setdefault((str(row.defect), row.scenario), []).append(row)
+    summaries = []
+    for (defect, scenario), group in groups.items():
+        caught = [r for r in group if r.outcome == CAUGHT]
+        unknown = sum(r.outcome == UNKNOWN for r in group)
+        need = max(r.need for r in group)
+        outcome = CAUGHT if len(caught) >= need else MISSED if len(caught) + unknown < need else UNKNOWN
+        times = [r.detection_s for r in caught if r.detection_s is not None]
+        summaries.append({
+            "defect": defect, "scenario": scenario, "expect": list(group[0].expect),
+            "seeds": [r.seed for r in group], "caught_seeds": [r.seed for r in caught],
+            "caught": len(caught), "missed": sum(r.outcome == MISSED for r in group), "unknown": unknown,
+            "runs": len(group), "need": need, "outcome": outcome,
+            "median_detection_s": round(statistics.median(times), 2) if times else None})
+    return summaries
 
 
 def false_alarm_figures(rows: list[Row]) -> dict[str, dict[str, int]]:
@@ -405,7 +477,7 @@ def _relative(path: Path) -> str:
 # ----------------------------------------------------------------------------------------------- running
 
 def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = None, blackbox: bool | None = None,
-                 defects: tuple[str, ...] = (), spark_master: str | None = None,
+                 defects: tuple[str, ...] = (), seeds: tuple[int, ...] = (), spark_master: str | None = None,
                  log: Callable[[str], None] = print) -> SelftestResult:
     """Run every job of the tier one after the other, then check all runs in one Spark job, judge, write
     selftest.json + selftest.html under ``out``."""
@@ -414,7 +486,7 @@ def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = N
     started = time.monotonic()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = plan_jobs(matrix, tier, repeat=repeat, blackbox=blackbox, defects=defects)
+    jobs = plan_jobs(matrix, tier, repeat=repeat, blackbox=blackbox, defects=defects, seeds=seeds)
     result = SelftestResult(tier=tier, uncovered=matrix.uncovered(_catalog()) if not defects else ())
     played: list[tuple[Job, Path | None, float | None, str, str]] = []  # job, run dir, run_s, replay, error
     for number, job in enumerate(jobs, 1):
@@ -460,17 +532,25 @@ def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = N
     return result
 
 
-def rejudge(out: Path, matrix: Matrix) -> SelftestResult:
+def rejudge(out: Path, matrix: Matrix, *, recheck: bool = False, spark_master: str | None = None,
+            log: Callable[[str], None] = print) -> SelftestResult:
     """Judge a finished self-test again from its stored reports (OUT/selftest.json + each run's report.json),
-    without running or checking anything: for a changed judging rule or a re-rendered table."""
+    without running anything: for a changed judging rule or a re-rendered table.  ``recheck``: check the
+    stored runs again first (one Spark job), for changed checkers (new invariants, fixed rules)."""
     out = Path(out)
     previous = json.loads((out / "selftest.json").read_text())
+    if recheck:
+        run_dirs = [Path(r["run_dir"]) for r in previous["rows"] if r["run_dir"] and Path(r["run_dir"]).is_dir()]
+        log(f"checking {len(run_dirs)} stored run(s) again in one Spark job ...")
+        mark = time.monotonic()
+        _check_all(run_dirs, spark_master)
+        previous["check_s"] = round(time.monotonic() - mark, 2)
     result = SelftestResult(tier=previous["tier"], uncovered=tuple(previous.get("uncovered", ())),
                             check_s=previous.get("check_s"), total_s=previous.get("total_s"),
                             errors=list(previous.get("errors", [])))
     for row in previous["rows"]:
         job = Job(row["role"], row["label"], REPO_ROOT / row["scenario"], row["seed"], row["defect"],
-                  tuple(row["expect"]))
+                  tuple(row["expect"]), row.get("need", 1))
         report = None
         if row["run_dir"] and (Path(row["run_dir"]) / "report.json").is_file():
             report = read_json(Path(row["run_dir"]) / "report.json")
@@ -512,6 +592,8 @@ def result_document(result: SelftestResult, matrix: Matrix) -> dict[str, Any]:
         "total_s": result.total_s,
         "errors": result.errors,
         "false_alarms": false_alarm_figures(result.rows),
+        "defects": [d | {"catalog_invariant": catalog[d["defect"]].invariant if d["defect"] in catalog else None}
+                    for d in defect_summaries(result.rows)],
         "rows": [asdict(r) | {"expect": list(r.expect), "failed": list(r.failed), "unknown": list(r.unknown),
                               "catalog_invariant": catalog[r.defect].invariant if r.defect in catalog else None}
                  for r in result.rows],
@@ -526,9 +608,24 @@ def write_outputs(result: SelftestResult, out: Path, matrix: Matrix) -> None:
     (out / "selftest.md").write_text(markdown(document))
 
 
+_SUMMARY_COLUMNS = ("defect", "scenario", "must fail", "caught / seeds", "need", "outcome", "median detect s")
+
+
+def summary_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """One line per defect and scenario: the detection matrix as the README shows it."""
+    return [(d["defect"], Path(d["scenario"]).stem, ", ".join(d["expect"]), f"{d['caught']}/{d['runs']}",
+             str(d["need"]), d["outcome"], "-" if d["median_detection_s"] is None else f"{d['median_detection_s']:.2f}")
+            for d in document.get("defects", [])]
+
+
 def markdown(document: Mapping[str, Any]) -> str:
-    """The matrix as a Markdown table (docs/selftest.md is generated from it)."""
-    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    """The matrix as Markdown tables: per defect, then per run (docs/selftest.md is generated from it)."""
+    lines = []
+    if document.get("defects"):
+        lines += ["| " + " | ".join(_SUMMARY_COLUMNS) + " |", "|" + "---|" * len(_SUMMARY_COLUMNS)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in summary_rows(document)]
+        lines.append("")
+    lines += ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
     for cells in table_rows(document):
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines.append("")
@@ -583,11 +680,18 @@ def table_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def text_table(document: Mapping[str, Any]) -> str:
-    rows = [_COLUMNS, *table_rows(document)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+def _aligned(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    rows = [header, *rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def text_table(document: Mapping[str, Any]) -> str:
+    lines = _aligned(_COLUMNS, table_rows(document))
+    if document.get("defects"):
+        lines += ["", *_aligned(_SUMMARY_COLUMNS, summary_rows(document))]
     figures = document["false_alarms"]
     runs = sum(f["runs"] for f in figures.values())
     bad = sum(f["violations"] for f in figures.values())
@@ -620,6 +724,11 @@ def render_html(document: Mapping[str, Any]) -> str:
     figures = "".join(f"<tr><td>{esc(s)}</td><td>{f['runs']}</td><td>{f['violations']}</td><td>{f['unknown']}</td></tr>"
                       for s, f in document["false_alarms"].items())
     uncovered = ", ".join(document["uncovered"]) or "none"
+    summary_head = "".join(f"<th>{esc(c)}</th>" for c in _SUMMARY_COLUMNS)
+    summary = "".join(
+        f'<tr class="defect" style="background:{_OUTCOME_COLOURS.get(d["outcome"], "#fff")}">'
+        + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>"
+        for d, cells in zip(document.get("defects", []), summary_rows(document), strict=True))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>ordeal selftest ({esc(document['tier'])})</title>
 <style>body{{font-family:sans-serif;margin:1.5em}}table{{border-collapse:collapse;margin-bottom:1.5em}}
@@ -629,6 +738,9 @@ td,th{{border:1px solid #bbb;padding:3px 6px;font-size:13px;vertical-align:top}}
 <p>Matrix {esc(document['matrix'])}; catalog defects {document['catalog_size']}; without an entry: {esc(uncovered)};
 check {document['check_s']} s; total {document['total_s']} s.
 <i>detect s</i>: run start to the first witness of the expected invariant.</p>
+<h2>Per defect: the seeds that caught it</h2>
+<table><tr>{summary_head}</tr>{summary}</table>
+<h2>Per run</h2>
 <table><tr>{head}</tr>{''.join(body)}</table>
 <h2>Correct-broker runs (false alarms)</h2>
 <table><tr><th>scenario</th><th>runs</th><th>with a violation</th><th>unknown</th></tr>{figures}</table>

@@ -115,6 +115,65 @@ _DEFECTS = (
            shows=(
            "saves failing (or slow) when the node is SIGKILLed: the next node starts after the committed offset "
            "and the batch is gone.")),
+
+    # --- issue 17: the bug classes a broker of this design really had
+    Defect("score_from_last_packet_id",
+           "every save call seeds the ZSET score from {client}_last_packet_id instead of the queue's newest "
+           "score, so after a wrap a batch sorts before the messages still queued from before the wrap",
+           "order.out_of_order", False, "lua/save.lua",
+           shows=(
+           "a backlog that crosses the wrap in more than one save call (p2p-wraparound: sessions preset near "
+           "65535, subscribers offline): the messages saved after the wrap are delivered before the older ones.")),
+    Defect("packet_id_skips_65535",
+           "the save script's wrap test is off by one: packet ids go 65534 -> 1 and 65535 is never handed out",
+           "whitebox.packet_id_sequence", False, "lua/save.lua",
+           shows=(
+           "every delivery is valid and in order, so only the white-box sequence rule sees it: the first "
+           "deliveries of a session go ..., 65533, 65534, 1, 2 (p2p-wraparound).")),
+    Defect("discarded_queue_kept",
+           "a new session (clean start, or the old one expired) replaces the session record but keeps the "
+           "old session's queue, so the discarded backlog reaches the new session before any SUBSCRIBE",
+           "durability.unsubscribed_delivery", False, "reference_broker/server.py",
+           shows=(
+           "persistent -> clean start (or expired) -> persistent for one client id with a backlog left "
+           "behind: the new session gets the old messages right after CONNACK, with no subscription "
+           "[MQTT-3.1.2-4]. The correct broker's own variant of this class (messages of a discarded session "
+           "still in the pipeline saved into the next session's queue) is fixed (docs/reference-broker.md).")),
+    Defect("backlog_sent_twice",
+           "on a resumed session two backlog fetches race (the CONNACK's and the first hint's) and both read "
+           "the same entries before either marks them sent: the backlog goes out twice on one connection",
+           "duplicates.backlog_twice_in_connection", False, "reference_broker/session.py",
+           shows=(
+           "subscribers come back to a backlog (p2p-offline-backlog): each backlog message arrives twice in "
+           "the same connection, both times with DUP = 0 and the same packet id, before any reconnect.")),
+    Defect("resend_within_connection",
+           "a stored message unacknowledged for a second is resent (DUP = 1) on the same connection, an MQTT "
+           "3.1.1 habit MQTT 5 forbids (resends only on a reconnect, [MQTT-4.4.0-1])",
+           "order.resend_within_connection", False, "reference_broker/session.py",
+           shows=(
+           "any PUBACK that takes longer than a second (a slow or partitioned subscriber, withheld acks): the "
+           "MQTT 5 subscriber sees the same packet id again, DUP = 1, without having reconnected.")),
+    Defect("retry_gives_up",
+           "with persisted_failure_strategy = \"retry_forever\" the persisted-topic consumer still gives up after "
+           "persisted_failure_retries attempts and commits what it failed to save (TBMQ's retry-then-commit)",
+           "durability.lost", True, "reference_broker/pipeline.py",
+           shows=(
+           "a Redis outage or write stall longer than retries x backoff (3 x 1 s) while saves are due: the "
+           "broker logs \"giving up ... committing anyway\" and the batch is never delivered; a short fault "
+           "(2-4 s) or one that also fails the lease check before the commit does not reach it. TBMQ's device "
+           "RETRY_ALL strategy (DeviceMsgAcknowledgeStrategyFactory, bca8e9a) does this by design: after `retries` "
+           "(only 0 means forever) it commits, logged at DEBUG.")),
+    Defect("zero_expiry_breaks_save",
+           "a message expiry interval of 0 passes the save script's guard: SET ... EX 0 fails the script "
+           "half-way, the poll is retried and skipped, and the messages saved before it are overwritten",
+           "durability.lost", False, "lua/save.lua",
+           shows=(
+           "MQTT 5 publishers send some messages with expiry 0 (or one that runs out in the pipeline): the "
+           "save fails with \"invalid expire time\", the broker logs the script error and \"committing anyway\", "
+           "and that subscriber's other messages of the batch are lost. TBMQ's save script (DeviceMsgServiceImpl "
+           "ADD_MESSAGES_SCRIPT, thingsboard/tbmq bca8e9a) has the same shape: `SET msgKey msgJson EX "
+           "(msg.msgExpiryInterval or defaultTtl)` with no guard for 0, and the last packet id written only at the "
+           "end.")),
 )
 
 CATALOG: dict[str, Defect] = {d.name: d for d in _DEFECTS}

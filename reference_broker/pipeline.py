@@ -184,11 +184,13 @@ class LeasedConsumer:
                 started = time.monotonic()
                 if self.stage == "persisted" and config.has("commit_before_save"):
                     await self._commit(offsets)  # defect: the batch is lost if the node dies now
+                    self._crash_point()
                     await self._process_with_strategy(records)
                 else:
                     await self._process_with_strategy(records)
                     processed = time.monotonic()
                     await self._commit(offsets)
+                    self._crash_point()
                     self._log_if_slow(records, polled_at, started, processed)
                 if self.after_commit is not None:
                     try:
@@ -199,6 +201,10 @@ class LeasedConsumer:
         finally:
             with contextlib.suppress(Exception):
                 await self.consumer.stop()
+
+    def _crash_point(self) -> None:
+        if self.stage == "persisted":
+            self.broker.crash_point("persisted_commit")  # armed by the nemesis (server.py crash_armed)
 
     def _log_if_slow(self, records: list[Any], polled_at: float, started: float, processed: float) -> None:
         # a stall anywhere in a hop shows up in the run's broker log: a slow step of ours, or records that
@@ -252,7 +258,8 @@ class LeasedConsumer:
                 raise
             except Exception as error:
                 attempt += 1
-                if strategy == "skip" and attempt > retries:
+                if attempt > retries and (strategy == "skip" or self.broker.config.has("retry_gives_up")):
+                    # (defect retry_gives_up: "retry_forever" configured, yet it gives up like "skip")
                     # TBMQ's default: give up and commit anyway -- these records are lost
                     log.error("%s: giving up on %d records after %d attempts (%r); committing anyway",
                               self.topic, len(records), attempt, error)

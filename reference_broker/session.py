@@ -247,6 +247,8 @@ class Connection:
         self.connected.set()
         self.tasks.append(asyncio.create_task(self.acker()))
         self.tasks.append(asyncio.create_task(self.delivery_loop(session_present)))
+        if self.config.has("resend_within_connection"):
+            self.tasks.append(asyncio.create_task(self._resend_unacked()))
 
     def _refuse_connect(self, connect: Connect) -> int | None:
         """The MQTT 5 CONNACK reason code for a CONNECT this broker must refuse, or None."""
@@ -497,6 +499,12 @@ class Connection:
                             if self.inflight.get(entry.packet_id, (None, None))[1] == cursor:
                                 continue  # already in flight on this connection
                             await self._send_stored(entry)
+                        if resumed and entries and self.config.has("backlog_sent_twice"):
+                            # defect: a second backlog fetch (the first hint's) raced the CONNACK's and read
+                            # the same entries before either marked them sent: each goes out twice
+                            resumed = False
+                            for entry in entries:
+                                await self._send_stored(entry)
                         if entries:
                             self.flush()
                             await self.writer.drain()
@@ -513,6 +521,26 @@ class Connection:
                 continue
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.config.delivery_recheck_s)
+
+    async def _resend_unacked(self) -> None:
+        """(defect resend_within_connection) An MQTT 3.1.1 habit: a stored message unacknowledged for a
+        second is resent (DUP = 1) on the same connection -- MQTT 5 allows resends only on a reconnect."""
+        sent: dict[int, tuple[str, float]] = {}  # packet id -> (score, first seen in flight)
+        while not self.closed:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for pid, (kind, score) in list(self.inflight.items()):
+                if kind != "stored":
+                    continue
+                if sent.get(pid, (None, 0.0))[0] != score:
+                    sent[pid] = (score, now)
+                elif now - sent[pid][1] > 1.0:
+                    sent[pid] = (score, now)
+                    for entry in await self.broker.store.read(self.client_id, str(int(score) - 1), 1, mark_sent=False):
+                        if entry.packet_id == pid:
+                            self.send_publish(self._publish(entry.message, entry.message["qos"], pid, True,
+                                                            self._remaining_expiry(entry.message)))
+            self.flush()
 
     async def _send_stored(self, entry) -> None:
         message = entry.message

@@ -1,10 +1,13 @@
-"""Paste the detection matrix of a self-test run into README.md (between the matrix markers).
+"""Paste the detection matrix of one or more self-test runs into README.md (between the matrix markers).
 
-    .venv/bin/python scripts/readme_matrix.py runs/selftest-full/selftest.json
+    .venv/bin/python scripts/readme_matrix.py runs/selftest-full/selftest.json [more selftest.json ...]
 
-Takes the defect rows (one per catalog defect: expected invariant, outcome, time to detection) and the
-false-alarm figures from ``selftest.json`` as ``ordeal selftest`` wrote it, so the README's table is
-generated, never typed.  Exits 1 with the reason when the file or the README markers are missing."""
+Takes the per-defect summaries (the shipped scenario, the invariants that must fail, the seeds that caught
+it out of those run, the outcome against the entry's need, the median time to detection) and the
+false-alarm figures from each ``selftest.json`` as ``ordeal selftest`` wrote it, so the README's table is
+generated, never typed.  Several files (e.g. ``ordeal selftest --tier full --defect X`` run per defect
+group) are merged: a later file's line for the same defect and scenario replaces an earlier one, and the
+correct-broker figures add up.  Exits 1 with the reason when a file or the README markers are missing."""
 
 from __future__ import annotations
 
@@ -17,41 +20,82 @@ START = "<!-- detection-matrix:start (scripts/readme_matrix.py) -->"
 END = "<!-- detection-matrix:end -->"
 
 
+def full_entries() -> list[dict]:
+    """The full-tier entries of selftest/matrix.toml (defect, scenario, expect)."""
+    import tomllib
+
+    matrix = tomllib.loads((README.parent / "selftest" / "matrix.toml").read_text())
+    return [e for e in matrix.get("entry", []) if e.get("tier", "full") == "full"]
+
+
+def merge(documents: list[dict]) -> dict:
+    """One document from several: defect lines by (defect, scenario), false-alarm figures summed per
+    scenario, the worst exit code."""
+    defects: dict[tuple[str, str], dict] = {}
+    figures: dict[str, dict[str, int]] = {}
+    for document in documents:
+        for line in document.get("defects", []):
+            defects[(line["defect"], line["scenario"])] = line
+        for scenario, f in document["false_alarms"].items():
+            total = figures.setdefault(scenario, {"runs": 0, "violations": 0, "unknown": 0})
+            for key in total:
+                total[key] += f[key]
+    exit_code = 1 if any(d["exit_code"] == 1 for d in documents) else max(d["exit_code"] for d in documents)
+    return {"tier": "/".join(sorted({d["tier"] for d in documents})), "exit_code": exit_code,
+            "verdict": {0: "pass", 1: "fail"}.get(exit_code, "unknown"), "defects": list(defects.values()),
+            "false_alarms": figures}
+
+
 def matrix_markdown(document: dict, source: str) -> str:
-    lines = [f"Generated from `{source}` (tier {document['tier']}, verdict **{document['verdict']}**, "
+    lines = [f"Generated from {source} (tier {document['tier']}, verdict **{document['verdict']}**, "
              f"exit {document['exit_code']}).", "",
-             "| defect | must fail | outcome | detected after (s) |", "|---|---|---|---|"]
-    for row in document["rows"]:
-        if row["role"] != "defect":
-            continue
-        detected = "-" if row.get("detection_s") is None else f"{row['detection_s']:.1f}"
-        lines.append(f"| `{row['defect']}` | {', '.join(row['expect'])} | {row['outcome']} | {detected} |")
+             "| defect | shipped scenario | must fail | caught (seeds) | outcome | detected after (s, median) |",
+             "|---|---|---|---|---|---|"]
+    for line in document["defects"]:
+        detected = "-" if line.get("median_detection_s") is None else f"{line['median_detection_s']:.1f}"
+        need = f", needs {line['need']}" if line["outcome"] != "caught" else ""
+        lines.append(f"| `{line['defect']}` | {Path(line['scenario']).stem} | {', '.join(line['expect'])} | "
+                     f"{line['caught']}/{line['runs']}{need} | {line['outcome']} | {detected} |")
+    measured = {line["defect"] for line in document["defects"]}
+    for entry in document.get("not_run", []):
+        if entry["defect"] not in measured:
+            lines.append(f"| `{entry['defect']}` | {Path(entry['scenario']).stem} | {', '.join(entry['expect'])} | "
+                         f"- | not run | - |")
     runs = sum(f["runs"] for f in document["false_alarms"].values())
     violations = sum(f["violations"] for f in document["false_alarms"].values())
     unknown = sum(f["unknown"] for f in document["false_alarms"].values())
-    lines += ["", f"Correct broker: **{violations} false alarms in {runs} runs** "
+    lines += ["", f"Correct broker over the same scenarios and seeds: **{violations} false alarms in {runs} runs** "
               f"({unknown} unknown) over {len(document['false_alarms'])} scenarios."]
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: readme_matrix.py SELFTEST_JSON", file=sys.stderr)
+    if not argv:
+        print("usage: readme_matrix.py SELFTEST_JSON [SELFTEST_JSON ...]", file=sys.stderr)
         return 1
-    source = Path(argv[0])
-    try:
-        document = json.loads(source.read_text())
-    except (OSError, ValueError) as error:
-        print(f"{source}: cannot read a selftest.json ({error})", file=sys.stderr)
-        return 1
+    documents = []
+    for name in argv:
+        source = Path(name)
+        try:
+            documents.append(json.loads(source.read_text()))
+        except (OSError, ValueError) as error:
+            print(f"{source}: cannot read a selftest.json ({error})", file=sys.stderr)
+            return 1
+        if "defects" not in documents[-1]:
+            print(f"{source}: no per-defect summaries ('defects'): written by an older ordeal selftest; "
+                  "run `ordeal selftest --rejudge --out DIR` on it first", file=sys.stderr)
+            return 1
     text = README.read_text()
     if START not in text or END not in text:
         print(f"{README}: the markers {START!r} and {END!r} are missing", file=sys.stderr)
         return 1
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{START}\n{matrix_markdown(document, source.as_posix())}\n{END}{tail}")
-    print(f"{README}: detection matrix updated from {source}")
+    sources = ", ".join(f"`{Path(a).as_posix()}`" for a in argv)
+    merged = merge(documents)
+    merged["not_run"] = full_entries()  # the matrix's full entries none of the files ran: listed, never hidden
+    README.write_text(f"{head}{START}\n{matrix_markdown(merged, sources)}\n{END}{tail}")
+    print(f"{README}: detection matrix updated from {sources}")
     return 0
 
 

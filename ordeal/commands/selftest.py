@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ordeal.commands.run import enter_isolation, isolation_option
 from ordeal.commands.spark import spark_options
 
 
@@ -18,8 +19,8 @@ class InputError(click.ClickException):
 
 @click.command(name="selftest")
 @click.option("--tier", type=click.Choice(["smoke", "full"]), default="smoke", show_default=True,
-              help="smoke: the matrix's smoke entries (CI); full: every catalog defect, the false-alarm "
-                   "repeats and the black-box runs.")
+              help="smoke: the matrix's smoke entries (CI, one seed each); full: every catalog defect in a "
+                   "shipped scenario over its seeds, the false-alarm repeats and the black-box runs.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs/selftest"),
               show_default=True, help="Directory for selftest.json, selftest.html and the run directories.")
 @click.option("--matrix", "matrix_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -29,12 +30,19 @@ class InputError(click.ClickException):
 @click.option("--blackbox/--no-blackbox", default=None,
               help="Run the black-box scenarios (default: only in the full tier).")
 @click.option("--defect", "defects", multiple=True,
-              help="Only this defect's entry (repeatable); skips the false-alarm repeats.")
+              help="Only this defect's entry of the tier (its other entry if the tier has none; repeatable); "
+                   "skips the false-alarm repeats.")
+@click.option("--seed", "seeds", type=click.IntRange(min=0), multiple=True,
+              help="Run the selected entries with these seeds instead of the matrix's (repeatable).")
 @spark_options
 @click.option("--rejudge", is_flag=True,
               help="Run nothing: judge OUT's stored runs again (their report.json) and rewrite its outputs.")
+@click.option("--recheck", is_flag=True,
+              help="With --rejudge: check OUT's stored runs again first (changed checkers), then judge.")
+@isolation_option
 def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None, blackbox: bool | None,
-             defects: tuple[str, ...], spark_master: str | None, rejudge: bool) -> None:
+             defects: tuple[str, ...], seeds: tuple[int, ...], spark_master: str | None, rejudge: bool,
+             recheck: bool, isolated: bool) -> None:
     """Run the defect detection matrix: each catalog defect switched on in its scenario must be caught by
     its expected invariant, and the correct broker must pass the same scenarios.  Writes OUT/selftest.json
     and OUT/selftest.html.  Exit 0: all caught, no false alarm; 1: a defect missed or a correct run
@@ -51,13 +59,20 @@ def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None,
 
     try:
         matrix = load_matrix(matrix_path or DEFAULT_MATRIX)
+        if recheck and not rejudge:
+            raise InputError("--recheck goes with --rejudge (it checks OUT's stored runs again, then judges them)")
         if rejudge:
             if not (out / "selftest.json").is_file():
                 raise InputError(f"--rejudge: {out / 'selftest.json'} does not exist; run the self-test first")
-            result = rejudge_stored(out, matrix)
+            result = rejudge_stored(out, matrix, recheck=recheck, spark_master=spark_master,
+                                    log=lambda text: click.echo(text, err=True))
         else:
+            # like run / explore: the runs' network faults (partitions, redis_outage) need the private namespace;
+            # without it they are refused and every such run is unknown (issue 17: partition-client-broker,
+            # redis-outage are matrix scenarios)
+            click.echo(f"network: {enter_isolation(isolated)}", err=True)
             result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
-                                  spark_master=spark_master, log=lambda text: click.echo(text, err=True))
+                                  seeds=seeds, spark_master=spark_master, log=lambda text: click.echo(text, err=True))
     except MatrixError as error:
         raise InputError(str(error)) from error
     click.echo(text_table(result_document(result, matrix)))

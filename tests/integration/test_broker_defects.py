@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 brokers = test_broker_flow.brokers  # the fixture, shared with the flow tests
 
 LUA_LEVEL = {"score_reset_at_wrap", "packet_id_wraps_to_zero", "last_packet_id_from_zset", "trim_newest",
-             "trim_off_by_one", "expiry_as_milliseconds"}
+             "trim_off_by_one", "expiry_as_milliseconds", "score_from_last_packet_id", "packet_id_skips_65535",
+             "zero_expiry_breaks_save"}
 
 
 def test_every_defect_has_a_focused_test():
@@ -152,3 +153,101 @@ def test_defect_commit_before_save(brokers, defect):
         assert got == []
     else:
         assert got == [b"k0", b"k1", b"k2"]
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["correct", "discarded_queue_kept"])
+def test_defect_discarded_queue_kept(brokers, defect):
+    """A persistent session leaves a backlog; the client comes back with a clean start (MQTT 5, expiry > 0:
+    the new session is persistent too).  The old queue must die with the old session; with the defect it is
+    delivered to the new one right after CONNACK, before any SUBSCRIBE."""
+    cluster = brokers(defects=["discarded_queue_kept"] if defect else [])
+    sub, _ = offline_backlog(cluster, 5, 3)
+    cluster.wait_stored(sub.client_id, 3)
+    assert sub.connect(clean=True, session_expiry=3600) is False   # a new session, no subscription
+    got = sub.settle(1.0)
+    assert payloads(got) == ([b"m000", b"m001", b"m002"] if defect else [])
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["correct", "backlog_sent_twice"])
+def test_defect_backlog_sent_twice(brokers, defect):
+    cluster = brokers(defects=["backlog_sent_twice"] if defect else [])
+    sub, _ = offline_backlog(cluster, 5, 3)
+    cluster.wait_stored(sub.client_id, 3)
+    assert reconnect(sub) is True
+    got = sub.settle(1.0)
+    expected = [b"m000", b"m001", b"m002"]
+    # one connection: with the defect each backlog message arrives twice, both as a first delivery (DUP 0)
+    assert payloads(got) == (expected * 2 if defect else expected)
+    assert [d.dup for d in got] == [False] * len(got)
+    assert len({d.packet_id for d in got}) == 3
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["correct", "resend_within_connection"])
+def test_defect_resend_within_connection(brokers, defect):
+    cluster = brokers(defects=["resend_within_connection"] if defect else [])
+    sub, _ = offline_backlog(cluster, 5, 2)
+    cluster.wait_stored(sub.client_id, 2)
+    sub.auto_ack = False                       # a slow subscriber: no PUBACK for a while
+    assert reconnect(sub) is True
+    got = sub.settle(2.5, timeout=10)
+    first = got[:2]
+    assert payloads(first) == [b"m000", b"m001"] and [d.dup for d in first] == [False, False]
+    if defect:   # resent on the same connection (no reconnect in between), DUP = 1, same packet ids
+        again = got[2:]
+        assert {d.payload for d in again} == {b"m000", b"m001"} and all(d.dup for d in again)
+        assert {d.packet_id for d in again} == {d.packet_id for d in first}
+    else:
+        assert len(got) == 2                   # MQTT 5: resends only on a reconnect
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["correct", "retry_gives_up"])
+def test_defect_retry_gives_up(brokers, defect):
+    """Every save of one client fails for longer than retries x backoff.  With "retry_forever" the correct
+    broker keeps retrying and saves the batch once the fault is gone; with the defect it gives up, logs
+    "committing anyway" and the batch is lost."""
+    cluster = brokers(defects=["retry_gives_up"] if defect else [], persisted_failure_strategy="retry_forever",
+                      persisted_failure_retries=2, persisted_failure_backoff_s=0.2)
+    sub, pub = offline_backlog(cluster, 5, 0)
+    blocker = cluster.key(sub.client_id, "messages")
+    cluster.redis.set(blocker, "not-a-zset")   # every save of this client fails with WRONGTYPE
+    for i in range(3):
+        pub.publish(TOPIC, b"r%d" % i, 1)
+    deadline = time.monotonic() + 15
+    # past the retry budget: the defect has given up, the correct broker is still retrying
+    while time.monotonic() < deadline and not any(text in cluster.log() for text in (
+            "committing anyway", "processing failed (attempt 4)")):
+        time.sleep(0.2)
+    cluster.redis.delete(blocker)
+    assert reconnect(sub) is True
+    got = payloads(sub.settle(1.0, timeout=15) if defect else sub.wait_for(3, timeout=15))
+    if defect:
+        assert got == [] and "committing anyway" in cluster.log()
+    else:
+        assert got == [b"r0", b"r1", b"r2"] and "committing anyway" not in cluster.log()
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["correct", "commit_before_save"])
+def test_crash_point_right_after_a_persisted_commit(brokers, defect):
+    """SIGUSR1 arms the node's crash point (the nemesis' process_kill at_stage = "persisted_commit"): it dies
+    right after its next persisted-topic commit.  The correct broker saved the batch before that commit; with
+    commit_before_save the batch was committed and never saved -- lost on every such kill, not on a few
+    percent of random ones (broker-kill-at-commit.toml, the detection matrix's scenario)."""
+    import os
+    import signal
+
+    cluster = brokers(defects=["commit_before_save"] if defect else [], persisted_failure_strategy="retry_forever")
+    sub, pub = offline_backlog(cluster, 5, 0)
+    node = cluster.nodes[0]
+    os.kill(node.pid, signal.SIGUSR1)
+    pub.publish(TOPIC, b"c0", 1)                # acknowledged: Kafka has it
+    deadline = time.monotonic() + 15
+    while node.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not node.is_alive() and "crash point persisted_commit reached" in cluster.log()
+    pub.drop()
+    node.kill()                                 # reap it
+    cluster.start(1)                            # a fresh node takes the partitions once the lease ran out
+    moved = cluster.probe(sub.client_id, node=1, version=5)
+    assert moved.connect(clean=False, session_expiry=3600) is True
+    got = payloads(moved.settle(1.5, timeout=15) if defect else moved.wait_for(1, timeout=15))
+    assert got == ([] if defect else [b"c0"])

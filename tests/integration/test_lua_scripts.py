@@ -160,6 +160,45 @@ def test_defect_trim_off_by_one(queue):
     assert len(queue.read()) == 5
 
 
+def test_defect_score_from_last_packet_id(queue):
+    queue.redis.set(queue.last, 65533)
+    queue.save(4)                                   # 65534, 65535, 1, 2: one call, scores keep growing
+    queue.save(2, defects="score_from_last_packet_id", start=4)
+    # the second call restarted the score at the last packet id (2): its messages sort before the wrap
+    assert [m["payload"] for _, m, _ in queue.read()] == ["m4", "m5", "m0", "m1", "m2", "m3"]
+    correct = Queue(queue.redis, queue.scripts)
+    correct.redis.set(correct.last, 65533)
+    correct.save(4)
+    correct.save(2, start=4)
+    assert [m["payload"] for _, m, _ in correct.read()] == ["m0", "m1", "m2", "m3", "m4", "m5"]
+
+
+def test_defect_packet_id_skips_65535(queue):
+    queue.redis.set(queue.last, 65533)
+    queue.save(3, defects="packet_id_skips_65535")
+    assert queue.ids() == [65534, 1, 2]             # 65535 never handed out (the correct order: 65534, 65535, 1)
+
+
+def test_defect_zero_expiry_breaks_save(queue):
+    from redis.exceptions import ResponseError
+
+    queue.save(1)                                   # id 1
+    messages = [{"topic": "t", "qos": 1, "payload": "before", "expiry": None},
+                {"topic": "t", "qos": 1, "payload": "zero", "expiry": 0},
+                {"topic": "t", "qos": 1, "payload": "after", "expiry": None}]
+    with pytest.raises(ResponseError, match="invalid expire time"):
+        queue.scripts["save"](keys=[queue.zset, queue.last],
+                              args=[100, json.dumps(messages), 600, "zero_expiry_breaks_save"])
+    # the script stopped half-way: "before" is stored as id 2, but the last packet id still says 1 ...
+    assert int(queue.redis.get(queue.last)) == 1 and queue.ids() == [1, 2]
+    queue.save(1, start=7)
+    # ... so the next save hands out 2 again and overwrites it: "before" is gone
+    assert [m["payload"] for _, m, _ in queue.read()] == ["m0", "m7"]
+    correct = Queue(queue.redis, queue.scripts)
+    assert correct.scripts["save"](keys=[correct.zset, correct.last], args=[100, json.dumps(messages), 600, ""]) \
+        == [0, 2, 2, 0]                             # the correct script skips the expired one
+
+
 def test_expiry_replaces_default_ttl_and_zero_is_not_stored(queue):
     queue.save(1, ttl=600, expiry=30)
     assert 25 < queue.redis.ttl(f"{queue.zset}_1") <= 30

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from ordeal.selftest import (
     VIOLATION,
     Job,
     MatrixError,
+    defect_summaries,
     detection_time_s,
     false_alarm_figures,
     judge,
@@ -54,12 +56,19 @@ def _parse(document):
 def test_shipped_matrix_covers_the_whole_catalog_with_known_invariants():
     matrix = load_matrix()
     assert matrix.uncovered(CATALOG) == ()
-    assert {e.defect for e in matrix.entries} == set(CATALOG)
+    full = [e for e in matrix.entries if e.tier == "full"]
+    assert sorted(e.defect for e in full) == sorted(CATALOG)
     smoke = [e for e in matrix.entries if e.tier == "smoke"]
-    assert 1 <= len(smoke) < len(matrix.entries)
+    assert 1 <= len(smoke) <= 6  # CI runs them on every change: small
+    for entry in smoke:
+        assert len(entry.seeds) == 1 and entry.scenario.parent.name == "selftest"
     for entry in matrix.entries:
         # the matrix names the catalog's own invariant (it may add more, never replace it)
         assert CATALOG[entry.defect].invariant in entry.expect, entry.defect
+    for entry in full:
+        # issue 17: a shipped scenario, at least 5 seeds, at least 4 of 5 must catch it
+        assert entry.scenario.parent == ROOT / "scenarios", entry.defect
+        assert len(entry.seeds) >= 5 and entry.need >= 0.8 * len(entry.seeds), entry.defect
 
 
 def test_shipped_selftest_scenarios_load_and_take_a_defect():
@@ -79,6 +88,16 @@ def test_shipped_selftest_scenarios_load_and_take_a_defect():
     (_doc(expect=[]), "expect = []: must be a non-empty list"),
     (_doc(expect=["order.dup"]), "unknown invariant id(s) order.dup"),
     (_doc(tier="nightly"), "tier = 'nightly': must be one of smoke, full"),
+    (_doc(seeds=[1, 2]), "give either seed = N or seeds = [N, ...] (got both)"),
+    ({"entry": [{"defect": "d1", "scenario": "a.toml", "expect": ["order.dup_flag"], "tier": "smoke"}]},
+     "give either seed = N or seeds = [N, ...] (got neither)"),
+    ({"entry": [{"defect": "d1", "scenario": "a.toml", "seeds": [1, 1], "expect": ["order.dup_flag"],
+                 "tier": "smoke"}]},
+     "seeds = [1, 1]: must be a non-empty list of distinct whole numbers >= 0"),
+    ({"entry": [{"defect": "d1", "scenario": "scenarios/a.toml", "seeds": [1, 2], "need": 3,
+                 "expect": ["order.dup_flag"]}]}, "need = 3: must be a whole number from 1 to the number of seeds (2)"),
+    (_doc(tier="full"), "scenario = 'a.toml': a full-tier entry must name a shipped scenario (scenarios/*.toml"),
+    (_doc(tier="full", scenario="scenarios/selftest/x.toml"), "not a selftest-only one"),
     (_doc(colour="red"), "unknown key(s) colour"),
     ({"entry": [{"scenario": "a.toml", "seed": 1, "expect": ["order.dup_flag"]}]}, "missing key 'defect'"),
     ({**_doc(), "false_alarm": {"repeat": 0}}, "[false_alarm]: repeat = 0"),
@@ -91,10 +110,19 @@ def test_bad_matrix_is_rejected_naming_the_key(document, message):
     assert "m.toml" in str(error.value)
 
 
-def test_second_entry_for_a_defect_is_rejected():
+def test_second_entry_for_a_defect_and_tier_is_rejected():
     document = {"entry": _doc()["entry"] * 2}
-    with pytest.raises(MatrixError, match="second entry"):
+    with pytest.raises(MatrixError, match="second smoke entry"):
         _parse(document)
+    # one smoke and one full entry for the same defect are fine
+    assert len(_parse({"entry": _doc()["entry"] + _doc(tier="full", scenario="scenarios/a.toml")["entry"]})
+               .entries) == 2
+
+
+def test_default_need_is_four_of_five():
+    entry = _parse({"entry": [{"defect": "d1", "scenario": "scenarios/a.toml", "seeds": [1, 2, 3, 4, 5],
+                               "expect": ["order.dup_flag"]}]}).entries[0]
+    assert (entry.seeds, entry.need, entry.tier) == ((1, 2, 3, 4, 5), 4, "full")
 
 
 def test_missing_scenario_file_is_named(tmp_path):
@@ -104,23 +132,31 @@ def test_missing_scenario_file_is_named(tmp_path):
 
 def test_jobs_per_tier():
     document = {"entry": [_doc()["entry"][0],
-                          {"defect": "d2", "scenario": "a.toml", "seed": 1, "expect": ["durability.lost"],
+                          {"defect": "d2", "scenario": "scenarios/a.toml", "seeds": [1, 2], "expect": ["durability.lost"],
                            "tier": "full"}],
                 "false_alarm": {"scenarios": ["a.toml", "b.toml"], "repeat": 2, "seed_start": 7},
                 "blackbox": {"scenarios": ["m.toml"]}}
     matrix = _parse(document)
-    assert matrix.uncovered({"d1": 1, "d2": 2, "d3": 3}) == ("d3",)
+    # uncovered: without a full-tier entry (d1 has only a smoke one)
+    assert matrix.uncovered({"d1": 1, "d2": 2, "d3": 3}) == ("d1", "d3")
     smoke = plan_jobs(matrix, "smoke")
     assert [(j.role, j.defect, j.seed) for j in smoke] == [("defect", "d1", 1), ("correct", None, 1)]
     full = plan_jobs(matrix, "full")
-    assert [j.role for j in full] == ["defect", "defect", "correct"] + ["false_alarm"] * 4 + ["blackbox"]
+    # the full tier: the full entries only, every seed, each scenario + seed once with the correct broker
+    assert [(j.role, j.defect, j.seed) for j in full][:4] == [
+        ("defect", "d2", 1), ("defect", "d2", 2), ("correct", None, 1), ("correct", None, 2)]
+    assert [j.role for j in full][4:] == ["false_alarm"] * 4 + ["blackbox"]
+    assert full[0].need == 2 and full[0].label == "defect-d2-1"
     assert [j.seed for j in full if j.role == "false_alarm"] == [7, 8, 7, 8]
     assert len({j.label for j in full}) == len(full)  # labels name run directories: unique
     assert [j.role for j in plan_jobs(matrix, "full", repeat=1, blackbox=False)].count("false_alarm") == 2
-    assert [j.defect for j in plan_jobs(matrix, "full", defects=("d2",)) if j.role == "defect"] == ["d2"]
-    # a named full-tier defect runs under the default (smoke) tier too, with its correct run
+    assert [j.defect for j in plan_jobs(matrix, "full", defects=("d2",)) if j.role == "defect"] == ["d2", "d2"]
+    # a named full-tier defect runs under the default (smoke) tier too, with its correct runs
     assert [(j.role, j.defect) for j in plan_jobs(matrix, "smoke", defects=("d2",))] == [
-        ("defect", "d2"), ("correct", None)]
+        ("defect", "d2"), ("defect", "d2"), ("correct", None), ("correct", None)]
+    # --seed replaces the seeds (and caps the need)
+    only = plan_jobs(matrix, "full", defects=("d2",), seeds=(7,))
+    assert [(j.role, j.seed, j.need) for j in only] == [("defect", 7, 1), ("correct", 7, 1)]
     with pytest.raises(MatrixError, match="no entry for defect"):
         plan_jobs(matrix, "full", defects=("d9",))
     with pytest.raises(MatrixError, match="tier 'soak'"):
@@ -267,3 +303,63 @@ def test_a_catch_the_correct_broker_shares_is_not_a_catch():
     other_seed = judge(Job("correct", "c", Path("/x/a.toml"), 2), _report({"order.dup_flag": "fail"}), run_s=1,
                        run_dir="/r")
     assert discount_shared_failures([caught, other_seed])[0].outcome == CAUGHT
+
+
+def _seed_row(seed, outcome, need=4, detection=None):
+    row = _row("defect", {"caught": "defect", "missed": "miss", "unknown": "unk"}[outcome])
+    return replace(row, seed=seed, need=need, detection_s=detection)
+
+
+def test_a_defect_needs_its_share_of_seeds():
+    correct = _row("correct", "pass")
+    four = [_seed_row(1, "caught", detection=2.0), _seed_row(2, "caught", detection=4.0), _seed_row(3, "missed"),
+            _seed_row(4, "caught", detection=3.0), _seed_row(5, "caught", detection=9.0)]
+    [summary] = defect_summaries(four)
+    assert (summary["caught"], summary["missed"], summary["runs"], summary["need"], summary["outcome"]) == \
+        (4, 1, 5, 4, CAUGHT)
+    assert summary["caught_seeds"] == [1, 2, 4, 5] and summary["median_detection_s"] == 3.5
+    assert selftest_exit_code([*four, correct]) == EXIT_OK  # 4 of 5 is enough: one miss is no failure
+    three = [*four[:4], _seed_row(5, "missed")]
+    assert defect_summaries(three)[0]["outcome"] == MISSED
+    assert selftest_exit_code([*three, correct]) == EXIT_FAIL
+    # 3 caught + 1 unknown could still reach 4: unknown, not missed
+    undecided = [*four[:4], _seed_row(5, "unknown")][:3] + [_seed_row(4, "unknown"), _seed_row(5, "caught")]
+    assert defect_summaries(undecided)[0]["outcome"] == UNKNOWN
+    assert selftest_exit_code([*undecided, correct]) == EXIT_UNKNOWN
+
+
+def test_rendering_shows_the_per_defect_fraction():
+    rows = [_seed_row(1, "caught", detection=2.0), _seed_row(2, "missed"), _row("correct", "pass")]
+    document = {"tier": "full", "matrix": "m.toml", "exit_code": 1, "verdict": "fail", "catalog_size": 1,
+                "uncovered": [], "check_s": 1.0, "total_s": 2.0, "errors": [],
+                "false_alarms": false_alarm_figures(rows), "defects": defect_summaries(rows),
+                "rows": [r.__dict__ for r in rows]}
+    assert "| d1 | a | order.dup_flag | 1/2 | 4 | missed | 2.00 |" in markdown(document)
+    assert "1/2" in text_table(document)
+    page = render_html(document)
+    assert page.count('<tr class="defect"') == 1 and page.count("<tr style=") == 3
+
+
+def test_rejudge_from_stored_reports_and_recheck_first(tmp_path, monkeypatch):
+    import json
+
+    from ordeal import selftest
+
+    rows = []
+    for seed, verdict in ((1, "fail"), (2, "pass")):
+        run_dir = tmp_path / f"run-{seed}"
+        run_dir.mkdir()
+        (run_dir / "report.json").write_text(json.dumps(_report({"order.dup_flag": verdict}, verdict=verdict)))
+        row = replace(judge(DEFECT_JOB, None, run_s=1.0, run_dir=str(run_dir)), seed=seed, need=2)
+        rows.append(row.__dict__ | {"scenario": "scenarios/a.toml"})
+    (tmp_path / "selftest.json").write_text(json.dumps({"tier": "full", "rows": rows, "uncovered": [],
+                                                        "check_s": 1.0, "total_s": 2.0, "errors": []}))
+    matrix = _parse(_doc())
+    result = selftest.rejudge(tmp_path, matrix)
+    assert [r.outcome for r in result.rows] == [CAUGHT, MISSED]
+    assert defect_summaries(result.rows)[0]["outcome"] == MISSED  # 1 of 2 caught, 2 needed
+    assert json.loads((tmp_path / "selftest.json").read_text())["defects"][0]["caught"] == 1
+    checked = []
+    monkeypatch.setattr(selftest, "_check_all", lambda run_dirs, spark_master: checked.extend(run_dirs))
+    selftest.rejudge(tmp_path, matrix, recheck=True, log=lambda text: None)
+    assert checked == [tmp_path / "run-1", tmp_path / "run-2"]

@@ -55,6 +55,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("order.packet_id_invalid", "Packet id 0, missing or above 65535 on a QoS > 0 delivery"),
     Invariant("order.packet_id_reused", "Packet id reused for another message while still unacknowledged"),
     Invariant("order.dup_flag", "DUP set on a first delivery, or missing on a resend"),
+    Invariant("order.resend_within_connection", "MQTT 5 PUBLISH resent within the connection it was sent on "
+              "(resends only on a reconnect, [MQTT-4.4.0-1])"),
     Invariant("expiry.delivered_expired", "Delivered after its expiry (beyond the clock tolerance)"),
     Invariant("expiry.remaining_not_reduced", "MQTT 5 remaining expiry not reduced by the time it waited"),
     Invariant("expiry.dropped_early", "Message with an expiry interval dropped before it expired",
@@ -69,10 +71,14 @@ INVARIANTS: tuple[Invariant, ...] = (
               needs_complete_history=True, queue_policies=("drop_newest",)),
     Invariant("duplicates.redelivered_after_ack", "Redelivered after the subscriber acknowledged it"),
     Invariant("duplicates.qos2", "QoS 2 message delivered more than once"),
+    Invariant("duplicates.backlog_twice_in_connection", "Message delivered twice within one connection, as two "
+              "distinct deliveries (not a DUP resend)"),
     Invariant("whitebox.orphan_payloads", "Payload keys with no reference in the session ZSET", white_box=True),
     Invariant("whitebox.dangling_refs", "ZSET references whose payload key is gone", white_box=True),
-    Invariant("whitebox.last_packet_id_behind", "Stored last packet id behind the highest id delivered",
+    Invariant("whitebox.last_packet_id_behind", "Stored last packet id behind the highest stored id delivered",
               white_box=True),
+    Invariant("whitebox.packet_id_sequence", "First-delivery packet ids of a persistent session skip a value "
+              "(the reference broker allocates 1..65535 in order, then 1)", white_box=True),
     Invariant("liveness.unseen_over_time", "Owed-but-unseen messages over time", reported_only=True),
     Invariant("liveness.stuck_inflight", "Delivered QoS > 0 messages never acknowledged by the subscriber",
               reported_only=True),

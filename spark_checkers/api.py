@@ -31,6 +31,9 @@ class RunOutcome:
     timeline: Timeline | None = None
     errors: dict[str, str] = field(default_factory=dict)  # invariant -> checker error
     fatal: list[str] = field(default_factory=list)
+    # invariant -> the context rows of each shown witness, in the order they are shown (spark_checkers/context.py)
+    contexts: dict[str, list[list[dict]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=None, quiet: bool = False,
@@ -173,25 +176,68 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
                 outcome.witnesses[invariant] = [json.loads(w) for w in witnesses[(run_id, invariant)]]
     for row in metric_rows:
         outcomes[row["run_id"]].metrics.append((row["metric"], row["key"], row["value"]))
+    try:
+        with jobs.timed("witness context"):
+            _contexts(spark, events, inputs, outcomes)
+    except Exception as error:  # noqa: BLE001 - the context only illustrates the witnesses; verdicts stand
+        for run in inputs:
+            outcomes[run.run_id].notes.append(f"the witnesses' history context could not be read: {_short(error)}")
+
+
+def _merged(outcome: RunOutcome) -> tuple[dict[str, int], dict[str, list[dict]], dict[str, dict[str, float]]]:
+    """(counts, witnesses, metrics) of one run: the Spark side's, the timeline's and the stored-id check's."""
+    counts = dict(outcome.counts)
+    witnesses = {k: list(v) for k, v in outcome.witnesses.items()}
+    metrics: dict[str, dict[str, float]] = {}
+    for metric, key, value in outcome.metrics:
+        metrics.setdefault(metric, {})[key] = value
+    timeline = outcome.timeline
+    if timeline is not None:
+        for invariant, found in timeline.violations.items():
+            counts[invariant] = counts.get(invariant, 0) + len(found)
+            witnesses.setdefault(invariant, []).extend(found)
+        _last_packet_id(timeline, metrics.get("last_packet_id", {}), counts, witnesses)
+    return counts, witnesses, metrics
+
+
+def _contexts(spark, events, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) -> None:
+    """The history rows around every witness the report will show (one Spark query for all runs)."""
+    from spark_checkers import context, jobs
+
+    windows, where = [], {}
+    for run in inputs:
+        outcome = outcomes[run.run_id]
+        if outcome.timeline is None:
+            continue
+        counts, witnesses, _ = _merged(outcome)
+        for invariant, raw in witnesses.items():
+            shown, _details = _shown(invariant, raw, outcome.timeline, counts.get(invariant, 0))
+            for index, w in enumerate(shown):
+                window = context.window_of(w)
+                if window is None:
+                    continue
+                wid = len(windows)
+                windows.append((run.run_id, wid, window.client, window.t_lo, window.t_hi, window.publisher,
+                                window.pub_seq))
+                where[wid] = (run.run_id, invariant, index, window)
+    found = jobs.collect_context(spark, events, windows, context.MESSAGE_ROWS, context.MARGIN_US)
+    for wid, (run_id, invariant, index, window) in where.items():
+        outcome = outcomes[run_id]
+        rows = context.assemble(window, found.get((run_id, wid), []), outcome.timeline)
+        per = outcome.contexts.setdefault(invariant, [])
+        per.extend([[] for _ in range(index + 1 - len(per))])
+        per[index] = rows
 
 
 def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: float) -> dict[str, Any]:
     timeline = outcome.timeline
     g = run.guarantees
-    counts = dict(outcome.counts)
-    witnesses = {k: list(v) for k, v in outcome.witnesses.items()}
+    counts, witnesses, metrics = _merged(outcome)
     unknown: dict[str, str] = {}
     incomplete = list(run.incomplete)
-    metrics: dict[str, dict[str, float]] = {}
-    for metric, key, value in outcome.metrics:
-        metrics.setdefault(metric, {})[key] = value
     if timeline is not None:
         incomplete += timeline.incomplete
         unknown.update(timeline.unknown)
-        for invariant, found in timeline.violations.items():
-            counts[invariant] = counts.get(invariant, 0) + len(found)
-            witnesses.setdefault(invariant, []).extend(found)
-        _last_packet_id(timeline, metrics.get("last_packet_id", {}), counts, witnesses)
     errors = dict(outcome.errors)
     if errors:
         unknown.update({k: f"checker error: {v}" for k, v in errors.items() if k != "*"})
@@ -209,7 +255,8 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
                                        white_box=g.white_box if g else True,
                                        queue_policy=g.queue_policy if g else "drop_oldest",
                                        allowance=_allowance(g))
-        shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count)
+        shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count,
+                                    outcome.contexts.get(invariant.id, []))
         if invariant.id == "liveness.unseen_over_time":
             count = int(sum(metrics.get("unseen_delta_per_bucket", {}).values()))
             details["owed"] = metrics.get("count", {}).get("owed", 0)
@@ -223,7 +270,7 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
         "verdict": {0: "pass", 1: "fail", 2: "unknown"}[code],
         "exit_code": code,
         "summary": {v: sum(1 for r in results if r.verdict == v) for v in VERDICTS},
-        "notes": _notes(g, timeline),
+        "notes": _notes(g, timeline) + outcome.notes,
         "invariants": [r.to_dict() for r in results],
         "history": {"hash_sha256": run.history_hash, "manifest": run.manifest, "parts": len(run.parts),
                     "incomplete": incomplete, "fatal": list(fatal)},
@@ -279,7 +326,17 @@ def _last_packet_id(timeline: Timeline, delivered: dict[str, float], counts: dic
                 {"client": client, "stored": stored, "delivered": last, "t": snap["t_mono_us"]})
 
 
-def _witnesses(invariant: str, raw: list[dict], timeline: Timeline | None, count: int) -> tuple[list[dict], dict]:
+def _witnesses(invariant: str, raw: list[dict], timeline: Timeline | None, count: int,
+               contexts: list[list[dict]] = ()) -> tuple[list[dict], dict]:
+    shown, details = _shown(invariant, raw, timeline, count)
+    if timeline is None:
+        return [], details
+    return [{"text": explain(invariant, w, timeline), "data": w,
+             "context": contexts[i] if i < len(contexts) else []} for i, w in enumerate(shown)], details
+
+
+def _shown(invariant: str, raw: list[dict], timeline: Timeline | None, count: int) -> tuple[list[dict], dict]:
+    """The raw witnesses the report shows (the earliest few; lost messages grouped into gaps), and details."""
     if timeline is None or not raw:
         return [], {}
     details: dict[str, Any] = {}
@@ -292,7 +349,7 @@ def _witnesses(invariant: str, raw: list[dict], timeline: Timeline | None, count
         raw = gaps
     raw = sorted(raw, key=lambda w: (w.get("t") or w.get("t_invoke") or 0))[:WITNESS_CAP] \
         if invariant not in LOSS_INVARIANTS else raw[:WITNESS_CAP]
-    return [{"text": explain(invariant, w, timeline), "data": w} for w in raw], details
+    return raw, details
 
 
 def _series(metrics: dict[str, dict[str, float]], timeline: Timeline | None) -> dict[str, Any]:

@@ -25,11 +25,16 @@ def _fault_phrase(timeline: Timeline, t_anchor: int | None, t_limit: int | None,
 
 
 def nearest_fault(timeline: Timeline, t_anchor: int | None, t_limit: int | None) -> dict | None:
+    """The fault to name for a message lost between ``t_anchor`` (its ack) and ``t_limit`` (its chance to be
+    delivered): one active in that window if any (the earliest: the window it was dropped in), else the fault
+    nearest in time among those started before ``t_limit``."""
     limit = t_limit if t_limit is not None and t_limit < NEVER else 1 << 62
     before = [f for f in timeline.faults if f.t_start <= limit]
     if t_anchor is None or not before:
         return None
-    fault = min(before, key=lambda f: abs(f.t_start - t_anchor))
+    within = [f for f in before if f.t_heal is None or f.t_heal >= t_anchor]
+    fault = (min(within, key=lambda f: f.t_start) if within
+             else min(before, key=lambda f: abs(f.t_start - t_anchor)))
     return {"fault_id": fault.fault_id, "kind": fault.kind, "node": fault.node, "t_start": fault.t_start}
 
 
@@ -98,8 +103,19 @@ def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
             else:
                 queue = ("no queue limit declared" if policy == "none"
                          else f"limit {w.get('limit')}, policy reject: nothing may be dropped once accepted")
-            parts.append(f"subscriber {w['client']} was offline from {seconds(w.get('t_offline'), o)} and reconnected "
-                         f"at {seconds(w['t_reconnect'], o)} with {w.get('n_backlog')} messages queued ({queue})")
+            if w.get("carried_from_offline") is not None:
+                # Blamed on the window it was dropped in: still queued from the one before, it was carried into this.
+                parts.append(f"it was queued while {w['client']} was offline from {seconds(w['carried_from_offline'], o)} "
+                             f"to {seconds(w.get('carried_from_reconnect'), o)}, not yet sent when {w['client']} went "
+                             f"offline again at {seconds(w.get('t_offline'), o)}, and still in the queue when it "
+                             f"reconnected at {seconds(w['t_reconnect'], o)} with {w.get('n_backlog')} messages queued "
+                             f"(limit {w.get('limit')}, {policy}): dropped there")
+            else:
+                arrived = w.get("t_ack") or w.get("t_invoke")
+                if arrived is not None and w.get("t_offline") is not None and arrived < w["t_offline"]:
+                    parts.append(f"it arrived while {w['client']} was online and was not sent before it went offline")
+                parts.append(f"subscriber {w['client']} was offline from {seconds(w.get('t_offline'), o)} and reconnected "
+                             f"at {seconds(w['t_reconnect'], o)} with {w.get('n_backlog')} messages queued ({queue})")
         prev, nxt = w.get("prev_delivered"), w.get("next_delivered")
         received = " then ".join(str(x) for x in (prev, nxt) if x is not None)
         if received:
@@ -124,8 +140,9 @@ def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
             parts.append("older messages beyond the limit were delivered instead")
         return "; ".join(parts) + "."
     if invariant == "order.out_of_order":
-        flags = [name for name, key in (("a packet-id wrap", "across_wrap"), ("a reconnect", "across_reconnect"),
-                                        ("a failover", "across_failover")) if w.get(key)]
+        flags = [name for name, key in (("a packet-id wrap", "across_wrap"), ("a new session", "across_new_session"),
+                                        ("a reconnect", "across_reconnect"), ("a failover", "across_failover"))
+                 if w.get(key)]
         return (f"{w['client']} received {w['publisher']}#{w.get('after_pub_seq')} at {seconds(w.get('after_t'), o)} "
                 f"(packet id {w.get('after_packet_id')}) and only then #{w['pub_seq']} at {seconds(w.get('t'), o)} "
                 f"(packet id {w.get('packet_id')})" + (f", across {' and '.join(flags)}" if flags else "") + ".")
@@ -135,6 +152,24 @@ def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
         return (f"{w['client']} received {who} at {seconds(w.get('t'), o)} with packet id {w.get('packet_id')}, "
                 f"still held unacknowledged by {w.get('prev_publisher')}#{w.get('prev_pub_seq')} delivered at "
                 f"{seconds(w.get('prev_t'), o)}.")
+    if invariant == "order.resend_within_connection":
+        return (f"{w['client']} received {who} at {seconds(w.get('prev_t'), o)} and again at {seconds(w.get('t'), o)} "
+                f"(packet id {w.get('packet_id')}, DUP {'1' if w.get('dup') else '0'}) on the same MQTT 5 connection "
+                "before acknowledging it: MQTT 5 allows a resend only after a reconnect [MQTT-4.4.0-1].")
+    if invariant == "duplicates.backlog_twice_in_connection":
+        return (f"{w['client']} received {who} at {seconds(w.get('t'), o)} (packet id {w.get('packet_id')}) and again at "
+                f"{seconds(w.get('t_again'), o)} (packet id {w.get('again_packet_id')}, DUP "
+                f"{'1' if w.get('again_dup') else '0'}) on the same connection, with no reconnect between and no fault "
+                f"around the message; {w.get('n_deliveries')} deliveries of it in all.")
+    if invariant == "whitebox.packet_id_sequence":
+        prev = w.get("prev_packet_id")
+        after = (f"after packet id {prev} at {seconds(w.get('prev_t'), o)}" if prev is not None
+                 else f"as the first stored id of the session begun at {seconds(w.get('t_session'), o)} (a new session "
+                      "starts at 1)")
+        return (f"session {w['client']} (session {w.get('epoch')}): {who} took packet id {w.get('packet_id')} at "
+                f"{seconds(w.get('t'), o)} {after}, skipping {w.get('gap')} id(s); {w.get('skipped_total')} skipped in "
+                f"this session so far, but only {w.get('undelivered')} of its messages never arrived (trimmed, expired "
+                "or lost, each taking one id): the reference broker hands ids out 1..65535 in order, then 1.")
     if invariant == "order.dup_flag":
         return f"{w['client']} received {who} at {seconds(w.get('t'), o)} (packet id {w.get('packet_id')}): {w.get('problem')}."
     if invariant == "durability.phantom":

@@ -23,6 +23,7 @@ def render_html(report: dict[str, Any]) -> str:
     return _ENVIRONMENT.get_template("report.html.j2").render(
         report=_Lenient(report), history=_Lenient(report.get("history") or {}),
         env=_Lenient(report.get("environment") or {}), sections=[_Lenient(i) for i in sections],
+        failing=[_Lenient(i) for i in report["invariants"] if i["verdict"] == "fail"],
         colours=COLOURS, plots=_plots(report))
 
 

@@ -37,7 +37,7 @@ SUBSCRIBER_MESSAGE = ("run_id", "client", "publisher", "pub_seq")
 PUBLISH_COLUMNS = ("topic", "n_invoke", "t_invoke", "pub_qos", "expiry_s", "pub_hash", "pub_node", "t_ack", "t_fail",
                    "t_indet")
 DELIVERY_COLUMNS = ("n_deliveries", "first", "t_last", "min_hash", "max_hash", "qos", "first_ack_seq", "first_ack_t",
-                    "n_resends", "n_after_ack", "redelivery", "implied_deadline", "any_unacked", "prev_max")
+                    "n_resends", "n_after_ack", "redelivery", "twice", "implied_deadline", "any_unacked", "prev_max")
 RUN_SCALARS = ("limit", "ttl_us", "tol_us", "bucket_us", "t_origin", "slack_us")
 DELIVERED_COLUMNS = (*SUBSCRIBER_MESSAGE, *PUBLISH_COLUMNS, *DELIVERY_COLUMNS, *RUN_SCALARS)
 
@@ -133,7 +133,7 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         timeline, g = timelines[run.run_id], run.guarantees
         run_rows.append((run.run_id, g.persisted_messages_limit, g.ttl_us, g.tolerance_us, timeline.fault_times(),
                          timeline.bucket_us, timeline.t_first, g.slack_us, g.queue_policy,
-                         unpromised_fault_times(timeline, g)))
+                         unpromised_fault_times(timeline, g), fault_spans(timeline)))
         clients = set(timeline.connect_seqs) | set(timeline.offline)
         for client in clients:
             client_rows.append((run.run_id, client, timeline.connect_seqs.get(client, []),
@@ -141,7 +141,8 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                 [(s, t) for s, t in timeline.disconnects.get(client, [])],
                                 list(timeline.offline.get(client, [])),
                                 [(row["seq"], row["t_mono_us"]) for row in timeline.connects.get(client, [])
-                                 if (row.get("reason_code") or 0) < 0x80]))
+                                 if (row.get("reason_code") or 0) < 0x80],
+                                timeline.persistent_fresh_seqs.get(client, [])))
         for topic in topics.get(run.run_id, []):
             subs = [(s.client, s.t_from, s.t_to, s.granted_qos, s.persistent)
                     for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
@@ -152,7 +153,9 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         T.StructField("run_id", S), T.StructField("limit", N), T.StructField("ttl_us", L),
         T.StructField("tol_us", L), T.StructField("fault_times", T.ArrayType(L)), T.StructField("bucket_us", L),
         T.StructField("t_origin", L), T.StructField("slack_us", L), T.StructField("policy", S),
-        T.StructField("unpromised_times", T.ArrayType(L))]))
+        T.StructField("unpromised_times", T.ArrayType(L)),
+        # Every fault and node event as [s, e] (e: the heal, NEVER if none; an event: s = e).
+        T.StructField("fault_spans", T.ArrayType(T.StructType([T.StructField("s", L), T.StructField("e", L)])))]))
     clients_df = spark.createDataFrame(client_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("client", S), T.StructField("connect_seqs", T.ArrayType(L)),
         T.StructField("fresh_seqs", T.ArrayType(L)),
@@ -161,13 +164,22 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                                            T.StructField("c", L),
                                                            T.StructField("discarded", B)]))),
         # Accepted connects (CONNACK reason < 0x80) as (seq, t): when each connection was established.
-        T.StructField("connects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)])))]))
+        T.StructField("connects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
+        T.StructField("persistent_fresh_seqs", T.ArrayType(L))]))
     match_df = spark.createDataFrame(match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", S),
         T.StructField("subs", T.ArrayType(T.StructType([
             T.StructField("client", S), T.StructField("t_from", L), T.StructField("t_to", L),
             T.StructField("granted", N), T.StructField("persistent", B)])))]))
     return runs_df, clients_df, match_df
+
+
+def fault_spans(timeline: Timeline) -> list[tuple[int, int]]:
+    """Every fault as (start, heal or NEVER) and every node event as (t, t): the times a fault may explain a
+    duplicate or a stored packet id no delivery shows (a save repeated after a failure, a rolled-back removal)."""
+    spans = [(f.t_start, f.t_heal if f.t_heal is not None else NEVER) for f in timeline.faults]
+    spans += [(e["t_mono_us"], e["t_mono_us"]) for e in timeline.node_events]
+    return sorted(spans)
 
 
 def unpromised_fault_times(timeline: Timeline, g) -> list[int]:
@@ -218,14 +230,21 @@ def delivery_slots(events, clients_df, by: tuple[str, ...]):
 
     rows = events.filter(F.col("kind").isin(Kind.DELIVERY, Kind.DELIVERY_ACK_SENT)).select(
         "run_id", "client", "seq", F.col("t_mono_us").alias("t"), "kind", "packet_id", "publisher", "pub_seq",
-        "body_hash", "topic", "qos", "dup", "remaining_expiry_s", "node")
+        "body_hash", "topic", "qos", "dup", "remaining_expiry_s", "node", "protocol")
     # Why one repartition by subscriber: every later step on the delivery side (packet-id slots, per message,
     # stream order, the owed candidates and their queue ranks) is keyed by (run, subscriber, ...).  The rows
     # move once; every later window, aggregate and join only sorts within its partition.
-    rows = rows.repartition(*by).join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs")),
-                     ["run_id", "client"], "left")
+    rows = rows.repartition(*by).join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs",
+                                                                    "persistent_fresh_seqs")),
+                                      ["run_id", "client"], "left")
     rows = rows.withColumn("conn", F.size(F.filter(F.coalesce("connect_seqs", F.array()), lambda x: x < F.col("seq"))))
     rows = rows.withColumn("epoch", F.size(F.filter(F.coalesce("fresh_seqs", F.array()), lambda x: x < F.col("seq"))))
+    # White box: a QoS > 0 delivery in a persistent session carries an id the reference broker stored (save.lua
+    # hands them out per session, 1..65535 then 1); a clean session's ids are per connection and never stored.
+    epoch_persistent = (F.col("epoch") > 0) & F.array_contains(
+        F.coalesce("persistent_fresh_seqs", F.array()), F.element_at(F.col("fresh_seqs"), F.greatest(F.col("epoch"), F.lit(1))))
+    rows = rows.withColumn("stored", epoch_persistent & (F.coalesce("qos", F.lit(0)) > 0) & F.col("packet_id").isNotNull())
+    rows = rows.withColumn("last_epoch", F.col("epoch") == F.size(F.coalesce("fresh_seqs", F.array())))
     slot = Window.partitionBy("run_id", "client", "packet_id").orderBy("seq")
     same_identity = (F.col("prev_publisher").eqNullSafe(F.col("publisher"))
                      & F.col("prev_pub_seq").eqNullSafe(F.col("pub_seq")))
@@ -237,15 +256,26 @@ def delivery_slots(events, clients_df, by: tuple[str, ...]):
             .withColumn("prev_t", F.lag("t").over(slot))
             .withColumn("next_kind", F.lead("kind").over(slot))
             .withColumn("next_seq", F.lead("seq").over(slot))
-            .withColumn("next_t", F.lead("t").over(slot)))
+            .withColumn("next_t", F.lead("t").over(slot))
+            .withColumn("prev_conn", F.lag("conn").over(slot))
+            # The last delivery in this slot, acks in between or not: the same stored entry sent again (after a
+            # rolled-back removal, say) keeps its id; only another message takes a new one.
+            .withColumn("prev_holder", F.last(F.when(F.col("kind") == Kind.DELIVERY, F.struct(
+                F.col("publisher").alias("publisher"), F.col("pub_seq").alias("pub_seq"), F.col("epoch").alias("epoch"))),
+                ignorenulls=True).over(slot.rowsBetween(Window.unboundedPreceding, -1))))
     slot_in_use = ((F.col("prev_kind") == Kind.DELIVERY) & (F.col("prev_epoch") == F.col("epoch"))
                    & (F.coalesce("qos", F.lit(0)) > 0) & F.col("packet_id").isNotNull())
     return (rows.filter(F.col("kind") == Kind.DELIVERY)
             .withColumn("resend", slot_in_use & same_identity)
             .withColumn("reused", slot_in_use & ~same_identity)
             .withColumn("acked", F.col("next_kind") == Kind.DELIVERY_ACK_SENT)
+            # Takes a new stored packet id: not the message the slot held last in this session.
+            .withColumn("new_id", F.col("stored") & ~F.coalesce(
+                (F.col("prev_holder.epoch") == F.col("epoch")) & F.col("prev_holder.publisher").eqNullSafe(F.col("publisher"))
+                & F.col("prev_holder.pub_seq").eqNullSafe(F.col("pub_seq")), F.lit(False)))
             # Materialised next: only what later steps read (each string column costs to cache).
-            .drop("connect_seqs", "fresh_seqs", "kind", "prev_kind", "next_kind", "epoch", "prev_epoch"))
+            .drop("connect_seqs", "fresh_seqs", "persistent_fresh_seqs", "kind", "prev_kind", "next_kind", "prev_epoch",
+                  "prev_holder"))
 
 
 def deliveries_per_message(slots):
@@ -254,10 +284,17 @@ def deliveries_per_message(slots):
     from pyspark.sql import functions as F
 
     key = ["run_id", "client", "publisher", "pub_seq"]
-    w = Window.partitionBy(*key)
+    # One ordering serves both: the whole partition for the first ack, the row before for the previous delivery.
+    ordered = Window.partitionBy(*key).orderBy("seq")
+    w = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     rows = slots.withColumn("first_ack_seq", F.min(F.when(F.col("acked"), F.col("next_seq"))).over(w))
+    rows = rows.withColumn("msg_prev", F.lag(F.struct("seq", "t", "packet_id", "conn")).over(ordered))
     after_ack = F.col("seq") > F.col("first_ack_seq")
-    first = F.struct("seq", "t", "packet_id", "dup", "conn", "node", "topic", "qos")
+    # The same message again on the connection that already delivered it, and not the resend of that very packet
+    # (same id, no ack between): two distinct deliveries within one connection (connections only grow with seq,
+    # so the previous delivery is on this connection iff any earlier one is).
+    twice = (F.col("msg_prev.conn") == F.col("conn")) & ~F.col("resend")
+    first = F.struct("seq", "t", "packet_id", "dup", "conn", "node", "topic", "qos", "epoch", "stored")
     return rows.groupBy(*key).agg(
         F.count(F.lit(1)).alias("n_deliveries"),
         F.min_by(first, F.col("seq")).alias("first"),
@@ -269,6 +306,8 @@ def deliveries_per_message(slots):
         F.sum(F.col("resend").cast("int")).alias("n_resends"),
         F.sum(after_ack.cast("int")).alias("n_after_ack"),
         F.min(F.when(after_ack, F.struct("seq", "t", "packet_id", "dup"))).alias("redelivery"),
+        F.min(F.when(twice, F.struct("seq", "t", "packet_id", "dup", F.col("msg_prev.t").alias("prev_t"),
+                                     F.col("msg_prev.packet_id").alias("prev_packet_id")))).alias("twice"),
         F.max(F.col("t") + F.col("remaining_expiry_s") * 1_000_000).alias("implied_deadline"),
         F.max(F.when(~F.col("acked") & (F.coalesce("qos", F.lit(0)) > 0), F.lit(1)).otherwise(F.lit(0))).alias("any_unacked"),
     )
@@ -378,12 +417,20 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     slot_rules.add("order.packet_id_reused", F.col("reused"), rel, *ident, "prev_publisher", "prev_pub_seq", "prev_t")
     slot_rules.add("order.dup_flag", F.col("resend") & ~F.coalesce("dup", F.lit(False)), rel, *ident,
                    F.lit("resend without DUP").alias("problem"))
+    # MQTT 5 §4.4 [MQTT-4.4.0-1]: unacknowledged PUBLISH packets are resent only on a reconnect (Clean Start 0,
+    # session present), never within the connection they were sent on.  MQTT 3.1.1 §4.4 only says when a
+    # resend is required, it forbids none: its connections are not judged.
+    slot_rules.add("order.resend_within_connection",
+                   F.col("resend") & (F.col("prev_conn") == F.col("conn")) & (F.col("protocol") == 5), rel, *ident,
+                   "prev_t", "protocol")
 
     # Per (subscriber, message), with the publish it claims to be and its place in the stream.  The per-run and
     # per-client arrays are looked up here, by broadcast, rather than stored with every materialised row.
-    dr = (dp.join(runs_b.select("run_id", "fault_times"), "run_id")
+    dr = (dp.join(runs_b.select("run_id", "fault_times", "fault_spans"), "run_id")
           .join(match_b, ["run_id", "topic"], "left")
-          .join(clients_b.select("run_id", "client", "disconnects", "connects"), ["run_id", "client"], "left"))
+          .join(clients_b.select("run_id", "client", "disconnects", "connects"), ["run_id", "client"], "left")
+          .join(clients_b.select("run_id", F.col("client").alias("publisher"),
+                                 F.col("disconnects").alias("pub_disconnects")), ["run_id", "publisher"], "left"))
     phantom_reason = (F.when(F.col("publisher").isNull() | F.col("pub_seq").isNull(), F.lit("payload identity unreadable"))
                       .when(F.col("n_invoke").isNull() | (F.col("n_invoke") == 0), F.lit("never published"))
                       .when((F.col("min_hash") != F.col("pub_hash")) | (F.col("max_hash") != F.col("pub_hash")),
@@ -427,20 +474,43 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     t_re = F.col("redelivery.t") - F.col("t_origin")
     msg_rules.add("duplicates.redelivered_after_ack", redelivered & (F.coalesce("qos", F.lit(0)) < 2), t_re, *dup_cols)
     msg_rules.add("duplicates.qos2", redelivered & (F.col("qos") == 2), t_re, *dup_cols)
+    # The same message twice within one connection (not the resend of one packet): a backlog sent twice.  Only a
+    # fault around the message's life (a save repeated after a failure, a rolled-back removal) or a publisher
+    # that may have sent it twice (published more than once, or disconnected before its ack) excuses it.
+    t_twice = F.col("twice.t")
+    fault_near = F.exists(F.coalesce("fault_spans", F.array()), lambda x: (x["s"] <= t_twice)
+                          & (x["e"] + F.col("slack_us") >= F.col("t_invoke") - F.col("slack_us")))
+    pub_resent = (F.coalesce("n_invoke", F.lit(0)) > 1) | F.exists(
+        F.coalesce("pub_disconnects", F.array()), lambda d: (d["t"] >= F.col("t_invoke"))
+        & (d["t"] <= F.coalesce("t_ack", "t_fail", F.lit(NEVER))))
+    msg_rules.add("duplicates.backlog_twice_in_connection", real & F.col("twice").isNotNull() & ~fault_near & ~pub_resent,
+                  t_twice - F.col("t_origin"), *base, F.col("twice.t").alias("t_again"),
+                  F.col("twice.packet_id").alias("again_packet_id"), F.col("twice.dup").alias("again_dup"),
+                  F.col("twice.prev_t").alias("prev_t"), F.col("twice.prev_packet_id").alias("prev_packet_id"),
+                  "n_deliveries")
     msg_rules.add("liveness.stuck_inflight", real & (F.col("any_unacked") == 1) & F.col("first_ack_seq").isNull(),
                   rel_first, *base)
     # Order: first deliveries of each (subscriber, publisher, topic) stream by pub_seq.
     msg_rules.add("order.out_of_order", F.col("pub_seq") < F.col("prev_max.pub_seq"), rel_first, *base,
                   F.col("prev_max.pub_seq").alias("after_pub_seq"), F.col("prev_max.t").alias("after_t"),
                   F.col("prev_max.packet_id").alias("after_packet_id"),
-                  (F.col("first.packet_id") < F.col("prev_max.packet_id")).alias("across_wrap"),
+                  # A wrap only where one session's stored counter went 65535 -> 1 between the two; ids that restart
+                  # with a new session, or a clean session's per-connection ids, did not wrap.
+                  (F.col("first.stored") & F.col("prev_max.stored") & (F.col("first.epoch") == F.col("prev_max.epoch"))
+                   & (F.col("first.packet_id") < F.col("prev_max.packet_id"))).alias("across_wrap"),
                   (F.col("first.conn") != F.col("prev_max.conn")).alias("across_reconnect"),
+                  (F.col("first.epoch") != F.col("prev_max.epoch")).alias("across_new_session"),
                   F.exists("fault_times", lambda x: (x >= F.col("prev_max.t")) & (x <= t_first)).alias("across_failover"))
 
     cand = table.filter(F.col("is_cand"))
     lost = cand.filter(F.col("owed") & ~F.col("delivered"))
+    carried_into = F.col("carried_into").isNotNull()
     loss_cols = ["client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "t_origin", "expiry_s", "in_backlog",
-                 F.col("k.d").alias("t_offline"), F.col("k.c").alias("t_reconnect"), "rank", "n_backlog", "limit",
+                 F.coalesce("carried_into.d", "k.d").alias("t_offline"), F.coalesce("carried_into.c", "k.c").alias("t_reconnect"),
+                 F.when(carried_into, F.col("k.d")).alias("carried_from_offline"),
+                 F.when(carried_into, F.col("k.c")).alias("carried_from_reconnect"),
+                 F.when(~carried_into, F.col("rank")).alias("rank"),
+                 F.coalesce("carried_into.n_backlog", "n_backlog").alias("n_backlog"), "limit",
                  "prev_delivered", "next_delivered", "position", "pub_node", "policy"]
     lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
                          (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
@@ -454,11 +524,73 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                    F.col("n_pipeline_w").alias("n_in_pipeline"), "slack_us", "t_origin",
                    F.lit("black box: delivered after reconnect").alias("source"))
 
-    groups = [slot_rules, msg_rules, over_rules]
+    seq_rules = Rules(packet_id_gaps(slots, table, clients_b, runs_b))
+    seq_rules.add("whitebox.packet_id_sequence", F.col("unexplained"), F.col("t") - F.col("t_origin"),
+                  "client", "t", "seq", "packet_id", "prev_packet_id", "prev_t", "publisher", "pub_seq", "epoch", "gap",
+                  "skipped_total", "undelivered", "t_session", "t_origin")
+
+    groups = [slot_rules, msg_rules, over_rules, seq_rules]
     violations = reduce(lambda a, b: a.unionByName(b), [g.combined() for g in groups] + [lost_w])
     metrics = _metrics(pub, slots, dp, cand, lost, runs_b)
     # One DataFrame per rule, built only if the combined query breaks (to name the rule that did).
     return violations, metrics, lambda: [p for g in groups for p in g.separate()] + [lost_w]
+
+
+def packet_id_gaps(slots, table, clients_b, runs_b):
+    """White box (the reference broker): within one persistent session the stored ids go 1, 2, ... 65535, 1, ...
+    (lua/save.lua), and the session's messages are sent in that order.  Per session, one row per delivery that
+    took a new id after a gap, with the gap and whether the history explains it.
+
+    What legitimately makes a gap: a stored message that never reached the subscriber in this session (trimmed
+    to the limit, expired, too large for the client, or lost, which its own rule reports) took its id.  Why the
+    count is cumulative: each such message explains one skipped id, once.  A gap while a fault was around may
+    also be a save repeated after a failure whose first copy was trimmed: not judged.  The first session of a
+    client is not judged at its start (a scenario may preset the counter); a later one starts at 1 (a new
+    session discards the old one's counter)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    session = ["run_id", "client", "epoch"]
+    order = Window.partitionBy(*session).orderBy("seq")
+    valid = (F.col("packet_id") >= 1) & (F.col("packet_id") <= 65535) & ~F.col("reused")
+    ids = slots.filter(F.col("new_id")).select(
+        *session, "seq", "t", "packet_id", "publisher", "pub_seq", valid.alias("valid"), "t_origin")
+    prev = F.lag(F.struct("packet_id", "t", "valid")).over(order)
+    ids = ids.select("*", prev.alias("prev"))
+    # Why an invalid or reused id breaks the chain rather than counting: its own rule reports it.
+    gap = (F.when(~F.col("valid"), F.lit(None))
+           .when(F.col("prev").isNull(), F.when(F.col("epoch") > 1, F.col("packet_id") - 1))
+           .when(~F.col("prev.valid"), F.lit(None))
+           .otherwise((F.col("packet_id") - F.col("prev.packet_id") - 1 + 65535) % 65535))
+    gaps = ids.select("*", gap.alias("gap")).filter(F.col("gap") > 0)
+    # When this session started (its fresh connect), from the broadcast client table.
+    started = F.element_at(F.filter(F.coalesce("connects", F.array()), lambda c: c["seq"] == F.element_at(
+        F.col("fresh_seqs"), F.col("epoch"))), 1)["t"]
+    gaps = (gaps.join(clients_b.select("run_id", "client", "connects", "fresh_seqs"), ["run_id", "client"], "left")
+            .select("*", started.alias("t_session")).drop("connects", "fresh_seqs")
+            .join(runs_b.select("run_id", "slack_us", "fault_spans"), "run_id"))
+    # The messages that may have taken an id without a delivery: the subscriber's never-delivered QoS > 0
+    # claims (any message on a topic its filters match), published since the session began, before the delivery.
+    missing = table.filter(~F.col("delivered") & (F.coalesce("pub_qos", F.lit(0)) > 0)).select(
+        "run_id", "client", F.col("t_invoke").alias("t_missing"))
+    counted = (F.broadcast(gaps.select(*session, "seq", "t", "t_session", "slack_us"))
+               .join(missing, ["run_id", "client"])
+               .filter((F.col("t_missing") < F.col("t"))
+                       & (F.col("t_session").isNull() | (F.col("t_missing") >= F.col("t_session") - F.col("slack_us"))))
+               .groupBy(*session, "seq").agg(F.count(F.lit(1)).alias("undelivered")))
+    gaps = gaps.join(counted, [*session, "seq"], "left").fillna(0, ["undelivered"])
+    t_from = F.coalesce(F.col("prev.t"), F.col("t_session"), F.col("t"))
+    faulted = F.exists(F.coalesce("fault_spans", F.array()), lambda x: (x["s"] <= F.col("t"))
+                       & (x["e"] + F.col("slack_us") >= t_from - F.col("slack_us")))
+    judged = F.when(faulted, F.lit(0)).otherwise(F.col("gap"))
+    running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    gaps = gaps.select("*", judged.alias("judged"), F.sum(judged).over(running).alias("skipped_total"))
+    deficit = F.col("skipped_total") - F.col("undelivered")
+    # Flagged where the shortfall reaches a new high: each unexplained skip once, not every gap after it.
+    before = F.max(deficit).over(order.rowsBetween(Window.unboundedPreceding, -1))
+    return gaps.select("*", F.col("prev.packet_id").alias("prev_packet_id"), F.col("prev.t").alias("prev_t"),
+                       ((F.col("judged") > 0) & (deficit > F.greatest(F.coalesce(before, F.lit(0)), F.lit(0))))
+                       .alias("unexplained"))
 
 
 def expiry_deadline():
@@ -477,7 +609,8 @@ def with_stream_neighbour(dsm):
     stream = Window.partitionBy("run_id", "client", "publisher", "first.topic").orderBy("first.seq").rowsBetween(
         Window.unboundedPreceding, -1)
     prev_max = F.max(F.struct(F.col("pub_seq"), F.col("first.packet_id").alias("packet_id"),
-                              F.col("first.conn").alias("conn"), F.col("first.t").alias("t"))).over(stream)
+                              F.col("first.conn").alias("conn"), F.col("first.t").alias("t"),
+                              F.col("first.epoch").alias("epoch"), F.col("first.stored").alias("stored"))).over(stream)
     return dsm.select("*", prev_max.alias("prev_max"))
 
 
@@ -515,7 +648,7 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
 
     got = dsm.select(*SUBSCRIBER_MESSAGE, "n_deliveries", F.col("first.t").alias("t_first"), "t_last", "first_ack_t")
     t = claims.join(got, list(SUBSCRIBER_MESSAGE), "left")
-    t = t.join(runs_b.drop("fault_times"), "run_id").join(clients_b.select("run_id", "client", "offline"),
+    t = t.join(runs_b.drop("fault_times", "fault_spans"), "run_id").join(clients_b.select("run_id", "client", "offline"),
                                                           ["run_id", "client"], "left")
     t_arr = F.coalesce("t_ack", "t_invoke")
     k = F.element_at(F.filter(F.coalesce("offline", F.array()), lambda i: i["c"] > t_arr), 1)
@@ -600,7 +733,11 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     # Carried over, it is the oldest of the next backlog: drop_oldest may trim it there, drop_newest keeps it.
     trimmed_later = F.coalesce(carried & (F.col("policy") == "drop_oldest")
                                & (F.col("next_backlog.n_backlog") >= F.col("limit")), F.lit(False))
-    t = t.withColumn("legally_trimmed", F.col("legally_trimmed") | trimmed_later).drop("next_backlog", "later_first_t")
+    # The window a lost message is blamed on: the one it was carried into, if any (it was dropped there).
+    t = t.withColumn("legally_trimmed", F.col("legally_trimmed") | trimmed_later).withColumn(
+        "carried_into", F.when(F.coalesce(carried & (F.col("next_backlog.k.c") < NEVER), F.lit(False)), F.struct(
+            F.col("next_backlog.k.d").alias("d"), F.col("next_backlog.k.c").alias("c"),
+            F.col("next_backlog.n_backlog").alias("n_backlog")))).drop("next_backlog", "later_first_t")
     t = t.select("*", (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
     in_b = F.col("in_backlog")
     # Lost to a fault the declared persistence does not cover (a kill of a broker promising only a graceful
@@ -637,14 +774,14 @@ def delivered_messages(table, dsm, pub, runs_b, count_first: bool = True):
     from pyspark.sql import functions as F
 
     claimed = table.filter(F.col("n_deliveries").isNotNull()).select(*SUBSCRIBER_MESSAGE, *PUBLISH_COLUMNS)
-    matched = dsm.join(claimed, list(SUBSCRIBER_MESSAGE)).join(runs_b.drop("fault_times"), "run_id")
+    matched = dsm.join(claimed, list(SUBSCRIBER_MESSAGE)).join(runs_b.drop("fault_times", "fault_spans"), "run_id")
     # Equal counts mean every delivered message found its claim (claims are a subset of them): nothing unmatched.
     # Without counting, the anti join below finds the same (nothing, or the unmatched ones) in the same job.
     if count_first and claimed.count() == dsm.count():
         return matched.select(*DELIVERED_COLUMNS)
     unmatched = (dsm.join(claimed.select(*SUBSCRIBER_MESSAGE), list(SUBSCRIBER_MESSAGE), "left_anti")
                  .join(pub, ["run_id", "publisher", "pub_seq"], "left")
-                 .join(runs_b.drop("fault_times"), "run_id"))
+                 .join(runs_b.drop("fault_times", "fault_spans"), "run_id"))
     return matched.select(*DELIVERED_COLUMNS).unionByName(unmatched.select(*DELIVERED_COLUMNS))
 
 
@@ -701,7 +838,8 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
                       "unseen_delta_per_bucket", F.col("b"), F.col("v")))
     parts.append(rows(lost.groupBy("run_id", "cause", "position").count(), "loss_position",
                       F.concat_ws("|", "cause", "position"), F.col("count")))
-    last_pid = slots.filter(F.col("packet_id").isNotNull()).groupBy("run_id", "client").agg(
+    # Only ids the broker stored: the client's latest session, if persistent (a clean session's are never stored).
+    last_pid = slots.filter(F.col("stored") & F.col("last_epoch")).groupBy("run_id", "client").agg(
         F.max_by("packet_id", "seq").alias("pid"))
     parts.append(rows(last_pid, "last_packet_id", F.col("client"), F.col("pid")))
     return reduce(lambda a, b: a.unionByName(b), parts)
@@ -752,6 +890,34 @@ def _gather(rows):
         counts[key] = row["total"]
         witnesses.setdefault(key, []).append((row["sort_key"], row["witness"]))
     return counts, {k: [w for _, w in sorted(v)] for k, v in witnesses.items()}
+
+
+def collect_context(spark, events, windows: list[tuple], rows_each: int, margin_us: int) -> dict[tuple, list[dict]]:
+    """The deliveries and acks around each witness: ``windows`` = [(run_id, wid, client, t_lo, t_hi, publisher,
+    pub_seq)]; per (run_id, wid) the ``rows_each`` nearest to t_lo or t_hi within the margin, the witness's own
+    message first.  One scan of the big streams, joined to the few windows by broadcast."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if not windows:
+        return {}
+    S, L = T.StringType(), T.LongType()
+    wdf = spark.createDataFrame(windows, T.StructType([
+        T.StructField("run_id", S), T.StructField("wid", L), T.StructField("client", S), T.StructField("t_lo", L),
+        T.StructField("t_hi", L), T.StructField("w_publisher", S), T.StructField("w_pub_seq", L)]))
+    rows = events.filter(F.col("kind").isin(Kind.DELIVERY, Kind.DELIVERY_ACK_SENT)).select(
+        "run_id", "client", "seq", "t_mono_us", "kind", "packet_id", "dup", "qos", "publisher", "pub_seq", "node")
+    near = rows.join(F.broadcast(wdf), ["run_id", "client"]).filter(
+        (F.col("t_mono_us") >= F.col("t_lo") - margin_us) & (F.col("t_mono_us") <= F.col("t_hi") + margin_us))
+    own = (F.col("publisher") == F.col("w_publisher")) & (F.col("pub_seq") == F.col("w_pub_seq"))
+    distance = F.least(F.abs(F.col("t_mono_us") - F.col("t_lo")), F.abs(F.col("t_mono_us") - F.col("t_hi")))
+    rank = F.row_number().over(Window.partitionBy("run_id", "wid").orderBy(
+        F.coalesce(own, F.lit(False)).desc(), distance, "seq"))
+    out: dict[tuple, list[dict]] = {}
+    for row in near.select("*", rank.alias("rank")).filter(F.col("rank") <= rows_each).collect():
+        out.setdefault((row["run_id"], row["wid"]), []).append(row.asDict())
+    return out
 
 
 def collect_violations(violations):

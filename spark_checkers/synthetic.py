@@ -454,7 +454,58 @@ def lose_session(rows: list[Row], client: str, nth: int) -> list[Row]:
     subscriptions = [r for r in rows if r["kind"] == Kind.SUBSCRIBE_ACK and r.get("client") == client]
     for sub in subscriptions[:1]:
         rows.append({**copy.deepcopy(sub), "t_mono_us": connect["t_mono_us"] + 1})
-    return sort_rows(rows)
+    # A new session starts its stored packet ids at 1 (the reference broker discards the old counter).
+    return renumber(sort_rows(rows), client, connect["t_mono_us"], 1)
+
+
+def renumber(rows: list[Row], client: str, from_t: int, first_id: int) -> list[Row]:
+    """Hand ``client``'s packet ids out anew from ``first_id`` (then 1..65535 in order, as the reference broker
+    does) for its deliveries at or after ``from_t``: each new message takes the next id; a resend of a message
+    keeps the id it got; acks follow their delivery.  The session snapshot's last packet id follows too."""
+    rows = _copy(rows)
+    holder: dict[int, tuple[Any, Any, int]] = {}  # old id -> (publisher, pub_seq, new id), as sent last
+    next_id = first_id
+    last = None
+    for row in rows:
+        if row.get("client") != client or row["t_mono_us"] < from_t or row.get("packet_id") is None:
+            continue
+        old = row["packet_id"]
+        if row["kind"] == Kind.DELIVERY and (row.get("qos") or 0) > 0:
+            held = holder.get(old)
+            if held is not None and held[:2] == (row.get("publisher"), row.get("pub_seq")):
+                row["packet_id"] = held[2]
+                continue
+            holder[old] = (row.get("publisher"), row.get("pub_seq"), next_id)
+            row["packet_id"] = last = next_id
+            next_id = next_packet_id(next_id)
+        elif row["kind"] == Kind.DELIVERY_ACK_SENT and old in holder:
+            row["packet_id"] = holder[old][2]
+    if last is not None:
+        for row in rows:
+            if row["kind"] == Kind.SESSION_SNAPSHOT and row.get("client") == client:
+                row["last_packet_id"] = last
+    return rows
+
+
+def skip_packet_ids(rows: list[Row], client: str, packet_id: int, skip: int = 1) -> list[Row]:
+    """From ``client``'s first delivery with ``packet_id`` on, the ids jump ``skip`` values ahead (ids skipped
+    as a broker that burns ids, or one that trimmed or expired that many stored messages, shows them)."""
+    target = next(r for r in deliveries(rows, client) if r.get("packet_id") == packet_id)
+    first = packet_id
+    for _ in range(skip):
+        first = next_packet_id(first)
+    return renumber(rows, client, target["t_mono_us"], first)
+
+
+def add_delivery_in_sequence(rows: list[Row], template: Row, t_mono_us: int, **fields: Any) -> list[Row]:
+    """As ``add_delivery`` (acknowledged), but the new delivery takes the next packet id of its subscriber's
+    stored sequence and the later ones move up by one: a second copy the broker stored and sent, not an id
+    out of nowhere."""
+    client = fields.get("client", template["client"])
+    before = [r for r in deliveries(rows, client) if r["t_mono_us"] < t_mono_us and r.get("packet_id")]
+    first = next_packet_id(before[-1]["packet_id"]) if before else 1
+    rows = add_delivery(rows, template, t_mono_us, packet_id=0, **fields)
+    return renumber(rows, client, t_mono_us, first)
 
 
 def reuse_packet_id(rows: list[Row], client: str, publisher: str, seq_held: int, seq_reusing: int) -> list[Row]:

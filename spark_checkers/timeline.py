@@ -56,6 +56,9 @@ class Timeline:
     offline: dict[str, list[tuple[int, int, int, bool]]] = field(default_factory=dict)
     connect_seqs: dict[str, list[int]] = field(default_factory=dict)
     fresh_seqs: dict[str, list[int]] = field(default_factory=dict)  # connects that start a new session
+    # The fresh connects whose new session is persistent: only there the reference broker stores the messages
+    # and hands out their packet ids from the session's stored counter (white box, lua/save.lua).
+    persistent_fresh_seqs: dict[str, list[int]] = field(default_factory=dict)
     disconnects: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # client -> [(seq, t)]
     connects: dict[str, list[dict]] = field(default_factory=dict)
     faults: list[FaultSpan] = field(default_factory=list)
@@ -145,6 +148,7 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
     offline: list[tuple[int, int, int, bool]] = []
     timeline.connect_seqs[client] = []
     timeline.fresh_seqs[client] = []
+    timeline.persistent_fresh_seqs[client] = []
     timeline.disconnects[client] = []
     timeline.connects[client] = []
 
@@ -179,6 +183,8 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
                     "t_disconnect": last_disconnect["t_mono_us"], "session_expiry_s": previous_expiry})
             if row.get("session_present") is not True:
                 timeline.fresh_seqs[client].append(row["seq"])
+                if is_persistent(row):
+                    timeline.persistent_fresh_seqs[client].append(row["seq"])
                 close_all(t)  # a new session: whatever was subscribed before is gone
             persistent = is_persistent(row)
             session_expiry = row.get("session_expiry_s") if row.get("protocol") == 5 else None

@@ -47,8 +47,7 @@ def _error_stage(rows, stage, reason):
 
 def _session_gone_after_kill(rows):
     """sub-0 (away over the kill) comes back to session present = 0 and an empty queue, and resubscribes."""
-    rows = s.lose_session(rows, "sub-0", 1)
-    return _drop_seqs(rows, "sub-0", "pub-0", range(5, 11))
+    return s.lose_session(_drop_seqs(rows, "sub-0", "pub-0", range(5, 11)), "sub-0", 1)
 
 
 def _drop_seqs(rows, client, publisher, seqs):
@@ -69,14 +68,15 @@ def _expiry_move(rows, offset_us):
 
 
 def _add_copy(rows, client, source_publisher, seq, t_slot, **fields):
-    """A copy of one of ``client``'s deliveries, delivered again at slot ``t_slot`` with ``fields`` changed."""
+    """A copy of one of ``client``'s deliveries, delivered again at slot ``t_slot`` with ``fields`` changed; it
+    takes the next id of the subscriber's stored sequence (a message the broker stored and sent)."""
     template = _delivery(rows, client, source_publisher, seq)
-    return s.add_delivery(rows, template, s.slot_time(BASE, t_slot) + 50_000, **fields)
+    return s.add_delivery_in_sequence(rows, template, s.slot_time(BASE, t_slot) + 50_000, **fields)
 
 
 def _foreign(rows):
     template = _delivery(rows, "sub-0", "pub-0", 3)
-    return s.add_delivery(rows, template, s.slot_time(BASE, 3) + 50_000, client="sub-1", packet_id=30001)
+    return s.add_delivery_in_sequence(rows, template, s.slot_time(BASE, 3) + 50_000, client="sub-1")
 
 
 EXPIRING = replace(BASE, protocol=5, messages=20, offline=(s.Offline(0, 5, 19),))
@@ -85,19 +85,17 @@ EXPIRING = replace(BASE, protocol=5, messages=20, offline=(s.Offline(0, 5, 19),)
 def _session_gone(rows, session_expiry_s):
     """sub-0 (offline 1.4 s) comes back to session present = 0 and an empty queue, and resubscribes."""
     rows = s.set_connect(rows, "sub-0", 0, session_expiry_s=session_expiry_s)
-    rows = s.lose_session(rows, "sub-0", 1)
     for seq in range(5, 19):
         rows = s.drop_delivery(rows, "sub-0", "pub-0", seq)
-    return rows
+    return s.lose_session(rows, "sub-0", 1)  # (last: the new session's ids start at 1 with what it got)
 
 
 def _reconnect_to_empty_queue(rows, *, clean_start):
     """sub-0 comes back (v3.1.1) to session present = 0 with its backlog (pub-0 #5..#7) gone, and resubscribes."""
     rows = s.set_connect(rows, "sub-0", 1, clean_start=clean_start)
-    rows = s.lose_session(rows, "sub-0", 1)
     for seq in range(5, 8):
         rows = s.drop_delivery(rows, "sub-0", "pub-0", seq)
-    return rows
+    return s.lose_session(rows, "sub-0", 1)
 
 
 def _resent_after_reconnect(rows):
@@ -139,6 +137,38 @@ def _unsent_then_gone(rows, *seqs):
     return [r for r in rows if not (r.get("client") == "sub-0" and r["kind"] in gone and r["t_mono_us"] >= back)]
 
 
+V5_PLAIN = replace(BASE, protocol=5)
+# No fault near the planted duplicates and skips (BASE's fault f1 is over by slot 7): nothing excuses them.
+NO_FAULT = replace(BASE, faults=())
+ALLOW_REDELIVERY = replace(NO_FAULT, allowed=("duplicates.redelivered_after_ack",))
+NEAR_WRAP = replace(BASE, first_packet_id=65526)  # sub-1's #10 takes 65535, #11 takes 1
+
+
+def _resent_on_reconnect(rows):
+    """sub-0 never acked pub-0 #4 before going offline; the broker resends it (its id, DUP = 1) on the new
+    connection right after the reconnect, where it is acked: the one resend MQTT 5 allows."""
+    rows = s.drop_ack(rows, "sub-0", "pub-0", 4)
+    first = _delivery(rows, "sub-0", "pub-0", 4)
+    reconnect = max(r["t_mono_us"] for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == "sub-0")
+    return s.add_delivery(rows, first, reconnect + 1000, dup=True)
+
+
+def _ids_outlive_the_session(rows):
+    """As clean_start_discards_backlog_v5, but the new session's ids go on from the old session's counter."""
+    rows = _session_gone(s.set_connect(rows, "sub-0", 1, clean_start=True), 3600)
+    reconnect = max(r["t_mono_us"] for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == "sub-0")
+    last_old = [d["packet_id"] for d in s.deliveries(rows, "sub-0") if d["t_mono_us"] < reconnect][-1]
+    return s.renumber(rows, "sub-0", reconnect, s.next_packet_id(last_old))
+
+
+def _clean_session_live_ids(rows):
+    """sub-0 comes back with a clean session (3.1.1 clean session = 1): its ids are per connection and never
+    stored; the stored counter (4, its persistent session's last id) is lower than the live ids it got."""
+    rows = _reconnect_to_empty_queue(rows, clean_start=True)
+    assert max(d["packet_id"] for d in s.deliveries(rows, "sub-0")[-3:]) > 4
+    return s.set_snapshot(rows, "sub-0", last_packet_id=4)
+
+
 # name -> (spec, mutation or None, failing invariants expected)
 CASES = {
     "clean": (BASE, None, set()),
@@ -156,8 +186,7 @@ CASES = {
     "session_expired_legally": (EXPIRING, lambda r: _session_gone(r, 1), set()),
     "session_lost_with_its_queue": (EXPIRING, lambda r: _session_gone(r, 3600),
                                     {"durability.session_lost", "durability.lost"}),
-    "phantom_never_published": (BASE, lambda r: _add_copy(r, "sub-1", "pub-1", 3, 3, publisher="pub-9", pub_seq=1,
-                                                          packet_id=30000), {"durability.phantom"}),
+    "phantom_never_published": (BASE, lambda r: _add_copy(r, "sub-1", "pub-1", 3, 3, publisher="pub-9", pub_seq=1), {"durability.phantom"}),
     "phantom_body_hash": (BASE, lambda r: s.set_delivery_field(r, "sub-1", "pub-1", 4, body_hash="deadbeef00000000"),
                           {"durability.phantom"}),
     "unsubscribed": (BASE, _foreign, {"durability.unsubscribed_delivery"}),
@@ -178,6 +207,11 @@ CASES = {
     "dup_on_first_on_connection_older_than_publish": (
         BASE, lambda r: s.set_delivery_field(r, "sub-0", "pub-0", 9, dup=True), {"order.dup_flag"}),
     "legal_resend_with_dup": (BASE, lambda r: s.resend_before_ack(r, "sub-1", "pub-1", 4, dup=True), set()),
+    # MQTT 5 [MQTT-4.4.0-1]: a resend within the connection is forbidden (3.1.1, above, is not judged) ...
+    "resend_within_connection_v5": (V5_PLAIN, lambda r: s.resend_before_ack(r, "sub-1", "pub-1", 4, dup=True),
+                                    {"order.resend_within_connection"}),
+    # ... the resend on the next connection, after a reconnect, is the one it allows.
+    "resend_after_reconnect_v5": (V5_PLAIN, _resent_on_reconnect, set()),
     "resend_without_dup": (BASE, lambda r: s.resend_before_ack(r, "sub-1", "pub-1", 4, dup=False), {"order.dup_flag"}),
     "delivered_expired": (V5, lambda r: _expiry_move(r, 200_000 + 1_000), {"expiry.delivered_expired"}),
     "delivered_within_tolerance": (V5, lambda r: _expiry_move(r, 200_000 - 1_000), set()),
@@ -226,15 +260,37 @@ CASES = {
     "over_limit_white_box": (LIMIT, lambda r: s.set_snapshot(r, "sub-0", zset_size=4), {"limits.over_limit"}),
     "trimmed_under_limit": (replace(LIMIT, trim_mode="one_extra"), None, {"limits.trimmed_under_limit"}),
     "trim_not_oldest": (replace(LIMIT, trim_mode="newest"), None, {"limits.trim_not_oldest"}),
-    "redelivered_after_ack": (BASE, lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6, packet_id=30002),
+    "redelivered_after_ack": (BASE, lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6),
                               {"duplicates.redelivered_after_ack"}),
     "allowed_redelivery": (replace(BASE, allowed=("duplicates.redelivered_after_ack",)),
-                           lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6, packet_id=30002), set()),
-    "qos2_duplicate": (QOS2, lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6, packet_id=30002), {"duplicates.qos2"}),
+                           lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6), set()),
+    # A backlog message sent twice within the connection after the reconnect (a new id for the second copy, no
+    # fault around): a violation even where redelivery after an ack is allowed ...
+    "backlog_twice_in_connection": (ALLOW_REDELIVERY, lambda r: _add_copy(r, "sub-0", "pub-0", 6, 9),
+                                    {"duplicates.backlog_twice_in_connection"}),
+    # ... the same on an always-online subscriber, where redelivery after an ack is not allowed: both rules.
+    "live_twice_in_connection": (BASE, lambda r: _add_copy(r, "sub-1", "pub-1", 8, 10),
+                                 {"duplicates.backlog_twice_in_connection", "duplicates.redelivered_after_ack"}),
+    # ... while a message acked before the disconnect and sent again after the reconnect is only that.
+    "redelivered_after_reconnect": (ALLOW_REDELIVERY, lambda r: _add_copy(r, "sub-0", "pub-0", 3, 9), set()),
+    # (allowed_redelivery below: twice within one connection, but the message's life crossed fault f1.)
+    "qos2_duplicate": (QOS2, lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6), {"duplicates.qos2"}),
     "orphan_payloads": (BASE, lambda r: s.set_snapshot(r, "sub-1", orphan_payloads=2), {"whitebox.orphan_payloads"}),
     "dangling_refs": (BASE, lambda r: s.set_snapshot(r, "sub-1", dangling_refs=1), {"whitebox.dangling_refs"}),
     "last_packet_id_behind": (BASE, lambda r: s.set_snapshot(r, "sub-1", last_packet_id=5),
                               {"whitebox.last_packet_id_behind"}),
+    # Only stored ids count: a clean session's live ids above the stored counter are no sign of it lagging.
+    "last_packet_id_clean_session_live_ids": (BASE, _clean_session_live_ids, set()),
+    # --- white box: a persistent session's stored ids go 1..65535, then 1, without a skip ---
+    "packet_id_skips_65535": (NEAR_WRAP, lambda r: s.skip_packet_ids(r, "sub-1", 65535), {"whitebox.packet_id_sequence"}),
+    "packet_id_skips_one": (NO_FAULT, lambda r: s.skip_packet_ids(r, "sub-1", 10), {"whitebox.packet_id_sequence"}),
+    "packet_id_wraps_in_order": (NEAR_WRAP, None, set()),
+    # sub-0's backlog #5..#10 (limit 3) loses #5..#7 to the trim: stored first, they took ids 5..7, so #8 gets 8.
+    "packet_ids_taken_by_trimmed": (replace(LIMIT, faults=()), lambda r: s.skip_packet_ids(r, "sub-0", 5, 3), set()),
+    "packet_ids_skipped_beyond_trimmed": (replace(LIMIT, faults=()), lambda r: s.skip_packet_ids(r, "sub-0", 5, 4),
+                                          {"whitebox.packet_id_sequence"}),
+    # A new session starts at 1 (clean_start_discards_backlog_v5 below); ids that go on from the old one do not.
+    "packet_ids_outlive_the_session": (EXPIRING, _ids_outlive_the_session, {"whitebox.packet_id_sequence"}),
     # Clean start (3.1.1 clean session = 1 / MQTT 5 clean start = 1) legally discards the old session's queue.
     "clean_start_discards_backlog": (BASE, lambda r: _reconnect_to_empty_queue(r, clean_start=True), set()),
     "non_clean_reconnect_loses_backlog": (BASE, lambda r: _reconnect_to_empty_queue(r, clean_start=False),
@@ -257,6 +313,15 @@ CASES = {
     "kept_skipped_while_newer_sent": (TWO_WINDOWS, lambda r: _unsent_between_windows(r, 10), {"durability.lost"}),
     # Carried into a window that never closes and holds fewer than the limit (#11..#13, limit 5): nothing
     # trimmed #10, and the broker had the online period to send it: still lost.
+    # Carried into the next backlog (limit 10: nothing trimmed) and never sent after that reconnect either: lost,
+    # and blamed on the window it was dropped in (the second), not the one it was first queued in.
+    "kept_unsent_then_lost_in_next_backlog": (replace(TWO_WINDOWS, limit=10),
+                                              lambda r: _unsent_between_windows(r, 10, 11),
+                                              {"durability.lost"}),
+    # Order inverted across a lost session: the ids restarted with the new session, they did not wrap.
+    "out_of_order_across_new_session": (BASE, lambda r: s.swap_deliveries(s.lose_session(r, "sub-0", 1), "sub-0",
+                                                                          "pub-0", 4, 9),
+                                        {"durability.session_lost", "order.out_of_order"}),
     "kept_unsent_then_subscriber_gone": (replace(TWO_WINDOWS, limit=5, messages=13),
                                          lambda r: _unsent_then_gone(r, 10, 11), {"durability.lost"}),
 }
@@ -340,10 +405,62 @@ def test_lost_witness_names_message_neighbours_and_fault(reports):
 
 
 def test_order_witness_flags_the_wrap(reports):
-    wrapped = _witness(reports["out_of_order_wrap"], "order.out_of_order")["data"]
+    wrapped = _witness(reports["out_of_order_wrap"], "order.out_of_order")
     plain = _witness(reports["out_of_order"], "order.out_of_order")["data"]
-    assert wrapped["across_wrap"] is True and plain["across_wrap"] is False
+    assert wrapped["data"]["across_wrap"] is True and plain["across_wrap"] is False
+    assert "across a packet-id wrap" in wrapped["text"]
     assert (plain["pub_seq"], plain["after_pub_seq"]) == (4, 5)
+    # Lower ids after a new session restarted them: no wrap (the old checker said "across a packet-id wrap").
+    restarted = _witness(reports["out_of_order_across_new_session"], "order.out_of_order")
+    assert restarted["data"]["packet_id"] < restarted["data"]["after_packet_id"]
+    assert restarted["data"]["across_wrap"] is False and restarted["data"]["across_new_session"] is True
+    assert "wrap" not in restarted["text"] and "across a new session" in restarted["text"]
+
+
+def test_loss_is_blamed_on_the_window_it_was_dropped_in(reports):
+    """pub-0 #10, queued while sub-0 was offline the first time, was not sent in the 100 ms between the two
+    windows (nor the live #11); the loss is the second window's (the old checker named the first)."""
+    witness = _witness(reports["kept_unsent_then_lost_in_next_backlog"], "durability.lost")
+    data = witness["data"]
+    assert (data["first_seq"], data["t_offline"], data["t_reconnect"]) == (
+        10, s.slot_time(TWO_WINDOWS, 12) - TWO_WINDOWS.interval_us // 4, s.slot_time(TWO_WINDOWS, 18) - TWO_WINDOWS.interval_us // 4)
+    assert data["carried_from_offline"] == s.slot_time(TWO_WINDOWS, 5) - TWO_WINDOWS.interval_us // 4
+    assert "offline again at" in witness["text"] and "dropped there" in witness["text"]
+
+
+def test_new_rule_witnesses_and_their_context(reports):
+    """The witnesses of the new rules say what happened, and each carries the history rows around it."""
+    twice = _witness(reports["backlog_twice_in_connection"], "duplicates.backlog_twice_in_connection")
+    assert (twice["data"]["client"], twice["data"]["pub_seq"]) == ("sub-0", 6)
+    assert twice["data"]["again_packet_id"] != twice["data"]["packet_id"] and "same connection" in twice["text"]
+    rows = twice["context"]
+    connects = [r for r in rows if r["kind"] == "connect"]
+    assert connects[-1]["session_present"] is True and connects[-1]["clean_start"] is False
+    own = [r for r in rows if r["witness"]]
+    assert [r["message"] for r in own] == ["pub-0#6", "pub-0#6"] and all(r["kind"] == "delivery" for r in own)
+    assert any(r["kind"] == "ack" for r in rows) and [r["t_s"] for r in rows] == sorted(r["t_s"] for r in rows)
+    skip = _witness(reports["packet_id_skips_65535"], "whitebox.packet_id_sequence")
+    assert (skip["data"]["prev_packet_id"], skip["data"]["packet_id"], skip["data"]["gap"]) == (65534, 1, 1)
+    assert "skipping 1 id(s)" in skip["text"]
+    assert [r["packet_id"] for r in skip["context"] if r["kind"] == "delivery"][-3:] != []
+    assert {65534, 1} <= {r["packet_id"] for r in skip["context"] if r["kind"] == "delivery"}
+    resend = _witness(reports["resend_within_connection_v5"], "order.resend_within_connection")
+    assert "MQTT-4.4.0-1" in resend["text"] and resend["data"]["dup"] is True
+    assert [r["dup"] for r in resend["context"] if r["witness"]] == [False, True]
+    # A fault active in the window is one of the rows.
+    lost = _witness(reports["lost_middle"], "durability.lost")
+    assert any(r["kind"].startswith("fault") and "redis-7003" in (r["note"] or "") for r in lost["context"])
+
+
+def test_reports_match_the_schema(reports):
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parents[2] / "docs" / "schemas" / "report.schema.json").read_text())
+    for name in ("backlog_twice_in_connection", "packet_id_skips_65535", "lost_middle", "clean"):
+        jsonschema.validate(reports[name], schema)
 
 
 def test_limit_witnesses(reports):
@@ -357,7 +474,7 @@ def test_limit_witnesses(reports):
 def test_external_target_has_no_white_box_verdicts(reports):
     report = reports["clean_external"]
     assert _by_verdict(report, "not_applicable") == {"whitebox.orphan_payloads", "whitebox.dangling_refs",
-                                                     "whitebox.last_packet_id_behind",
+                                                     "whitebox.last_packet_id_behind", "whitebox.packet_id_sequence",
                                                      "limits.trim_not_newest"}  # it declares drop_oldest
 
 

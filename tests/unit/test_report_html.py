@@ -51,3 +51,66 @@ def test_an_unknown_report_without_details_or_witnesses_renders():
     del report["faults"], report["counts"]
     page = render_html(report)
     assert "meta.history_complete — unknown" in page and "manifest says schema_version 9" in page
+
+
+CONTEXT = [
+    {"seq": 10, "t_s": 0.95, "kind": "connect", "client": "sub-0", "node": "broker-1", "message": None,
+     "packet_id": None, "dup": None, "qos": None, "clean_start": False, "session_present": True,
+     "note": "MQTT 5, session expiry 3600 s", "witness": None},
+    {"seq": None, "t_s": 1.0, "kind": "fault_start", "client": None, "node": "redis-7003", "message": None,
+     "packet_id": None, "dup": None, "qos": None, "clean_start": None, "session_present": None,
+     "note": "kill of redis-7003 (f1)", "witness": None},
+    {"seq": 12, "t_s": 1.1, "kind": "delivery", "client": "sub-0", "node": "broker-1", "message": "pub-0#6",
+     "packet_id": 65535, "dup": False, "qos": 1, "clean_start": None, "session_present": None, "note": None,
+     "witness": True},
+    {"seq": 13, "t_s": 1.2, "kind": "delivery", "client": "sub-0", "node": "broker-1", "message": "pub-0#6",
+     "packet_id": 65535, "dup": True, "qos": 1, "clean_start": None, "session_present": None, "note": EVIL,
+     "witness": True},
+    {"seq": 14, "t_s": 1.3, "kind": "ack", "client": "sub-0", "node": "broker-1", "message": None,
+     "packet_id": 65535, "dup": None, "qos": 1, "clean_start": None, "session_present": None, "note": None,
+     "witness": None},
+]
+
+
+def _with_context() -> dict:
+    report = _report()
+    report["invariants"][0]["witnesses"][0]["context"] = CONTEXT
+    return report
+
+
+def test_each_witness_shows_its_context_rows():
+    page = render_html(_with_context())
+    table = page.split("<table class='ctx'>")[1].split("</table>")[0]
+    rows = table.split("<tr")[2:]  # after the header
+    assert len(rows) == len(CONTEXT)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows]
+    # t, seq, kind, client, node, message, packet id, DUP, QoS, clean start, session present, note
+    assert cells[0][:3] == ["0.950", "10", "connect"] and cells[0][9:11] == ["0", "1"]
+    assert cells[1][2] == "fault_start" and "kill of redis-7003 (f1)" in cells[1][11] and "class='fault'" in rows[1]
+    assert cells[2][5:9] == ["pub-0#6", "65535", "0", "1"] and "class='w'" in rows[2]
+    assert cells[3][6:8] == ["65535", "1"] and "&lt;script&gt;" in cells[3][11]
+    assert cells[4][2] == "ack" and cells[4][6] == "65535"
+    assert "<script" not in page.lower()
+
+
+def test_a_witness_without_context_has_no_table():
+    assert "<table class='ctx'>" not in render_html(_report())
+
+
+def test_the_page_opens_with_the_failing_invariants_and_the_replay_command():
+    page = render_html(_with_context())
+    failing = page.index("<section id='failing'>")
+    assert failing < page.index("<h2>Verdicts</h2>") and failing < page.index("<h2>What the target promises</h2>")
+    head = page[failing:page.index("</section>", failing)]
+    assert "durability.phantom" in head and "order.dup_flag" not in head  # only what failed
+    assert "1 × Delivered but never published" in head and "delivered a body nobody published" in head
+    assert "ordeal replay /runs/&lt;script&gt;" in head
+
+
+def test_a_passing_page_says_nothing_failed_and_still_gives_the_replay_command():
+    report = _report()
+    report["verdict"], report["exit_code"] = "pass", 0
+    report["invariants"] = report["invariants"][1:]
+    page = render_html(report)
+    head = page[page.index("<section id='failing'>"):]
+    assert "No invariant failed" in head.split("</section>")[0] and "ordeal replay" in head.split("</section>")[0]

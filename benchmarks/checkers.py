@@ -250,7 +250,7 @@ def _warm_side_by_side(spark, run_dir: Path, repeats: int) -> dict:
             "found": found["checkpoint"], "same_found": found["checkpoint"] == found["persist"]}
 
 
-def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]:
+def per_run_latency(sizes: list[int], out: Path, repeats: int = 2, warm_only: bool = False) -> list[dict]:
     """Per-run check latency, the figure a command pays: for each history size, a classic in-process session
     and the shared Spark Connect server, cold (a fresh JVM: engine start + the first check, each measured) and
     warm (the engine has checked before; best of ``repeats`` further checks).  Side by side in one run, with the
@@ -269,6 +269,8 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
     rows = {events: {"events": events} for events in sizes}
     for events in sizes:
         rows[events]["duckdb_s"] = round(duckdb_seconds(dirs[events])[0], 2)
+        if warm_only:
+            continue
         # Classic cold: what a command paid before the shared server (its own JVM, then the check).
         done = subprocess.run([sys.executable, "-c", COLD_CLASSIC, str(dirs[events])], capture_output=True, text=True,
                               check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
@@ -281,6 +283,11 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
         warm = _warm_side_by_side(classic, dirs[events], repeats)
         rows[events].update({f"classic_{k}" if k.startswith("warm") else k: v for k, v in warm.items()})
         print(json.dumps(rows[events]), flush=True)
+    if warm_only:
+        for row in rows.values():
+            row["load_avg_1m"] = round(os.getloadavg()[0], 1)
+            print(json.dumps(row), flush=True)
+        return list(rows.values())
     # Spark Connect in a process of its own: pyspark refuses classic and Connect sessions in one process (a
     # Connect session switches pyspark.sql.functions to Connect columns process-wide).
     done = subprocess.run([sys.executable, __file__, "--connect-child", "--out", str(out), "--events",
@@ -345,6 +352,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, nargs="*", default=[1_000_000, 10_000_000])
     parser.add_argument("--latency", type=int, nargs="*", default=[10_000, 100_000, 1_000_000],
                         help="History sizes for the per-run latency figures (none: skip them).")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="Latency: only the classic session's warm figures (old vs new), no cold starts, no Connect.")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-checkers"))
     parser.add_argument("--connect-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--spark-master", default="local[2]",
@@ -356,7 +365,7 @@ def main() -> None:
     if args.connect_child:
         print(json.dumps(connect_latency(args.latency, args.out)))
         return
-    latency = per_run_latency(args.latency, args.out) if args.latency else []
+    latency = per_run_latency(args.latency, args.out, warm_only=args.warm_only) if args.latency else []
     (args.out / "latency.json").write_text(json.dumps(latency, indent=2))
     if not args.events:
         return

@@ -271,6 +271,8 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
         "exit_code": code,
         "summary": {v: sum(1 for r in results if r.verdict == v) for v in VERDICTS},
         "notes": _notes(g, timeline) + outcome.notes,
+        # The command that reproduces the run, as the run recorded it (report.html opens with it).
+        "replay": None if timeline is None else (timeline.phases.get("run_start") or {}).get("replay"),
         "invariants": [r.to_dict() for r in results],
         "history": {"hash_sha256": run.history_hash, "manifest": run.manifest, "parts": len(run.parts),
                     "incomplete": incomplete, "fatal": list(fatal)},

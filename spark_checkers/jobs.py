@@ -551,18 +551,31 @@ def packet_id_gaps(slots, table, clients_b, runs_b):
     from pyspark.sql import functions as F
 
     session = ["run_id", "client", "epoch"]
-    order = Window.partitionBy(*session).orderBy("seq")
+    by_seq = Window.partitionBy(*session).orderBy("seq")
     valid = (F.col("packet_id") >= 1) & (F.col("packet_id") <= 65535) & ~F.col("reused")
     ids = slots.filter(F.col("new_id")).select(
         *session, "seq", "t", "packet_id", "publisher", "pub_seq", valid.alias("valid"), "t_origin")
-    prev = F.lag(F.struct("packet_id", "t", "valid")).over(order)
+    # Why not the receive order: a QoS 2 message is recorded when the client library hands it over (at PUBREL),
+    # after QoS 1 messages sent later with higher ids.  So the ids are put in the order the broker handed them
+    # out: each one's place is laps * 65535 + id, a lap counted where, in receive order, the id drops (a wrap) or
+    # climbs back (a late one from before the wrap) by more than half the space.
+    last_valid = F.last(F.when(F.col("valid"), F.col("packet_id")), ignorenulls=True).over(
+        by_seq.rowsBetween(Window.unboundedPreceding, -1))
+    ids = ids.select("*", last_valid.alias("last_valid"), F.lag("valid").over(by_seq).alias("after_valid"))
+    step = (F.when(F.col("packet_id") < F.col("last_valid") - 32767, F.lit(1))
+            .when(F.col("packet_id") > F.col("last_valid") + 32767, F.lit(-1)).otherwise(F.lit(0)))
+    ids = ids.select("*", F.sum(F.when(F.col("valid"), step).otherwise(F.lit(0))).over(
+        by_seq.rowsBetween(Window.unboundedPreceding, Window.currentRow)).alias("lap"))
+    # Why an invalid or reused id (and the one received right after it) is not judged: its own rule reports it.
+    ids = ids.filter(F.col("valid")).select("*", (F.col("lap") * 65535 + F.col("packet_id")).alias("pos"))
+    order = Window.partitionBy(*session).orderBy("pos", "seq")
+    prev = F.lag(F.struct("packet_id", "t", "pos")).over(order)
     ids = ids.select("*", prev.alias("prev"))
-    # Why an invalid or reused id breaks the chain rather than counting: its own rule reports it.
-    gap = (F.when(~F.col("valid"), F.lit(None))
+    gap = (F.when(F.col("after_valid") == F.lit(False), F.lit(None))
            .when(F.col("prev").isNull(), F.when(F.col("epoch") > 1, F.col("packet_id") - 1))
-           .when(~F.col("prev.valid"), F.lit(None))
-           .otherwise((F.col("packet_id") - F.col("prev.packet_id") - 1 + 65535) % 65535))
-    gaps = ids.select("*", gap.alias("gap")).filter(F.col("gap") > 0)
+           .otherwise(F.col("pos") - F.col("prev.pos") - 1))
+    gaps = ids.select("*", gap.alias("gap"), F.max("t").over(order.rowsBetween(
+        Window.unboundedPreceding, Window.currentRow)).alias("t_reach")).filter(F.col("gap") > 0)
     # When this session started (its fresh connect), from the broadcast client table.
     started = F.element_at(F.filter(F.coalesce("connects", F.array()), lambda c: c["seq"] == F.element_at(
         F.col("fresh_seqs"), F.col("epoch"))), 1)["t"]
@@ -573,14 +586,14 @@ def packet_id_gaps(slots, table, clients_b, runs_b):
     # claims (any message on a topic its filters match), published since the session began, before the delivery.
     missing = table.filter(~F.col("delivered") & (F.coalesce("pub_qos", F.lit(0)) > 0)).select(
         "run_id", "client", F.col("t_invoke").alias("t_missing"))
-    counted = (F.broadcast(gaps.select(*session, "seq", "t", "t_session", "slack_us"))
+    counted = (F.broadcast(gaps.select(*session, "seq", "t_reach", "t_session", "slack_us"))
                .join(missing, ["run_id", "client"])
-               .filter((F.col("t_missing") < F.col("t"))
+               .filter((F.col("t_missing") < F.col("t_reach"))
                        & (F.col("t_session").isNull() | (F.col("t_missing") >= F.col("t_session") - F.col("slack_us"))))
                .groupBy(*session, "seq").agg(F.count(F.lit(1)).alias("undelivered")))
     gaps = gaps.join(counted, [*session, "seq"], "left").fillna(0, ["undelivered"])
-    t_from = F.coalesce(F.col("prev.t"), F.col("t_session"), F.col("t"))
-    faulted = F.exists(F.coalesce("fault_spans", F.array()), lambda x: (x["s"] <= F.col("t"))
+    t_from = F.least(F.coalesce(F.col("prev.t"), F.col("t_session"), F.col("t")), F.col("t"))
+    faulted = F.exists(F.coalesce("fault_spans", F.array()), lambda x: (x["s"] <= F.col("t_reach"))
                        & (x["e"] + F.col("slack_us") >= t_from - F.col("slack_us")))
     judged = F.when(faulted, F.lit(0)).otherwise(F.col("gap"))
     running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)

@@ -114,3 +114,10 @@ def test_a_passing_page_says_nothing_failed_and_still_gives_the_replay_command()
     page = render_html(report)
     head = page[page.index("<section id='failing'>"):]
     assert "No invariant failed" in head.split("</section>")[0] and "ordeal replay" in head.split("</section>")[0]
+
+
+def test_the_recorded_replay_command_is_shown_first():
+    report = _with_context()
+    report["replay"] = "ordeal run scenarios/p2p-smoke.toml --seed 3 --out runs"
+    head = render_html(report).split("</section>")[0]
+    assert "ordeal run scenarios/p2p-smoke.toml --seed 3 --out runs" in head and "ordeal replay /runs/" in head

@@ -2,7 +2,9 @@
 in-process session and the shared Spark Connect server), then all checkers at 1M and 10M events on local[2],
 side by side with (a) a raw Parquet scan of the same files, (b) one shuffle + sort of the deliveries by
 subscriber (the floor of any Spark plan that orders each subscriber's deliveries) and (c) the loss + order
-rules in DuckDB, single process.  Every figure of one invocation is measured in the same conditions: compare
+rules in DuckDB, single process.  The warm latency figures check each history both ways a small check can
+materialise its tables ($ORDEAL_CHECKER_FREEZE: persist, the old way, and checkpoint, the new), interleaved,
+and give the new/old ratio.  Every figure of one invocation is measured in the same conditions: compare
 ratios, not seconds across runs (the machine is shared).
 
     .venv/bin/python benchmarks/checkers.py [--latency 10000 100000 1000000] [--events 1000000 10000000]
@@ -219,7 +221,36 @@ def _found(report: dict) -> dict:
     return {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
 
 
-def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]:
+FREEZE_MODES = ("persist", "checkpoint")  # the old way a small check materialised its tables, and the new
+
+
+def _warm_side_by_side(spark, run_dir: Path, repeats: int) -> dict:
+    """Warm checks of one history with each materialisation ($ORDEAL_CHECKER_FREEZE), interleaved (the order
+    alternates per repeat) so both see the same load: best time of each, the new/old ratio, and what each
+    found (must be equal)."""
+    from spark_checkers.api import check_runs
+
+    times: dict[str, list[float]] = {m: [] for m in FREEZE_MODES}
+    found: dict[str, dict] = {}
+    before = os.environ.get("ORDEAL_CHECKER_FREEZE")
+    try:
+        for repeat in range(repeats):
+            for mode in FREEZE_MODES if repeat % 2 == 0 else FREEZE_MODES[::-1]:
+                os.environ["ORDEAL_CHECKER_FREEZE"] = mode
+                started = time.monotonic()
+                report = check_runs([run_dir], spark=spark)[0]
+                times[mode].append(time.monotonic() - started)
+                found[mode] = _found(report)
+    finally:
+        os.environ.pop("ORDEAL_CHECKER_FREEZE", None)
+        if before is not None:
+            os.environ["ORDEAL_CHECKER_FREEZE"] = before
+    old, new = (min(times[m]) for m in FREEZE_MODES)
+    return {"warm_s": round(new, 2), "warm_old_s": round(old, 2), "warm_new_vs_old": round(new / old, 2),
+            "found": found["checkpoint"], "same_found": found["checkpoint"] == found["persist"]}
+
+
+def per_run_latency(sizes: list[int], out: Path, repeats: int = 2, warm_only: bool = False) -> list[dict]:
     """Per-run check latency, the figure a command pays: for each history size, a classic in-process session
     and the shared Spark Connect server, cold (a fresh JVM: engine start + the first check, each measured) and
     warm (the engine has checked before; best of ``repeats`` further checks).  Side by side in one run, with the
@@ -238,6 +269,8 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
     rows = {events: {"events": events} for events in sizes}
     for events in sizes:
         rows[events]["duckdb_s"] = round(duckdb_seconds(dirs[events])[0], 2)
+        if warm_only:
+            continue
         # Classic cold: what a command paid before the shared server (its own JVM, then the check).
         done = subprocess.run([sys.executable, "-c", COLD_CLASSIC, str(dirs[events])], capture_output=True, text=True,
                               check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
@@ -247,13 +280,14 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
     classic = session.spark_session("local[2]")
     for events in sizes:
         check_runs([dirs[events]], spark=classic)  # warm-up of this size
-        times = []
-        for _ in range(repeats):
-            started = time.monotonic()
-            report = check_runs([dirs[events]], spark=classic)[0]
-            times.append(time.monotonic() - started)
-        rows[events].update(classic_warm_s=round(min(times), 2), found=_found(report))
+        warm = _warm_side_by_side(classic, dirs[events], repeats)
+        rows[events].update({f"classic_{k}" if k.startswith("warm") else k: v for k, v in warm.items()})
         print(json.dumps(rows[events]), flush=True)
+    if warm_only:
+        for row in rows.values():
+            row["load_avg_1m"] = round(os.getloadavg()[0], 1)
+            print(json.dumps(row), flush=True)
+        return list(rows.values())
     # Spark Connect in a process of its own: pyspark refuses classic and Connect sessions in one process (a
     # Connect session switches pyspark.sql.functions to Connect columns process-wide).
     done = subprocess.run([sys.executable, __file__, "--connect-child", "--out", str(out), "--events",
@@ -297,15 +331,13 @@ def connect_latency(sizes: list[int], out: Path, repeats: int = 2) -> list[dict]
             spark.range(1).count()
             start_s = time.monotonic() - started
             started = time.monotonic()
-            report = check_runs([dirs[events]], spark=spark)[0]
+            check_runs([dirs[events]], spark=spark)
             rows[events].update(connect_cold_start_s=round(start_s, 2),
                                 connect_cold_check_s=round(time.monotonic() - started, 2))
-            times = []
-            for _ in range(repeats):
-                started = time.monotonic()
-                report = check_runs([dirs[events]], spark=spark)[0]
-                times.append(time.monotonic() - started)
-            rows[events].update(connect_warm_s=round(min(times), 2), connect_found=_found(report))
+            warm = _warm_side_by_side(spark, dirs[events], repeats)
+            rows[events].update(connect_warm_s=warm["warm_s"], connect_warm_old_s=warm["warm_old_s"],
+                                connect_warm_new_vs_old=warm["warm_new_vs_old"], connect_found=warm["found"],
+                                connect_same_found=warm["same_found"])
             print(json.dumps(rows[events]), file=sys.stderr, flush=True)
     finally:
         if spark is not None:
@@ -320,6 +352,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, nargs="*", default=[1_000_000, 10_000_000])
     parser.add_argument("--latency", type=int, nargs="*", default=[10_000, 100_000, 1_000_000],
                         help="History sizes for the per-run latency figures (none: skip them).")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="Latency: only the classic session's warm figures (old vs new), no cold starts, no Connect.")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-checkers"))
     parser.add_argument("--connect-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--spark-master", default="local[2]",
@@ -331,7 +365,7 @@ def main() -> None:
     if args.connect_child:
         print(json.dumps(connect_latency(args.latency, args.out)))
         return
-    latency = per_run_latency(args.latency, args.out) if args.latency else []
+    latency = per_run_latency(args.latency, args.out, warm_only=args.warm_only) if args.latency else []
     (args.out / "latency.json").write_text(json.dumps(latency, indent=2))
     if not args.events:
         return

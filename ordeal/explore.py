@@ -7,6 +7,17 @@ check).  A run that still overruns (a drain that waits for its timeout) is cut a
 as interrupted, its verdict unknown ("cut by the budget"), never a pass.  A cut run is not checked; a run
 whose run phase ends just before the deadline still is, so the worst overrun is one check (15-80 s here).
 
+Checks overlap the next seed (``overlap_checks``, the default): a seed's run ends with its topology
+stopped and its history written, then the next seed starts at once while a background thread checks every
+finished run waiting for it in one Spark job (``pipeline.check_and_record``: one job for the batch, one
+fixed cost).  Isolation between seeds is what it was: each seed still starts its own topology (fresh Redis
+Cluster, Kafka store and broker processes) and stops it before the next starts; only the Spark check of
+seed N, which reads seed N's stored history and nothing live, runs beside seed N+1.  What it costs: the
+check's CPU is taken from the next seed's workload (2 cores here), which a scenario's tolerances must
+absorb like any other load.  ``--serial-checks`` checks each seed before the next starts (the old order).
+The budget rule then also keeps room for the last check: duration + the worst measured run overhead +
+the worst measured check.
+
 Corpus layout (``--corpus DIR``):
   <scenario>-<seed>/   plan.json scenario.toml report.json entry.json  (one per failing run; replayable
                        with ``ordeal replay <entry>``; entry.json holds the replay commands, the failing
@@ -51,6 +62,7 @@ class ExploreSettings:
     out: Path
     seed_start: int | None = None  # None: one after the highest seed of this scenario in the corpus
     spark_master: str | None = None
+    overlap_checks: bool = True  # check finished seeds in the background, batched, while the next one runs
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,7 @@ class ExploredRun:
     unknown: tuple[str, ...]  # reasons
     entry: str | None  # the corpus entry (failing runs)
     phases: tuple[tuple[str, float], ...] = ()  # where the run's wall time went (overhead_phases)
+    check_overlapped: bool = False  # its check ran beside the next seed: not part of the run's wall time
 
 
 # A run's wall time by phase, from its summary.json timings: everything but the workload is overhead.
@@ -73,11 +86,13 @@ PHASES = (("topology start", ("target_start_s",)), ("workload", ("workload_s",))
           ("topology stop", ("target_stop_s",)), ("check", ("check_s",)))
 
 
-def overhead_phases(summary: dict[str, Any], wall_s: float) -> tuple[tuple[str, float], ...]:
-    """(phase, seconds) for one run, plus "other" (plan, history writing, reports: the rest of the wall time)."""
+def overhead_phases(summary: dict[str, Any], wall_s: float, overlapped: bool = False) -> tuple[tuple[str, float], ...]:
+    """(phase, seconds) for one run, plus "other" (plan, history writing, reports: the rest of the wall time).
+    An overlapped check ran beside the next seed, outside ``wall_s``: reported, not subtracted."""
     timings = summary.get("timings_s") or {}
     phases = [(name, round(sum(float(timings.get(k) or 0.0) for k in keys), 2)) for name, keys in PHASES]
-    return (*phases, ("other", round(max(0.0, wall_s - sum(v for _, v in phases)), 2)))
+    inside = sum(v for name, v in phases if not (overlapped and name == "check"))
+    return (*phases, ("other", round(max(0.0, wall_s - inside), 2)))
 
 
 @dataclass
@@ -87,6 +102,7 @@ class ExploreResult:
     stop_reason: str = ""
     started: float = field(default_factory=time.monotonic)
     elapsed_s: float = 0.0
+    check_batches: list[tuple[int, float]] = field(default_factory=list)  # overlapped checks: (runs, seconds)
 
     @property
     def exit_code(self) -> int:
@@ -121,10 +137,84 @@ def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
         handle.write(json.dumps(row, sort_keys=True) + "\n")
 
 
-def estimate_run_s(duration_s: float, drain_quiet_s: float, overheads: list[float]) -> float:
+def estimate_run_s(duration_s: float, drain_quiet_s: float, overheads: list[float],
+                   checks: list[float] | None = None) -> float:
     """Wall time a run is expected to need (see the module's budget rule).  Before the first run the guess
-    is high on purpose: even with a Spark session already up, the first check in a JVM took 40-80 s."""
-    return duration_s + (max(overheads) if overheads else drain_quiet_s + FIRST_RUN_OVERHEAD_S)
+    is high on purpose: even with a Spark session already up, the first check in a JVM took 40-80 s.
+    ``checks`` (overlapped checks only): the measured check batches; the last run's check still has to fit,
+    so the worst of them is added (before any was measured: the first-run guess)."""
+    if checks is None:
+        return duration_s + (max(overheads) if overheads else drain_quiet_s + FIRST_RUN_OVERHEAD_S)
+    if not overheads:
+        return duration_s + drain_quiet_s + FIRST_RUN_OVERHEAD_S
+    return duration_s + max(overheads) + (max(checks) if checks else FIRST_RUN_OVERHEAD_S)
+
+
+class BackgroundChecker:
+    """Checks finished runs in a thread of its own while the next seed runs: every run waiting when the
+    thread is free goes into one ``check_and_record`` call (one Spark job for the batch).  Finished checks are
+    taken by the explore loop (``take``) in the order they were submitted."""
+
+    def __init__(self, spark_master: str | None = None, check=None):
+        from ordeal import pipeline
+
+        self._check = check or (lambda dirs: pipeline.check_and_record(dirs, spark_master=spark_master))
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[Played, Any]] = []
+        self._done: list[tuple[Played, Any]] = []
+        self._running = 0
+        self._closed = False
+        self.batches: list[tuple[int, float]] = []  # (runs, seconds) per check job
+        self._thread = threading.Thread(target=self._work, name="explore-checker", daemon=True)
+        self._thread.start()
+
+    def submit(self, played: Played, plan) -> None:
+        with self._cond:
+            self._waiting.append((played, plan))
+            self._cond.notify_all()
+
+    def take(self) -> list[tuple[Played, Any]]:
+        with self._cond:
+            done, self._done = self._done, []
+        return done
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._waiting) + self._running
+
+    def close(self) -> list[tuple[Played, Any]]:
+        """Wait for every submitted run's check; return what was not taken yet."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        return self.take()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if not self._waiting:
+                    return
+                # Why all at once: a check's cost is mostly fixed (jobs, stages), so the runs that queued up
+                # while the last check ran share one job instead of each paying it.
+                batch, self._waiting = self._waiting, []
+                self._running = len(batch)
+            started = time.monotonic()
+            try:
+                checked = self._check([played.run_dir for played, _ in batch])
+                results = [(Played(played.run_dir, item.exit_code, item.report, played.seconds, item.summary), plan)
+                           for (played, plan), item in zip(batch, checked, strict=True)]
+            except Exception as error:  # noqa: BLE001 - a broken check is an unknown run, never a lost one
+                results = [(Played(played.run_dir, 2, None, played.seconds,
+                                   {**played.summary, "check": f"the checker failed: {type(error).__name__}: {error}",
+                                    "checked": False}), plan) for played, plan in batch]
+            with self._cond:
+                self.batches.append((len(batch), time.monotonic() - started))
+                self._done.extend(results)
+                self._running = 0
+                self._cond.notify_all()
 
 
 def explore(scenario_path: Path, settings: ExploreSettings, log: Callable[[str], None] = print) -> ExploreResult:
@@ -145,11 +235,29 @@ def explore(scenario_path: Path, settings: ExploreSettings, log: Callable[[str],
 
 def _loop(result: ExploreResult, scenario, scenario_path: Path, settings: ExploreSettings, seed: int,
           deadline: float, log: Callable[[str], None]) -> None:
+    checker = BackgroundChecker(settings.spark_master) if settings.overlap_checks else None
+    try:
+        _seeds(result, scenario, scenario_path, settings, seed, deadline, log, checker)
+    finally:
+        if checker is not None:
+            for played, plan in checker.close():  # the last seeds' checks (the budget kept room for one)
+                _log_run(result, _record(played, plan, scenario_path, settings.corpus, cut=False, overlapped=True),
+                         log)
+            result.check_batches = list(checker.batches)
+
+
+def _seeds(result: ExploreResult, scenario, scenario_path: Path, settings: ExploreSettings, seed: int,
+           deadline: float, log: Callable[[str], None], checker: BackgroundChecker | None) -> None:
     duration = scenario.scenario.duration_s
     overheads: list[float] = []
     while True:
+        if checker is not None:
+            for played, plan in checker.take():
+                _log_run(result, _record(played, plan, scenario_path, settings.corpus, cut=False, overlapped=True),
+                         log)
         remaining = deadline - time.monotonic()
-        needed = estimate_run_s(duration, scenario.scenario.drain_quiet_s, overheads)
+        checks = None if checker is None else [seconds for _, seconds in checker.batches]
+        needed = estimate_run_s(duration, scenario.scenario.drain_quiet_s, overheads, checks)
         # Why: never start a run that cannot finish inside the budget (the estimate errs high).
         if remaining < needed:
             result.stop_reason = f"budget: {remaining:.0f} s left, a run needs about {needed:.0f} s"
@@ -160,24 +268,32 @@ def _loop(result: ExploreResult, scenario, scenario_path: Path, settings: Explor
         cutter.daemon = True
         cutter.start()
         try:
-            played = play(scenario_path, plan, settings.out, stop=stop, spark_master=settings.spark_master)
+            played = play(scenario_path, plan, settings.out, stop=stop, spark_master=settings.spark_master,
+                          check=checker is None)
         finally:
             cutter.cancel()
         overheads.append(max(0.0, played.seconds - duration))
         cut = stop.is_set() and time.monotonic() >= deadline - 1.0
-        explored = _record(played, plan, scenario_path, settings.corpus, cut=cut)
-        result.runs.append(explored)
-        log(f"seed {seed:>6}  exit {explored.exit_code}  {explored.seconds:>5.0f} s  faults "
-            f"{explored.faults_applied}/{explored.faults_planned}  "
-            + (f"FAILS {', '.join(explored.failing)}  -> {explored.entry}" if explored.failing else
-               f"unknown: {'; '.join(explored.unknown)[:150]}" if explored.exit_code != 0 else "pass"))
+        if checker is not None and not cut and played.summary.get("history_complete"):
+            checker.submit(played, plan)  # checked beside the next seed
+        else:  # checked already (serial), or never checked (cut, incomplete history: unknown)
+            _log_run(result, _record(played, plan, scenario_path, settings.corpus, cut=cut), log)
         seed += 1
         if stop.is_set() and not cut:  # SIGINT/SIGTERM during the run: the user wants to stop
             result.stop_reason = "interrupted (SIGINT/SIGTERM)"
             break
 
 
-def _record(played: Played, plan, scenario_path: Path, corpus: Path, *, cut: bool) -> ExploredRun:
+def _log_run(result: ExploreResult, explored: ExploredRun, log: Callable[[str], None]) -> None:
+    result.runs.append(explored)
+    log(f"seed {explored.seed:>6}  exit {explored.exit_code}  {explored.seconds:>5.0f} s  faults "
+        f"{explored.faults_applied}/{explored.faults_planned}  "
+        + (f"FAILS {', '.join(explored.failing)}  -> {explored.entry}" if explored.failing else
+           f"unknown: {'; '.join(explored.unknown)[:150]}" if explored.exit_code != 0 else "pass"))
+
+
+def _record(played: Played, plan, scenario_path: Path, corpus: Path, *, cut: bool,
+            overlapped: bool = False) -> ExploredRun:
     report = played.report
     failing = tuple(sorted(played.failing))
     unknown = _unknown_reasons(played, cut)
@@ -187,7 +303,7 @@ def _record(played: Played, plan, scenario_path: Path, corpus: Path, *, cut: boo
         seed=plan.seed, exit_code=played.exit_code, run_dir=str(played.run_dir), seconds=played.seconds,
         faults_planned=len(plan.faults), faults_applied=sum(1 for f in faults if not f.get("error")),
         failing=failing, unknown=unknown if played.exit_code == 2 else (), entry=str(entry) if entry else None,
-        phases=overhead_phases(played.summary, played.seconds))
+        phases=overhead_phases(played.summary, played.seconds, overlapped=overlapped), check_overlapped=overlapped)
     row = {"scenario": plan.scenario, **asdict(explored)}
     _append_jsonl(corpus / "explored.jsonl", row)
     if played.exit_code == 2:
@@ -249,7 +365,9 @@ def summary_lines(result: ExploreResult) -> list[str]:
 
 
 def throughput_lines(result: ExploreResult) -> list[str]:
-    """Faulted runs per hour and where each run's time went (the nightly's figures)."""
+    """Faulted runs per hour and where each run's time went (the nightly's figures).  The overhead per run is
+    what delays the next seed: everything but the workload, less an overlapped check (it runs beside the next
+    seed; its batches are listed on their own line)."""
     lines: list[str] = []
     if result.runs:
         faulted = sum(1 for r in result.runs if r.faults_applied > 0)
@@ -258,9 +376,17 @@ def throughput_lines(result: ExploreResult) -> list[str]:
                      f"({faulted} of {len(result.runs)} runs had a fault applied)")
         mean = {name: sum(dict(r.phases).get(name, 0.0) for r in result.runs) / len(result.runs)
                 for name, _ in (*PHASES, ("other", ()))}
-        overhead = sum(v for k, v in mean.items() if k != "workload")
+        overlapped = sum(1 for r in result.runs if r.check_overlapped)
+        in_line = {k: v for k, v in mean.items()
+                   if k != "workload" and not (k == "check" and overlapped == len(result.runs))}
         lines.append("per run (mean s): " + "  ".join(f"{k} {v:.1f}" for k, v in mean.items())
-                     + f"  -> overhead {overhead:.1f} s per run")
+                     + f"  -> overhead {sum(in_line.values()):.1f} s per run"
+                     + (" (the check overlapped with the next seed)" if overlapped == len(result.runs) else ""))
+    if result.check_batches:
+        runs = sum(n for n, _ in result.check_batches)
+        seconds = sum(s for _, s in result.check_batches)
+        lines.append(f"checks: {runs} runs in {len(result.check_batches)} Spark jobs, {seconds:.0f} s in all "
+                     f"({seconds / max(runs, 1):.1f} s per run), beside the next seeds")
     return lines
 
 

@@ -108,6 +108,11 @@ def _release(cached: list) -> None:
     for df in cached:
         try:
             df.unpersist()
+            # A classic local checkpoint's blocks belong to its RDD, not to a cache entry (on Connect the
+            # server drops it when the client's DataFrame goes).
+            plan = df._jdf.logicalPlan() if hasattr(df, "_jdf") else None
+            if plan is not None and plan.getClass().getSimpleName() == "LogicalRDD":
+                plan.rdd().unpersist(False)
         except Exception:  # noqa: BLE001, S110 - best effort: the verdict is already decided elsewhere
             pass
 

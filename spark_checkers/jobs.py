@@ -345,14 +345,34 @@ class Rules:
         return [witness(self.df.filter(cond), inv, key, *cols) for inv, cond, key, cols in self.rules]
 
 
-def _freeze(df, cached: list, label: str):
+def freeze_mode(small: bool) -> str:
+    """How ``_freeze`` materialises: "checkpoint" for a small check (a run's history), "persist" for a big one;
+    $ORDEAL_CHECKER_FREEZE overrides (the benchmark compares the two side by side)."""
+    mode = os.environ.get("ORDEAL_CHECKER_FREEZE") or ("checkpoint" if small else "persist")
+    if mode not in ("checkpoint", "persist"):
+        raise ValueError(f"$ORDEAL_CHECKER_FREEZE={mode!r}: expected checkpoint or persist")
+    return mode
+
+
+def _freeze(df, cached: list, label: str, mode: str = "persist"):
     """Materialise once (memory, spilling to disk), so every later rule and metric reads the result instead of
-    recomputing it.  A plain persist, not localCheckpoint: a lost block is recomputed from its lineage instead
-    of failing the check (a localCheckpoint block lost under load once failed a whole check).  Eagerly (a
-    count() job): measured, caching lazily inside the one final query made a 10k-event check 2-3x slower."""
+    recomputing it.  Eagerly (one job): measured, caching lazily inside the one final query made a 10k-event
+    check 2-3x slower.
+
+    "checkpoint" (a small check): the result becomes a leaf of every later plan (an eager local checkpoint,
+    memory and disk).  A small check's cost is the driver's: every later query re-analyses and re-optimises
+    the lineage of what it reads, and matches it against the cache; with leaves that work is gone (measured at
+    10k events: the driver thread's CPU 2.7-3.8 s per check instead of 4.6-6.2 s; JVM CPU 6.5-12.8 s
+    instead of 14.2-18.0 s).  "persist" (a big check): a plain persist, whose lost block is recomputed from its
+    lineage instead of failing the check (a local checkpoint's block lost under load once failed a 10 M check,
+    session 2)."""
     from pyspark import StorageLevel
 
     with timed(f"materialise {label}"):
+        if mode == "checkpoint":
+            frozen = df.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
+            cached.append(frozen)
+            return frozen
         frozen = df.persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(frozen)
         frozen.count()
@@ -373,15 +393,16 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     with timed("side tables"):
         runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
     runs_b, clients_b, match_b = F.broadcast(runs_df), F.broadcast(clients_df), F.broadcast(match_df)
-    pub = _freeze(publishes(events), cached, "publishes")
+    mode = freeze_mode(small)
+    pub = _freeze(publishes(events), cached, "publishes", mode)
     by = subscriber_partitioning(runs)
     slots = _freeze(delivery_slots(events, clients_df, by).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
-                    cached, "slots")
+                    cached, "slots", mode)
     # Sorted by the join key within each subscriber's partition, so every later join with it only merges.
     dsm = _freeze(with_stream_neighbour(deliveries_per_message(slots.drop("t_origin", "tol_us")))
-                  .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "per_message")
+                  .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "per_message", mode)
     claims = subscriber_claims(pub, slots, match_b, by)
-    table = _freeze(per_subscriber_message(claims, dsm, runs_b, clients_b), cached, "per_subscriber_message")
+    table = _freeze(per_subscriber_message(claims, dsm, runs_b, clients_b), cached, "per_subscriber_message", mode)
     with timed("publish lookup of deliveries"):
         dp = delivered_messages(table, dsm, pub, runs_b, count_first=not small)
     qos_pos = F.coalesce("qos", F.lit(0)) > 0

@@ -207,6 +207,10 @@ def _connect(url: str, label: str, key: str | None = None):
     from pyspark.sql import SparkSession
 
     key = key or url
+    # The client's gRPC threads may be busy (a background check in explore) while the harness forks its
+    # processes; none of those children speaks gRPC, so gRPC's fork handlers (and their log line per fork)
+    # are not needed.  Read when grpc is first imported.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     known = _connect_sessions.get(key)
     if known is not None and not getattr(known, "is_stopped", False):
         return known

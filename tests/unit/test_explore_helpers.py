@@ -13,6 +13,7 @@ from contracts.scenario import find_scenario, load_scenario
 from ordeal.commands.explore import parse_duration
 from ordeal.explore import (
     FIRST_RUN_OVERHEAD_S,
+    BackgroundChecker,
     ExploredRun,
     ExploreError,
     ExploreResult,
@@ -23,7 +24,8 @@ from ordeal.explore import (
     promote,
     summary_lines,
 )
-from ordeal.replay import StoredRunError, compare, comparison_lines, first_witness, load_stored_run
+from ordeal.pipeline import Checked
+from ordeal.replay import Played, StoredRunError, compare, comparison_lines, first_witness, load_stored_run
 from ordeal.shrink import RunsRule, ShrinkError
 from properties.generate import make_plan
 
@@ -77,6 +79,47 @@ def test_first_witness_is_from_the_first_failing_invariant():
 def test_budget_estimate_uses_the_worst_measured_overhead():
     assert estimate_run_s(3, 1, []) == 3 + 1 + FIRST_RUN_OVERHEAD_S
     assert estimate_run_s(3, 1, [12.0, 20.0, 15.0]) == 23.0
+    # Overlapped checks: the last run's check must fit too (the first-run guess until one was measured).
+    assert estimate_run_s(3, 1, [], []) == 3 + 1 + FIRST_RUN_OVERHEAD_S
+    assert estimate_run_s(3, 1, [5.0], []) == 3 + 5 + FIRST_RUN_OVERHEAD_S
+    assert estimate_run_s(3, 1, [5.0, 6.0], [9.0, 4.0]) == 3 + 6 + 9
+
+
+def test_background_checker_batches_what_queued_and_keeps_the_order(tmp_path):
+    import threading
+
+    gate, calls = threading.Event(), []
+
+    def check(dirs):
+        calls.append([d.name for d in dirs])
+        gate.wait(10)  # the first check is still running while more runs finish
+        return [Checked(d, {"invariants": []}, {"exit_code": 0, "checked": True}, 0) for d in dirs]
+
+    checker = BackgroundChecker(check=check)
+    played = [Played(tmp_path / f"r{i}", 2, None, 10.0, {"history_complete": True}) for i in range(4)]
+    checker.submit(played[0], "plan0")
+    while not calls:
+        threading.Event().wait(0.01)
+    for i in (1, 2, 3):
+        checker.submit(played[i], f"plan{i}")
+    assert checker.pending() == 4
+    gate.set()
+    done = checker.close()
+    assert calls == [["r0"], ["r1", "r2", "r3"]]  # the three that queued meanwhile: one job
+    assert [plan for _, plan in done] == ["plan0", "plan1", "plan2", "plan3"]
+    assert all(p.exit_code == 0 and p.seconds == 10.0 for p, _ in done)
+    assert [n for n, _ in checker.batches] == [1, 3]
+
+
+def test_a_background_check_that_breaks_leaves_the_runs_unknown(tmp_path):
+    def check(dirs):
+        raise RuntimeError("no spark")
+
+    checker = BackgroundChecker(check=check)
+    checker.submit(Played(tmp_path / "r0", 2, None, 10.0, {"history_complete": True}), "plan")
+    [(played, _)] = checker.close()
+    assert played.exit_code == 2 and played.report is None
+    assert "no spark" in played.summary["check"] and played.summary["checked"] is False
 
 
 def test_next_seed_follows_the_corpus_log(tmp_path):

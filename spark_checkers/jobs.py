@@ -552,7 +552,7 @@ def packet_id_gaps(slots, table, clients_b, runs_b):
 
     session = ["run_id", "client", "epoch"]
     by_seq = Window.partitionBy(*session).orderBy("seq")
-    valid = (F.col("packet_id") >= 1) & (F.col("packet_id") <= 65535) & ~F.col("reused")
+    valid = (F.col("packet_id") >= 1) & (F.col("packet_id") <= 65535) & ~F.coalesce("reused", F.lit(False))
     ids = slots.filter(F.col("new_id")).select(
         *session, "seq", "t", "packet_id", "publisher", "pub_seq", valid.alias("valid"), "t_origin")
     # Why not the receive order: a QoS 2 message is recorded when the client library hands it over (at PUBREL),

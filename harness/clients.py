@@ -9,7 +9,10 @@ executor interleave plan events and socket I/O deterministically.  paho supports
 
 Every connection is a fresh paho client: paho's own in-memory session (queued and in-flight messages)
 would otherwise resend publishes after a reconnect, after we already recorded their outcome as
-indeterminate; the broker's session (what we test) lives on the broker, not in paho.
+indeterminate; the broker's session (what we test) lives on the broker, not in paho.  One part of the
+*client's* session state is carried over to a resumed session's next client: the QoS 2 messages it answered
+with PUBREC and that wait for their PUBREL (``take_unreleased_qos2``; paho delivers a QoS 2 message only at
+PUBREL, so without them a message the client had taken ownership of was dropped, docs/findings.md).
 """
 
 from __future__ import annotations
@@ -76,6 +79,33 @@ class NonBlockingConnectClient(mqtt.Client):
             sock.close()
             raise OSError(code, os.strerror(code))
         return sock
+
+    def _handle_pubrel(self) -> mqtt.MQTTErrorCode:
+        """A PUBREL for a packet id this client holds no message for (released on an earlier connection, or
+        delivered there and its PUBCOMP lost with the socket) is answered with PUBCOMP, as MQTT requires
+        ([MQTT-4.3.3], 3.1.1 §4.3.3).  paho 2.x answers it only without ``manual_ack``: with it the QoS 2
+        flow stayed open in the broker's in-flight window for ever (docs/findings.md, session-mix seed 4)."""
+        mid = int.from_bytes(bytes(self._in_packet["packet"][:2]), "big")
+        with self._in_message_mutex:
+            known = mid in self._in_messages
+        rc = super()._handle_pubrel()
+        if not known and self._manual_ack and rc == mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS:
+            return self._send_pubcomp(mid)
+        return rc
+
+
+def take_unreleased_qos2(client: mqtt.Client | None) -> dict[int, mqtt.MQTTMessage]:
+    """The QoS 2 messages ``client`` answered with PUBREC and holds until their PUBREL (paho hands a QoS 2
+    message to ``on_message`` only at PUBREL), removed from it.  They are part of the client's session state
+    ([MQTT-4.3.3], method B: the receiver owns the message after its PUBREC): a resumed session gets the
+    PUBREL on the next connection, which is a fresh paho client that must know them."""
+    if client is None:
+        return {}
+    with client._in_message_mutex:
+        taken = {mid: m for mid, m in client._in_messages.items() if m.qos == 2}
+        for mid in taken:
+            del client._in_messages[mid]
+    return taken
 
 
 class SelectorLoop:
@@ -148,6 +178,7 @@ class ClientSession:
     bind_address: str = ""  # source address of every connection ("" = the kernel's choice)
 
     paho: mqtt.Client | None = None
+    previous_paho: mqtt.Client | None = None  # the last ended connection's client: its unreleased QoS 2 messages
     node: int = 0
     node_name: str = ""
     connected: bool = False  # CONNACK with success received on the current connection
@@ -194,6 +225,10 @@ class ClientSession:
         """Open a new connection (a fresh paho client).  Outcome: a connect or connect_fail row."""
         if self.paho is not None:
             self.drop("replaced by a new connection")
+        # Why carried: the session's QoS 2 messages already PUBREC'ed on the old connection are released by the
+        # broker's PUBREL on this one (a resumed session); a clean one discards them (paho clears them too).
+        carried = take_unreleased_qos2(self.previous_paho)
+        self.previous_paho = None
         self.fault_id = fault_id
         self.session_present = None
         self.node = node
@@ -212,6 +247,8 @@ class ClientSession:
             client = NonBlockingConnectClient(CallbackAPIVersion.VERSION2, client_id=self.client_id,
                                               protocol=mqtt.MQTTv311, clean_session=clean_session)
         client.manual_ack_set(True)  # we send each PUBACK ourselves, so the history knows it was sent
+        if carried and self.plan.persistent and not clean_start:
+            client._in_messages.update(carried)
         client.max_inflight_messages_set(65535)
         client.max_queued_messages_set(0)
         client.connect_timeout = self.connect_timeout_s
@@ -233,6 +270,7 @@ class ClientSession:
             client.connect(host, port, keepalive=self.keepalive_s, bind_address=self.bind_address, **kwargs)
         except OSError as error:  # refused, unreachable, timed out: nothing was established
             self.paho = None
+            self.previous_paho = client  # still holds the carried messages for the next attempt
             self._record_connect_fail(f"{type(error).__name__}: {error}", why)
             return
 
@@ -263,6 +301,8 @@ class ClientSession:
         self.consecutive_failures = 0
         self.counters.connects += 1
         self.session_present = bool(flags.session_present)
+        if not self.session_present:
+            take_unreleased_qos2(client)  # a new session: the broker will release none of the old ones
         if not self.session_present and self.on_fresh_session is not None:
             self.on_fresh_session(self.client_id)  # a new session: nothing of the old one is owed any more
         self.recorder.record(Kind.CONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
@@ -308,6 +348,7 @@ class ClientSession:
         self._settle_pending("the client disconnected")
         self.closing = True
         client, self.paho = self.paho, None
+        self.previous_paho = client
         self.connected = self.subscribed = False
         if abrupt or not client.is_connected():
             _cut(client)
@@ -319,6 +360,7 @@ class ClientSession:
         client, self.paho = self.paho, None
         self.connected = self.subscribed = False
         if client is not None:
+            self.previous_paho = client
             self.closing = True
             _cut(client)
 
@@ -328,6 +370,7 @@ class ClientSession:
             return  # a connection the harness already ended and recorded
         was_connected = self.connected
         self.paho = None
+        self.previous_paho = client
         self.connected = self.subscribed = False
         if was_connected:
             self.counters.disconnects += 1

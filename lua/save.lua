@@ -6,6 +6,13 @@
 --   subscription belonged to, set by the fan-out) is stored only while that session is the client's current
 --   persistent session.  Messages of a discarded session still in the pipeline (clean start, expiry, DISCONNECT
 --   with expiry 0) are dropped, not saved into the next session's queue ([MQTT-3.1.2-4], issue 17).
+--   Its field "score" is the highest score this session ever gave: a new message's score is
+--   max(top of the ZSET, "score") + 1, so scores never decrease within a session.  Top + 1 alone fell at or below
+--   the delivery loop's cursor once newer messages were acknowledged and removed while an older one stayed (a QoS 2
+--   message awaiting PUBCOMP): the new message was skipped until the next reconnect, out of order (findings.md,
+--   "session-mix seeds 2 and 4").  The field is kept only while the record exists (it is never created here);
+--   replace_session.lua carries it over on a resume and drops it with a discarded session, remove_all.lua drops it.
+--   Without KEYS[4] (or without a record) the score is the top of the ZSET + 1, as before.
 -- ARGV[1] = limit (1..65535)   ARGV[2] = JSON array of messages   ARGV[3] = default TTL seconds
 -- ARGV[4] = comma-separated defect names (empty for the correct broker)
 -- A message's "expiry" (seconds, MQTT 5 message expiry interval left) replaces the default TTL;
@@ -30,18 +37,22 @@ else
   last_id = stored_last
 end
 local previous = last_id
-if top[2] and not defect('score_from_last_packet_id') then
-  score = tonumber(top[2])
-else
+local current_gen, has_record, given = nil, false, nil
+if session then
+  has_record = redis.call('EXISTS', session) == 1
+  local fields = redis.call('HMGET', session, 'gen', 'persistent', 'score')
+  if fields[2] == '1' then current_gen = fields[1] end
+  given = tonumber(fields[3])
+end
+
+if defect('score_from_last_packet_id') then
   -- (defect score_from_last_packet_id: every call restarts the score at the last packet id, so after a wrap
   -- a batch sorts before the messages still queued from before it)
   score = last_id
-end
-
-local current_gen = nil
-if session then
-  local fields = redis.call('HMGET', session, 'gen', 'persistent')
-  if fields[2] == '1' then current_gen = fields[1] end
+else
+  score = tonumber(top[2]) or last_id
+  -- never below a score this session already gave: the delivery loop's cursor may be there already
+  if given and given > score then score = given end
 end
 
 local stored = 0
@@ -77,6 +88,9 @@ for _, msg in ipairs(messages) do
 end
 if stored > 0 and not defect('last_packet_id_from_zset') then
   redis.call('SET', last_key, last_id)
+end
+if stored > 0 and has_record then
+  redis.call('HSET', session, 'score', score)  -- the last score given (the highest, but for the wrap defect)
 end
 
 -- trim the oldest (lowest score) entries, payload and reference, down to the limit

@@ -5,7 +5,8 @@ Per client (hash tag = client id, so one Lua script may touch them all):
   <prefix>{client}_messages_<pid>    STRING the message JSON, SET ... EX ttl
   <prefix>{client}_last_packet_id    STRING last packet id handed out
   <prefix>{client}_sent              HASH  payload key -> score it had when sent (drives the DUP flag)
-  <prefix>{client}_session           HASH  node, conn, persistent, expiry, disconnected_at
+  <prefix>{client}_session           HASH  node, conn, persistent, expiry, disconnected_at, gen, score
+                                           (score: the highest message score given, lua/save.lua)
   <prefix>{client}_inbound_qos2      SET   QoS 2 packet ids received from the client, PUBREL pending
 Shared by every node (hash tag {ordeal}):
   <prefix>{ordeal}:subscriptions     HASH  client -> JSON {node, persistent, filters{filter: qos}}
@@ -164,7 +165,8 @@ class SessionStore:
 
     async def remove_all(self, client: str) -> int:
         removed = int(await self.scripts["remove_all"](
-            keys=[self.messages_key(client), self.last_packet_id_key(client), self.sent_key(client)]))
+            keys=[self.messages_key(client), self.last_packet_id_key(client), self.sent_key(client),
+                  self.session_key(client)]))
         await self.redis.delete(self.inbound_qos2_key(client))
         return removed
 

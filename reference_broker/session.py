@@ -490,7 +490,8 @@ class Connection:
                     if room > 0:
                         if not self.inflight and backlog_first and not self.config.has("puback_not_removing"):
                             # every sent message is acknowledged and removed; scores restart below the
-                            # cursor once the ZSET emptied (after a wrap), so read from the start again
+                            # cursor once the ZSET emptied (after a wrap) when the save found no session
+                            # record to keep its highest score in (lua/save.lua), so read from the start again
                             cursor = "-inf"
                         self.read_from_cursor = cursor != "-inf"
                         entries = await store.read(self.client_id, cursor, room)

@@ -334,6 +334,40 @@ def test_qos2_exactly_once_across_reconnect(brokers):
     raw.close()
 
 
+def test_messages_after_an_open_qos2_flow_arrive_in_order_without_reconnect(brokers):
+    """findings.md "session-mix seeds 2 and 4": a subscriber that PUBRECs a QoS 2 message but delays its
+    PUBCOMP (legal) keeps a PUBREL in flight, so the delivery loop reads after its cursor.  With scores of top +
+    1, a message saved once the newer ones were acknowledged and removed scored at or below that cursor and was
+    skipped until the next reconnect (every other message arrived, out of order)."""
+    cluster = brokers()
+    node = cluster.nodes[0]
+    client_id = f"q2open-{uuid.uuid4().hex[:6]}"
+    raw = RawClient(node.host, node.port, version=codec.MQTT311)
+    raw.connect(client_id, clean=False)
+    raw.send(codec.Subscribe(1, [(FILTER, 2)]))
+    assert isinstance(raw.receive(), codec.SubAck)
+    pub = cluster.probe(version=5)
+    pub.connect(clean=True)
+    pub.publish(TOPIC, b"held", 2)
+    held = raw.receive()
+    assert (held.payload, held.qos) == (b"held", 2)
+    raw.send(codec.Ack(codec.PUBREC, held.packet_id))
+    release = raw.receive()
+    assert release.packet_type == codec.PUBREL and release.packet_id == held.packet_id   # no PUBCOMP yet
+    for i in range(4):
+        pub.publish(TOPIC, b"q1-%d" % i, 1)
+        got = raw.receive(timeout=10.0)
+        assert isinstance(got, codec.Publish) and got.payload == b"q1-%d" % i, (i, got)
+        raw.send(codec.Ack(codec.PUBACK, got.packet_id))
+        # wait for the removal: the next save must find only the held message left in the queue
+        deadline = time.monotonic() + 10.0
+        while cluster.stored_ids(client_id) != [held.packet_id]:
+            assert time.monotonic() < deadline, cluster.stored_ids(client_id)
+            time.sleep(0.05)
+    raw.send(codec.Ack(codec.PUBCOMP, held.packet_id))
+    raw.close()
+
+
 def test_malformed_packet_closes_only_that_connection(brokers):
     cluster = brokers()
     node = cluster.nodes[0]

@@ -96,7 +96,8 @@ def _discarded_session(w: dict[str, Any], o: int) -> str:
             f"{'1' if w.get('dup') else '0'}) in the session begun by its connect at {seconds(began, o)} "
             f"{_NEW_SESSION_WHY.get(w.get('session_why'), '')}; {who} was acknowledged at {seconds(acked, o)}, "
             f"{(began - acked) / 1e6:.3f} s before that connect (more than the pipeline slack + clock tolerance, "
-            f"{margin_ms} ms), so the broker routed it before that session existed: it belonged to {held}")
+            f"{margin_ms} ms), so the broker routed it before that session existed: it belonged to an earlier "
+            f"session, {held} (current when it was acknowledged)")
     discarded = w.get("t_discarded")
     if discarded is not None and discarded < began:
         text += (f", which the connect at {seconds(discarded, o)} {_NEW_SESSION_WHY.get(w.get('discarded_why'), '')} "

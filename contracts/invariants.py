@@ -50,6 +50,9 @@ INVARIANTS: tuple[Invariant, ...] = (
               "survive (its declared persistence)", declared_allowance=True),
     Invariant("durability.phantom", "Delivered but never published, or body differs from what was published"),
     Invariant("durability.unsubscribed_delivery", "Delivered to a client with no matching subscription"),
+    Invariant("durability.discarded_session_delivery", "A discarded session's message delivered to a later session of "
+              "its client id: acknowledged more than the pipeline slack before the connect that began the receiving "
+              "session ([MQTT-3.1.2-4])"),
     Invariant("durability.delivered_after_failed_publish", "Delivered although its publish definitely failed"),
     Invariant("order.out_of_order", "First deliveries of a publisher's stream to a subscriber out of sequence"),
     Invariant("order.packet_id_invalid", "Packet id 0, missing or above 65535 on a QoS > 0 delivery"),

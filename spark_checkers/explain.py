@@ -77,6 +77,36 @@ def _merge_position(a: str | None, b: str | None) -> str | None:
         frozenset({a, b}), a)
 
 
+_NEW_SESSION_WHY = {
+    "clean_start": "with clean start 1",
+    "expired": "after its session expiry had elapsed offline",
+    "after_clean": "after a non-persistent session (it ended at its disconnect)",
+}
+
+
+def _discarded_session(w: dict[str, Any], o: int) -> str:
+    """durability.discarded_session_delivery in words: the session that held the message, the connect that
+    discarded it, and the later session that got it anyway."""
+    who, client = f"{w.get('publisher')}#{w.get('pub_seq')}", w.get("client")
+    began, acked = w.get("t_session") or 0, w.get("t_ack") or 0
+    margin_ms = ((w.get("slack_us") or 0) + (w.get("tol_us") or 0)) // 1000
+    held = (f"the session begun at {seconds(w['t_held_since'], o)}" if w.get("t_held_since") is not None
+            else f"the first session of {client}")
+    text = (f"{client} received {who} at {seconds(w.get('t'), o)} (packet id {w.get('packet_id')}, DUP "
+            f"{'1' if w.get('dup') else '0'}) in the session begun by its connect at {seconds(began, o)} "
+            f"{_NEW_SESSION_WHY.get(w.get('session_why'), '')}; {who} was acknowledged at {seconds(acked, o)}, "
+            f"{(began - acked) / 1e6:.3f} s before that connect (more than the pipeline slack + clock tolerance, "
+            f"{margin_ms} ms), so the broker routed it before that session existed: it belonged to an earlier "
+            f"session, {held} (current when it was acknowledged)")
+    discarded = w.get("t_discarded")
+    if discarded is not None and discarded < began:
+        text += (f", which the connect at {seconds(discarded, o)} {_NEW_SESSION_WHY.get(w.get('discarded_why'), '')} "
+                 f"discarded, and still reached the later session")
+    else:
+        text += ", which that connect discarded"
+    return text + ". A discarded session's messages must never reach a later session [MQTT-3.1.2-4]."
+
+
 def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
     o = timeline.t_first
     who = f"{w.get('publisher')}#{w.get('pub_seq')}"
@@ -178,6 +208,8 @@ def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
     if invariant == "durability.unsubscribed_delivery":
         return (f"{w['client']} received {who} on topic {w.get('topic')} at {seconds(w.get('t'), o)} without a matching "
                 f"subscription at that time.")
+    if invariant == "durability.discarded_session_delivery":
+        return _discarded_session(w, o)
     if invariant == "durability.delivered_after_failed_publish":
         return (f"the publish of {who} failed at {seconds(w.get('t_fail'), o)}, yet {w['client']} received it at "
                 f"{seconds(w.get('t'), o)}.")

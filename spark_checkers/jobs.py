@@ -36,7 +36,7 @@ PUB_KINDS = (Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBL
 SUBSCRIBER_MESSAGE = ("run_id", "client", "publisher", "pub_seq")
 PUBLISH_COLUMNS = ("topic", "n_invoke", "t_invoke", "pub_qos", "expiry_s", "pub_hash", "pub_node", "t_ack", "t_fail",
                    "t_indet")
-DELIVERY_COLUMNS = ("n_deliveries", "first", "t_last", "min_hash", "max_hash", "qos", "first_ack_seq", "first_ack_t",
+DELIVERY_COLUMNS = ("n_deliveries", "first", "last", "t_last", "min_hash", "max_hash", "qos", "first_ack_seq", "first_ack_t",
                     "n_resends", "n_after_ack", "redelivery", "twice", "implied_deadline", "any_unacked", "prev_max")
 RUN_SCALARS = ("limit", "ttl_us", "tol_us", "bucket_us", "t_origin", "slack_us")
 DELIVERED_COLUMNS = (*SUBSCRIBER_MESSAGE, *PUBLISH_COLUMNS, *DELIVERY_COLUMNS, *RUN_SCALARS)
@@ -142,7 +142,9 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                 list(timeline.offline.get(client, [])),
                                 [(row["seq"], row["t_mono_us"]) for row in timeline.connects.get(client, [])
                                  if (row.get("reason_code") or 0) < 0x80],
-                                timeline.persistent_fresh_seqs.get(client, [])))
+                                timeline.persistent_fresh_seqs.get(client, []),
+                                [(n["seq"], n["t"], n["why"], n["clean_start"])
+                                 for n in timeline.new_sessions.get(client, [])]))
         for topic in topics.get(run.run_id, []):
             subs = [(s.client, s.t_from, s.t_to, s.granted_qos, s.persistent)
                     for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
@@ -165,7 +167,11 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                                            T.StructField("discarded", B)]))),
         # Accepted connects (CONNACK reason < 0x80) as (seq, t): when each connection was established.
         T.StructField("connects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
-        T.StructField("persistent_fresh_seqs", T.ArrayType(L))]))
+        T.StructField("persistent_fresh_seqs", T.ArrayType(L)),
+        # The connects that legally began a new session, discarding the one before (Timeline.new_sessions).
+        T.StructField("new_sessions", T.ArrayType(T.StructType([
+            T.StructField("seq", L), T.StructField("t", L), T.StructField("why", S),
+            T.StructField("clean_start", B)])))]))
     match_df = spark.createDataFrame(match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", S),
         T.StructField("subs", T.ArrayType(T.StructType([
@@ -298,6 +304,7 @@ def deliveries_per_message(slots):
     return rows.groupBy(*key).agg(
         F.count(F.lit(1)).alias("n_deliveries"),
         F.min_by(first, F.col("seq")).alias("first"),
+        F.max_by(F.struct("seq", "t", "packet_id", "dup", "node"), F.col("seq")).alias("last"),
         F.max("t").alias("t_last"),
         F.min("body_hash").alias("min_hash"), F.max("body_hash").alias("max_hash"),
         F.max("qos").alias("qos"),
@@ -428,7 +435,8 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     # per-client arrays are looked up here, by broadcast, rather than stored with every materialised row.
     dr = (dp.join(runs_b.select("run_id", "fault_times", "fault_spans"), "run_id")
           .join(match_b, ["run_id", "topic"], "left")
-          .join(clients_b.select("run_id", "client", "disconnects", "connects"), ["run_id", "client"], "left")
+          .join(clients_b.select("run_id", "client", "disconnects", "connects", "new_sessions"), ["run_id", "client"],
+                "left")
           .join(clients_b.select("run_id", F.col("client").alias("publisher"),
                                  F.col("disconnects").alias("pub_disconnects")), ["run_id", "publisher"], "left"))
     phantom_reason = (F.when(F.col("publisher").isNull() | F.col("pub_seq").isNull(), F.lit("payload identity unreadable"))
@@ -488,6 +496,29 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                   F.col("twice.packet_id").alias("again_packet_id"), F.col("twice.dup").alias("again_dup"),
                   F.col("twice.prev_t").alias("prev_t"), F.col("twice.prev_packet_id").alias("prev_packet_id"),
                   "n_deliveries")
+    # A discarded session's message reaching a later session ([MQTT-3.1.2-4]).  The broker routes a message to
+    # the subscriptions that exist when its pipeline gets to it, so one published shortly before a new session
+    # subscribed may legally reach it; but one acknowledged more than the pipeline slack (+ the clock tolerance)
+    # before the connect that began the receiving session was routed before that session existed: to the
+    # session it discarded (or an older one), never to this one.  Judged on the last delivery (the latest
+    # session that got it).  Not judged where the pipeline may have been held up longer (a fault or node event
+    # between the publish and the delivery) or where the publisher may have sent it again later (published more
+    # than once, or disconnected before its ack).
+    t_last_d = F.col("last.t")
+    session = F.element_at(F.filter(F.coalesce("new_sessions", F.array()), lambda x: x["seq"] < F.col("last.seq")), -1)
+    held = F.element_at(F.filter(F.coalesce("new_sessions", F.array()), lambda x: x["t"] <= F.col("t_ack")), -1)
+    discarded_by = F.element_at(F.filter(F.coalesce("new_sessions", F.array()), lambda x: x["t"] > F.col("t_ack")), 1)
+    fault_in_life = F.exists(F.coalesce("fault_spans", F.array()), lambda x: (x["s"] <= t_last_d)
+                             & (x["e"] + F.col("slack_us") >= F.col("t_invoke")))
+    from_discarded = (real & F.col("t_ack").isNotNull() & session.isNotNull()
+                      & (F.col("t_ack") + F.col("slack_us") + tol < session["t"]) & ~fault_in_life & ~pub_resent)
+    msg_rules.add("durability.discarded_session_delivery", from_discarded, t_last_d - F.col("t_origin"),
+                  "client", "publisher", "pub_seq", t_last_d.alias("t"), F.col("last.packet_id").alias("packet_id"),
+                  F.col("last.dup").alias("dup"), F.col("last.node").alias("node"), "t_invoke", "t_ack", "t_origin",
+                  "topic", session["t"].alias("t_session"), session["why"].alias("session_why"),
+                  session["clean_start"].alias("session_clean_start"), held["t"].alias("t_held_since"),
+                  discarded_by["t"].alias("t_discarded"), discarded_by["why"].alias("discarded_why"),
+                  discarded_by["clean_start"].alias("discarded_clean_start"), "n_deliveries", "slack_us", "tol_us")
     msg_rules.add("liveness.stuck_inflight", real & (F.col("any_unacked") == 1) & F.col("first_ack_seq").isNull(),
                   rel_first, *base)
     # Order: first deliveries of each (subscriber, publisher, topic) stream by pub_seq.

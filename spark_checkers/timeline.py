@@ -59,6 +59,12 @@ class Timeline:
     # The fresh connects whose new session is persistent: only there the reference broker stores the messages
     # and hands out their packet ids from the session's stored counter (white box, lua/save.lua).
     persistent_fresh_seqs: dict[str, list[int]] = field(default_factory=dict)
+    # client -> the connects that legally began a new session after an earlier one (the old one discarded):
+    # [{seq, t, why, clean_start, session_present, offline_s, expiry_s}], why = "clean_start" (the client asked),
+    # "expired" (MQTT 5 session expiry elapsed while offline; the broker agreed: session present 0) or
+    # "after_clean" (the session before was not persistent and ended at its disconnect).  A connect that answers
+    # session present 0 to a live persistent session is no legal boundary: durability.session_lost judges it.
+    new_sessions: dict[str, list[dict]] = field(default_factory=dict)
     disconnects: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # client -> [(seq, t)]
     connects: dict[str, list[dict]] = field(default_factory=dict)
     faults: list[FaultSpan] = field(default_factory=list)
@@ -145,10 +151,12 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
     session_expiry: int | None = None
     last_disconnect: dict | None = None
     online = False
+    had_session = False  # an accepted connect before: a session that a new one may discard
     offline: list[tuple[int, int, int, bool]] = []
     timeline.connect_seqs[client] = []
     timeline.fresh_seqs[client] = []
     timeline.persistent_fresh_seqs[client] = []
+    timeline.new_sessions[client] = []
     timeline.disconnects[client] = []
     timeline.connects[client] = []
 
@@ -181,12 +189,22 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
                 timeline.violations.setdefault("durability.session_lost", []).append({
                     "client": client, "t": t, "seq": row["seq"], "node": row.get("node"),
                     "t_disconnect": last_disconnect["t_mono_us"], "session_expiry_s": previous_expiry})
+            # A legal new session after an earlier one (durability.discarded_session_delivery): the client asked for
+            # a clean start, or the old session ended by itself (expired, or not persistent) and the broker agrees.
+            why = (None if not had_session else "clean_start" if row.get("clean_start") is True
+                   else None if row.get("session_present") is True
+                   else "expired" if expired else "after_clean" if not was_persistent else None)
+            if why is not None:
+                timeline.new_sessions[client].append({
+                    "seq": row["seq"], "t": t, "why": why, "clean_start": row.get("clean_start"),
+                    "session_present": row.get("session_present"), "expiry_s": previous_expiry,
+                    "offline_s": (t - last_disconnect["t_mono_us"]) / 1e6 if last_disconnect is not None else None})
             if row.get("session_present") is not True:
                 timeline.fresh_seqs[client].append(row["seq"])
                 if is_persistent(row):
                     timeline.persistent_fresh_seqs[client].append(row["seq"])
                 close_all(t)  # a new session: whatever was subscribed before is gone
-            persistent = is_persistent(row)
+            persistent, had_session = is_persistent(row), True
             session_expiry = row.get("session_expiry_s") if row.get("protocol") == 5 else None
             online, last_disconnect = True, None
         elif kind == Kind.DISCONNECT:

@@ -193,6 +193,39 @@ def _clean_session_live_ids(rows):
     return s.set_snapshot(rows, "sub-0", last_packet_id=4)
 
 
+def _discarded_backlog_delivered(rows, *, clean_start=True, session_expiry_s=None, drop=()):
+    """sub-0 comes back to a new session (session present 0; clean start, or its MQTT 5 session expired
+    offline) and resubscribes, yet its old backlog (pub-0 #5.., queued while it was away) is still delivered:
+    the old session's queue outlived it.  ``drop``: backlog messages that do not arrive."""
+    if session_expiry_s is not None:
+        rows = s.set_connect(rows, "sub-0", 0, session_expiry_s=session_expiry_s)
+    rows = _drop_seqs(s.set_connect(rows, "sub-0", 1, clean_start=clean_start), "sub-0", "pub-0", drop)
+    return s.lose_session(rows, "sub-0", 1)
+
+
+# sub-0 goes persistent -> clean -> persistent: offline over slots 5..11, a 3.1.1 clean session (clean session
+# = 1) online over slot 11 (it gets nothing), offline over 12..18, then a persistent session (clean session = 0).
+THROUGH_CLEAN = replace(NO_FAULT, messages=20, offline=(s.Offline(0, 5, 11), s.Offline(0, 12, 18)))
+
+
+def _through_clean_session(rows, *, old_backlog_arrives):
+    """As THROUGH_CLEAN says; the clean session and the second window's messages reach no one.  With
+    ``old_backlog_arrives`` the first session's backlog (pub-0 #5..#10) reaches the third session right after
+    its connect (issue 17: a discarded session's state delivered to the next clean-start-0 session)."""
+    rows = s.set_connect(s.set_connect(rows, "sub-0", 1, clean_start=True), "sub-0", 2, clean_start=False)
+    rows = _drop_seqs(rows, "sub-0", "pub-0", range(11, 18))
+    connects = [r for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == "sub-0"]
+    sub = next(r for r in rows if r["kind"] == Kind.SUBSCRIBE_ACK and r.get("client") == "sub-0")
+    for c in connects[1:]:
+        c["session_present"] = False
+        rows.append({**sub, "t_mono_us": c["t_mono_us"] + 1})  # each new session subscribes again
+    t_new = connects[2]["t_mono_us"]
+    for seq in range(5, 11):
+        rows = (s.move_delivery(rows, "sub-0", "pub-0", seq, t_new + 2000 + (seq - 5) * 50) if old_backlog_arrives
+                else s.drop_delivery(rows, "sub-0", "pub-0", seq))
+    return s.renumber(s.sort_rows(rows), "sub-0", t_new, 1)  # a new persistent session's ids start at 1
+
+
 # name -> (spec, mutation or None, failing invariants expected)
 CASES = {
     "clean": (BASE, None, set()),
@@ -331,6 +364,26 @@ CASES = {
                                           {"durability.session_lost", "durability.lost"}),
     "clean_start_discards_backlog_v5": (EXPIRING, lambda r: _session_gone(
         s.set_connect(r, "sub-0", 1, clean_start=True), 3600), set()),
+    # A discarded session's queue reaching the next session ([MQTT-3.1.2-4]): pub-0 #5 was acknowledged 273 ms
+    # before sub-0's clean start, more than the pipeline slack + clock tolerance (20 + 200 ms): routed to the old
+    # session, never owed to the new one.  #6 and #7 (173 and 73 ms before) may have been routed after the new
+    # subscription: the near miss delivers only them.
+    "discarded_backlog_after_clean_start": (NO_FAULT, _discarded_backlog_delivered,
+                                            {"durability.discarded_session_delivery"}),
+    "pipeline_race_after_clean_start": (NO_FAULT, lambda r: _discarded_backlog_delivered(r, drop=(5,)), set()),
+    # ... also through a clean session between: persistent -> clean -> persistent (the near miss: nothing old).
+    "discarded_backlog_through_clean_session": (THROUGH_CLEAN, lambda r: _through_clean_session(
+        r, old_backlog_arrives=True), {"durability.discarded_session_delivery"}),
+    "clean_session_between_discards_all": (THROUGH_CLEAN, lambda r: _through_clean_session(
+        r, old_backlog_arrives=False), set()),
+    # A fault around the message's life may have held its pipeline up beyond the slack: not judged.
+    "discarded_backlog_across_fault": (BASE, _discarded_backlog_delivered, set()),
+    # MQTT 5: the session expired offline (1 s, offline 1.4 s) and the broker said session present 0, yet the
+    # backlog came; the same with expiry 3600 is a lost session (session present 0 wrongly), not a discard.
+    "expired_session_backlog_delivered": (replace(EXPIRING, faults=()), lambda r: _discarded_backlog_delivered(
+        r, clean_start=False, session_expiry_s=1), {"durability.discarded_session_delivery"}),
+    "lost_session_backlog_delivered": (replace(EXPIRING, faults=()), lambda r: _discarded_backlog_delivered(
+        r, clean_start=False, session_expiry_s=3600), {"durability.session_lost"}),
     # Black-box limit: only the settled backlog (acked before reconnect - slack) counts against the limit.
     "in_pipeline_extras_arrive_live": (replace(LIMIT, trim_mode="none", pipeline_slack_ms=300), None, set()),
     "limit_plus_one_old_after_long_offline": (replace(LIMIT, trim_mode="none", pipeline_slack_ms=300,
@@ -514,6 +567,26 @@ def test_new_rule_witnesses_and_their_context(reports):
     # A fault active in the window is one of the rows.
     lost = _witness(reports["lost_middle"], "durability.lost")
     assert any(r["kind"].startswith("fault") and "redis-7003" in (r["note"] or "") for r in lost["context"])
+
+
+def test_discarded_session_witness_names_the_connect(reports):
+    """The witness names the connect that discarded the session holding the message, and the later session
+    that got it anyway; its context shows the subscriber's connects with clean start and session present."""
+    witness = _witness(reports["discarded_backlog_after_clean_start"], "durability.discarded_session_delivery")
+    data = witness["data"]
+    reconnect = [r for r in s.generate(NO_FAULT) if r["kind"] == Kind.CONNECT and r.get("client") == "sub-0"][1]
+    assert (data["client"], data["publisher"], data["pub_seq"]) == ("sub-0", "pub-0", 5)
+    assert (data["t_session"], data["session_why"]) == (reconnect["t_mono_us"], "clean_start")
+    assert data["t_discarded"] == data["t_session"] and data["t_ack"] + 220_000 < data["t_session"]
+    assert "with clean start 1" in witness["text"] and "which that connect discarded" in witness["text"]
+    assert "MQTT-3.1.2-4" in witness["text"]
+    connects = [r for r in witness["context"] if r["kind"] == "connect"]
+    assert connects[-1]["clean_start"] is True and connects[-1]["session_present"] is False
+    # Through a clean session: the first discard (the clean start) is named, and the later session that got it.
+    chain = _witness(reports["discarded_backlog_through_clean_session"], "durability.discarded_session_delivery")
+    assert chain["data"]["discarded_why"] == "clean_start" and chain["data"]["session_why"] == "after_clean"
+    assert chain["data"]["t_discarded"] < chain["data"]["t_session"]
+    assert "still reached the later session" in chain["text"]
 
 
 def test_reports_match_the_schema(reports):

@@ -548,9 +548,15 @@ def rejudge(out: Path, matrix: Matrix, *, recheck: bool = False, spark_master: s
     result = SelftestResult(tier=previous["tier"], uncovered=tuple(previous.get("uncovered", ())),
                             check_s=previous.get("check_s"), total_s=previous.get("total_s"),
                             errors=list(previous.get("errors", [])))
+    # A row's expectation comes from the matrix as it is now (an entry may point at a new invariant since the
+    # run): the stored expect/need only stand in for a defect the matrix no longer has.
+    current = {e.defect: e for e in matrix.entries if e.tier == previous["tier"]}
     for row in previous["rows"]:
+        entry = current.get(row["defect"]) if row["role"] == "defect" else None
+        expect = entry.expect if entry else tuple(row["expect"])
+        need = min(entry.need, row.get("need", entry.need)) if entry else row.get("need", 1)
         job = Job(row["role"], row["label"], REPO_ROOT / row["scenario"], row["seed"], row["defect"],
-                  tuple(row["expect"]), row.get("need", 1))
+                  expect, need)
         report = None
         if row["run_dir"] and (Path(row["run_dir"]) / "report.json").is_file():
             report = read_json(Path(row["run_dir"]) / "report.json")

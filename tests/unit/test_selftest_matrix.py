@@ -363,3 +363,24 @@ def test_rejudge_from_stored_reports_and_recheck_first(tmp_path, monkeypatch):
     monkeypatch.setattr(selftest, "_check_all", lambda run_dirs, spark_master: checked.extend(run_dirs))
     selftest.rejudge(tmp_path, matrix, recheck=True, log=lambda text: None)
     assert checked == [tmp_path / "run-1", tmp_path / "run-2"]
+
+
+def test_rejudge_takes_the_expectation_from_the_current_matrix(tmp_path):
+    """An entry re-pointed at another invariant since the run is judged by the new expectation; its near miss,
+    the stored one, would say missed."""
+    import json
+
+    from ordeal import selftest
+
+    run_dir = tmp_path / "run-1"
+    run_dir.mkdir()
+    (run_dir / "report.json").write_text(json.dumps(_report({"order.dup_flag": "pass", "durability.lost": "fail"},
+                                                            verdict="fail")))
+    row = replace(judge(DEFECT_JOB, None, run_s=1.0, run_dir=str(run_dir)), need=1)
+    (tmp_path / "selftest.json").write_text(json.dumps({"tier": "full", "rows": [row.__dict__ | {"scenario": "a.toml"}],
+                                                        "uncovered": [], "check_s": 1.0, "total_s": 2.0,
+                                                        "errors": []}))
+    moved = _parse(_doc(tier="full", scenario="scenarios/a.toml", expect=["durability.lost"]))
+    assert [r.outcome for r in selftest.rejudge(tmp_path, moved).rows] == [CAUGHT]
+    kept = _parse(_doc(tier="smoke", expect=["durability.lost"]))  # no full entry: the stored expect stands
+    assert [r.outcome for r in selftest.rejudge(tmp_path, kept).rows] == [MISSED]

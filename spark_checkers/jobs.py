@@ -732,9 +732,22 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
         F.max((F.col("kept_after") & F.col("legally_trimmed") & F.col("settled")
                & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w"))).cast("int")).over(whole).alias(
             "trimmed_delivered"),
+        # The oldest message kept although the limit (plus the pipeline) was newer than it: the trim kept the
+        # wrong end of this backlog (read below: a newer one trimmed beside it was not trimmed legally).
+        F.max(F.when(F.col("kept_after") & F.col("legally_trimmed") & F.col("settled")
+                     & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w")), F.col("rank"))).over(whole).alias(
+            "wrongly_kept_rank"),
         # Each backlog's size, for every row of the subscriber (read below for messages carried into the next).
         F.collect_set(F.when(F.col("in_backlog"), F.struct(F.col("backlog").alias("b"), F.col("n_backlog").alias("n"))))
         .over(Window.partitionBy("run_id", "client", "is_cand")).alias("backlog_sizes"))
+    # Never delivered, past the limit by rank, but kept-side of a message the broker wrongly kept (newer than it
+    # under drop_oldest, older under drop_newest): the queue held the wrong end, so the rank does not excuse it
+    # (trim_newest with the newest still in the pipeline at the reconnect: the kept oldest 20, then the pipeline's
+    # 20, and 26 between them never sent; p2p-limit-trim-3).  Its cause below is the policy rule.
+    misplaced = F.coalesce(F.col("legally_trimmed") & ~F.col("delivered") & (F.col("rank") < F.col("wrongly_kept_rank")),
+                           F.lit(False))
+    t = t.select("*", misplaced.alias("misplaced")).withColumn("legally_trimmed",
+                                                               F.col("legally_trimmed") & ~F.col("misplaced"))
     before = Window.partitionBy("run_id", "client", "is_cand", "publisher").orderBy("pub_seq").rowsBetween(
         Window.unboundedPreceding, -1)
     # Why descending with a growing frame: an "unbounded following" frame is re-aggregated for every row
@@ -760,7 +773,7 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     # drain's quiet period) to deliver it.  The lookups run only for kept, undelivered backlog rows (few).
     k_next = F.element_at(F.filter("offline", lambda i: i["idx"] == F.col("k.idx") + 1), 1)
     n_next = F.element_at(F.filter("backlog_sizes", lambda x: x["b"] == F.col("k.idx") + 1), 1)["n"]
-    waiting = F.col("in_backlog") & ~F.col("delivered") & ~F.col("legally_trimmed")
+    waiting = F.col("in_backlog") & ~F.col("delivered") & ~F.col("legally_trimmed") & ~F.col("misplaced")
     t = t.select("*", F.when(waiting, F.struct(k_next.alias("k"), F.coalesce(n_next, F.lit(0)).alias("n_backlog")))
                  .alias("next_backlog")).drop("offline", "backlog_sizes")
     carried = (F.col("next_backlog.k").isNotNull()
@@ -816,6 +829,7 @@ def online_trims(table):
     from pyspark.sql import functions as F
 
     gone = (table.filter(F.col("is_cand") & F.col("owed") & ~F.col("delivered") & (F.col("policy") == "drop_oldest")
+                         & ~F.col("misplaced")  # its backlog's trim kept the wrong end: no later trim excuses it
                          & (F.col("trim_from") <= F.col("trim_until")))
             .select("run_id", "client", F.col("publisher").alias("m_publisher"), F.col("pub_seq").alias("m_pub_seq"),
                     F.col("t_arr").alias("m_t_arr"), "trim_from", "trim_until", "limit"))

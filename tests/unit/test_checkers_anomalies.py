@@ -187,6 +187,12 @@ def _carried_held_back(rows, *late):
     return s.deliver_in_batch(rows, "sub-0", "pub-0", late, back + 1000)
 
 
+# sub-0 offline over slots 5..14 (backlog #5..#13, limit 3); #11..#13 were acknowledged within the pipeline slack
+# (300 ms) before the reconnect: they may arrive live, beside the kept newest settled ones.
+PIPELINE = replace(LIMIT, faults=(), messages=16, offline=(s.Offline(0, 5, 14),), trim_mode="none",
+                   pipeline_slack_ms=300)
+
+
 V5_PLAIN = replace(BASE, protocol=5)
 # No fault near the planted duplicates and skips (BASE's fault f1 is over by slot 7): nothing excuses them.
 NO_FAULT = replace(BASE, faults=())
@@ -397,6 +403,12 @@ CASES = {
     # ... while with #10, the rest of that backlog, sent before the second disconnect, only #11 and #12 were newer
     # and queued with #9 (2 < 3): lost.
     "carried_into_short_queue": (SHORT_SECOND, lambda r: _carried_held_back(r, 11), {"durability.lost"}),
+    # The trim kept the oldest settled #5..#7 and dropped #8..#10; the newest, #11..#13, came from the pipeline
+    # (p2p-limit-trim-3 with trim_newest): every dropped one is past the limit by rank, yet the wrong end was kept ...
+    "kept_oldest_newest_from_pipeline": (PIPELINE, lambda r: _drop_seqs(r, "sub-0", "pub-0", (8, 9, 10)),
+                                         {"limits.trim_not_oldest"}),
+    # ... while keeping the newest settled #8..#10 beside the pipeline's #11..#13 is right.
+    "kept_newest_settled_and_pipeline": (PIPELINE, lambda r: _drop_seqs(r, "sub-0", "pub-0", (5, 6, 7)), set()),
 }
 UNKNOWN_CASES = {
     # A fault that did not bite (or has no proof that it did): the run did not test what it claimed.

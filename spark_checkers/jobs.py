@@ -410,6 +410,17 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                   .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "per_message", mode)
     claims = subscriber_claims(pub, slots, match_b, by)
     table = _freeze(per_subscriber_message(claims, dsm, runs_b, clients_b), cached, "per_subscriber_message", mode)
+    with timed("online trims"):
+        trimmed = online_trims(table).collect()
+    if trimmed:  # few rows (never-delivered messages), and none in a run that lost nothing
+        keys = spark.createDataFrame([(r["run_id"], r["client"], r["publisher"], r["pub_seq"], int(r["peak"]))
+                                      for r in trimmed], "run_id string, client string, publisher string, "
+                                                         "pub_seq long, trim_peak long")
+        table = table.join(F.broadcast(keys), ["run_id", "client", "publisher", "pub_seq"], "left")
+        online = F.col("trim_peak").isNotNull()
+        table = _freeze(table.withColumn("legally_trimmed", F.col("legally_trimmed") | online)
+                        .withColumn("owed", F.col("owed") & ~online).drop("trim_peak")
+                        .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "online trims", mode)
     with timed("publish lookup of deliveries"):
         dp = delivered_messages(table, dsm, pub, runs_b, count_first=not small)
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
@@ -752,9 +763,22 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
         F.max((F.col("kept_after") & F.col("legally_trimmed") & F.col("settled")
                & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w"))).cast("int")).over(whole).alias(
             "trimmed_delivered"),
+        # The oldest message kept although the limit (plus the pipeline) was newer than it: the trim kept the
+        # wrong end of this backlog (read below: a newer one trimmed beside it was not trimmed legally).
+        F.max(F.when(F.col("kept_after") & F.col("legally_trimmed") & F.col("settled")
+                     & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w")), F.col("rank"))).over(whole).alias(
+            "wrongly_kept_rank"),
         # Each backlog's size, for every row of the subscriber (read below for messages carried into the next).
         F.collect_set(F.when(F.col("in_backlog"), F.struct(F.col("backlog").alias("b"), F.col("n_backlog").alias("n"))))
         .over(Window.partitionBy("run_id", "client", "is_cand")).alias("backlog_sizes"))
+    # Never delivered, past the limit by rank, but kept-side of a message the broker wrongly kept (newer than it
+    # under drop_oldest, older under drop_newest): the queue held the wrong end, so the rank does not excuse it
+    # (trim_newest with the newest still in the pipeline at the reconnect: the kept oldest 20, then the pipeline's
+    # 20, and 26 between them never sent; p2p-limit-trim-3).  Its cause below is the policy rule.
+    misplaced = F.coalesce(F.col("legally_trimmed") & ~F.col("delivered") & (F.col("rank") < F.col("wrongly_kept_rank")),
+                           F.lit(False))
+    t = t.select("*", misplaced.alias("misplaced")).withColumn("legally_trimmed",
+                                                               F.col("legally_trimmed") & ~F.col("misplaced"))
     before = Window.partitionBy("run_id", "client", "is_cand", "publisher").orderBy("pub_seq").rowsBetween(
         Window.unboundedPreceding, -1)
     # Why descending with a growing frame: an "unbounded following" frame is re-aggregated for every row
@@ -764,7 +788,14 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     delivered_seq = F.when(F.col("delivered"), F.col("pub_seq"))
     t = t.select("*", F.last(delivered_seq, ignorenulls=True).over(before).alias("prev_delivered"),
                  F.last(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"),
-                 F.min(F.when(F.col("delivered"), F.col("t_first"))).over(after).alias("later_first_t"))
+                 F.min(F.when(F.col("delivered"), F.col("t_first"))).over(after).alias("later_first_t"),
+                 F.max(F.when(F.col("delivered"), F.col("t_last"))).over(before).alias("older_last_t"))
+    # When a never-delivered message can have been trimmed (online_trims): after it arrived and after the last
+    # delivery of an older message of its stream (the trim keeps the newest: an older one sent later was still
+    # queued), and no later than the first delivery of a newer one (the queue is read in order: had it still
+    # been there, it would have gone first).
+    t = t.select("*", F.greatest(F.col("t_arr"), F.col("older_last_t")).alias("trim_from"),
+                 F.coalesce(F.col("later_first_t"), F.lit(NEVER)).alias("trim_until")).drop("older_last_t")
     # Carried into the next backlog: a message kept in backlog k but not yet delivered when the subscriber went
     # offline again is still in its queue and may be legally trimmed there (as the oldest).  Only when nothing
     # later of the same stream was delivered in between: had the broker sent anything newer, the queue order
@@ -773,7 +804,7 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     # drain's quiet period) to deliver it.  The lookups run only for kept, undelivered backlog rows (few).
     k_next = F.element_at(F.filter("offline", lambda i: i["idx"] == F.col("k.idx") + 1), 1)
     n_next = F.element_at(F.filter("backlog_sizes", lambda x: x["b"] == F.col("k.idx") + 1), 1)["n"]
-    waiting = F.col("in_backlog") & ~F.col("delivered") & ~F.col("legally_trimmed")
+    waiting = F.col("in_backlog") & ~F.col("delivered") & ~F.col("legally_trimmed") & ~F.col("misplaced")
     t = t.select("*", F.when(waiting, F.struct(k_next.alias("k"), F.coalesce(n_next, F.lit(0)).alias("n_backlog")))
                  .alias("next_backlog")).drop("offline", "backlog_sizes")
     carried = (F.col("next_backlog.k").isNotNull()
@@ -812,6 +843,48 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                 .when(F.col("next_delivered").isNull(), F.lit("suffix")).otherwise(F.lit("middle")))
     # Sorted by the join key: the per-message rules read the publish from here by a merge join.
     return t.select("*", cause.alias("cause"), position.alias("position")).sortWithinPartitions(*SUBSCRIBER_MESSAGE)
+
+
+def online_trims(table):
+    """The never-delivered messages a drop-oldest queue trimmed legally at any moment, the subscriber online or
+    not: (run_id, client, publisher, pub_seq, peak).  TBMQ trims ``{client}_messages`` to the newest ``limit``
+    on every save, whether the client is connected or not (lua/save.lua); a subscriber online behind a slow
+    pipeline can have more than the limit queued (p2p-limit-trim seeds 4 and 5, docs/findings.md).
+
+    A message was trimmed legally when, at some moment T in [trim_from, trim_until] (per_subscriber_message),
+    at least ``limit`` newer messages of the subscriber's queue were there at once.  A newer message counts
+    as queued from its publish ack (the earliest it can have been saved) until the subscriber acknowledged it
+    (else its last delivery); one never delivered does not count (when it left the queue is unknown, and
+    counting it would let one trim excuse the next)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    gone = (table.filter(F.col("is_cand") & F.col("owed") & ~F.col("delivered") & (F.col("policy") == "drop_oldest")
+                         & ~F.col("misplaced")  # its backlog's trim kept the wrong end: no later trim excuses it
+                         & (F.col("trim_from") <= F.col("trim_until")))
+            .select("run_id", "client", F.col("publisher").alias("m_publisher"), F.col("pub_seq").alias("m_pub_seq"),
+                    F.col("t_arr").alias("m_t_arr"), "trim_from", "trim_until", "limit"))
+    queued = table.filter(F.col("is_cand") & F.col("delivered")).select(
+        "run_id", "client", "publisher", "pub_seq", "t_arr", F.coalesce("first_ack_t", "t_last").alias("t_gone"))
+    # "Newer" is the queue order the backlog rank uses: arrival, then publisher and sequence.
+    newer = ((F.col("t_arr") > F.col("m_t_arr"))
+             | ((F.col("t_arr") == F.col("m_t_arr")) & ((F.col("publisher") > F.col("m_publisher"))
+                                                        | ((F.col("publisher") == F.col("m_publisher"))
+                                                           & (F.col("pub_seq") > F.col("m_pub_seq"))))))
+    pairs = (F.broadcast(gone).join(queued, ["run_id", "client"])
+             .filter(newer & (F.col("t_gone") > F.col("trim_from")) & (F.col("t_arr") <= F.col("trim_until"))))
+    m = ["run_id", "client", "m_publisher", "m_pub_seq"]
+    # Why a sweep: +1 where a newer message enters the window [trim_from, trim_until], -1 where it leaves (a leave
+    # sorts before an enter at the same instant: queued over [t_arr, t_gone)); the running sum's peak is the
+    # most newer messages queued at once.
+    event = F.explode(F.array(F.struct(F.greatest("t_arr", "trim_from").alias("t"), F.lit(1).alias("d")),
+                              F.struct(F.col("t_gone").alias("t"), F.lit(-1).alias("d"))))
+    events = pairs.select(*m, "limit", "trim_until", event.alias("e")).filter(F.col("e.t") <= F.col("trim_until"))
+    sweep = Window.partitionBy(*m).orderBy("e.t", "e.d").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    peaks = events.select(*m, "limit", F.sum("e.d").over(sweep).alias("n")).groupBy(*m, "limit").agg(
+        F.max("n").alias("peak"))
+    return peaks.filter(F.col("peak") >= F.col("limit")).select(
+        "run_id", "client", F.col("m_publisher").alias("publisher"), F.col("m_pub_seq").alias("pub_seq"), "peak")
 
 
 def delivered_messages(table, dsm, pub, runs_b, count_first: bool = True):

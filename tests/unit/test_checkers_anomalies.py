@@ -161,6 +161,38 @@ def _unsent_then_gone(rows, *seqs):
     return [r for r in rows if not (r.get("client") == "sub-0" and r["kind"] in gone and r["t_mono_us"] >= back)]
 
 
+# A drop-oldest queue trims on every save, the subscriber online or not (docs/findings.md, p2p-limit-trim seeds
+# 4 and 5): sub-0 stays online, limit 3; pub-0 #3 and #4 never arrive, #5.. are held back by a slow pipeline.
+ONLINE = replace(LIMIT, offline=(), faults=(), messages=10)
+
+
+def _held_back(rows, *seqs):
+    """pub-0 #3 and #4 are never delivered; ``seqs`` arrive in one batch 10 ms after the last one's publish ack
+    (their ids stay: #3 and #4 were stored, then trimmed)."""
+    rows = _drop_seqs(rows, "sub-0", "pub-0", (3, 4))
+    ack = s.publish_row(rows, Kind.PUBLISH_ACK, "pub-0", seqs[-1])
+    return s.deliver_in_batch(rows, "sub-0", "pub-0", seqs, ack["t_mono_us"] + 10_000)
+
+
+# sub-0 offline over slots 5..11, then again over 12..13 (one message, #12, arrives in the second window).
+SHORT_SECOND = replace(LIMIT, messages=16, faults=(), offline=(s.Offline(0, 5, 11), s.Offline(0, 12, 13)))
+
+
+def _carried_held_back(rows, *late):
+    """Of the first backlog (#5..#10, limit 3: #8..#10 kept) only #8 arrives after the reconnect; #9 never; ``late``
+    (of #10 and the live #11) come only after the second reconnect, before #12: at that save the queue held #9..#12
+    and the oldest, #9, went."""
+    rows = s.drop_delivery(rows, "sub-0", "pub-0", 9)
+    back = max(r["t_mono_us"] for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == "sub-0")
+    return s.deliver_in_batch(rows, "sub-0", "pub-0", late, back + 1000)
+
+
+# sub-0 offline over slots 5..14 (backlog #5..#13, limit 3); #11..#13 were acknowledged within the pipeline slack
+# (300 ms) before the reconnect: they may arrive live, beside the kept newest settled ones.
+PIPELINE = replace(LIMIT, faults=(), messages=16, offline=(s.Offline(0, 5, 14),), trim_mode="none",
+                   pipeline_slack_ms=300)
+
+
 V5_PLAIN = replace(BASE, protocol=5)
 # No fault near the planted duplicates and skips (BASE's fault f1 is over by slot 7): nothing excuses them.
 NO_FAULT = replace(BASE, faults=())
@@ -411,6 +443,25 @@ CASES = {
                                         {"durability.session_lost", "order.out_of_order"}),
     "kept_unsent_then_subscriber_gone": (replace(TWO_WINDOWS, limit=5, messages=13),
                                          lambda r: _unsent_then_gone(r, 10, 11), {"durability.lost"}),
+    # Trimmed while online: #5..#7 (3 = the limit, all newer than #3 and #4) were queued at once behind the slow
+    # pipeline before #5 went out: the save trimmed the two oldest, legally ...
+    "online_trim_after_slow_pipeline": (ONLINE, lambda r: _held_back(r, 5, 6, 7), set()),
+    # ... but with only #5 and #6 queued at any moment (the batch goes out before #7 is published) nothing was
+    # over the limit: #3 and #4 are lost.
+    "online_gap_under_limit": (ONLINE, lambda r: _held_back(r, 5, 6), {"durability.lost"}),
+    # Carried into the next window with the rest of its old backlog: #9 (kept in the first backlog, never sent)
+    # was queued at the second disconnect with #10 and #11 (unsent) and #12 (arrived offline): 3 newer, the
+    # limit: trimmed legally, though the second window's own arrivals (#11, #12) are fewer than the limit ...
+    "carried_into_full_queue": (SHORT_SECOND, lambda r: _carried_held_back(r, 10, 11), set()),
+    # ... while with #10, the rest of that backlog, sent before the second disconnect, only #11 and #12 were newer
+    # and queued with #9 (2 < 3): lost.
+    "carried_into_short_queue": (SHORT_SECOND, lambda r: _carried_held_back(r, 11), {"durability.lost"}),
+    # The trim kept the oldest settled #5..#7 and dropped #8..#10; the newest, #11..#13, came from the pipeline
+    # (p2p-limit-trim-3 with trim_newest): every dropped one is past the limit by rank, yet the wrong end was kept ...
+    "kept_oldest_newest_from_pipeline": (PIPELINE, lambda r: _drop_seqs(r, "sub-0", "pub-0", (8, 9, 10)),
+                                         {"limits.trim_not_oldest"}),
+    # ... while keeping the newest settled #8..#10 beside the pipeline's #11..#13 is right.
+    "kept_newest_settled_and_pipeline": (PIPELINE, lambda r: _drop_seqs(r, "sub-0", "pub-0", (5, 6, 7)), set()),
 }
 UNKNOWN_CASES = {
     # A fault that did not bite (or has no proof that it did): the run did not test what it claimed.

@@ -553,6 +553,8 @@ def rejudge(out: Path, matrix: Matrix, *, recheck: bool = False, spark_master: s
     current = {e.defect: e for e in matrix.entries if e.tier == previous["tier"]}
     for row in previous["rows"]:
         entry = current.get(row["defect"]) if row["role"] == "defect" else None
+        if entry is not None and not entry.scenario.as_posix().endswith("/" + row["scenario"].lstrip("/")):
+            entry = None  # the entry moved to another scenario: this row answers the old question
         expect = entry.expect if entry else tuple(row["expect"])
         need = min(entry.need, row.get("need", entry.need)) if entry else row.get("need", 1)
         job = Job(row["role"], row["label"], REPO_ROOT / row["scenario"], row["seed"], row["defect"],

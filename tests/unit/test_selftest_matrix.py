@@ -377,7 +377,7 @@ def test_rejudge_takes_the_expectation_from_the_current_matrix(tmp_path):
     (run_dir / "report.json").write_text(json.dumps(_report({"order.dup_flag": "pass", "durability.lost": "fail"},
                                                             verdict="fail")))
     row = replace(judge(DEFECT_JOB, None, run_s=1.0, run_dir=str(run_dir)), need=1)
-    stored = json.dumps({"tier": "full", "rows": [row.__dict__ | {"scenario": "a.toml"}], "uncovered": [],
+    stored = json.dumps({"tier": "full", "rows": [row.__dict__ | {"scenario": "scenarios/a.toml"}], "uncovered": [],
                          "check_s": 1.0, "total_s": 2.0, "errors": []})
     (tmp_path / "selftest.json").write_text(stored)
     moved = _parse(_doc(tier="full", scenario="scenarios/a.toml", expect=["durability.lost"]))
@@ -385,3 +385,6 @@ def test_rejudge_takes_the_expectation_from_the_current_matrix(tmp_path):
     (tmp_path / "selftest.json").write_text(stored)  # rejudge rewrote it
     kept = _parse(_doc(tier="smoke", expect=["durability.lost"]))  # no full entry: the stored expect stands
     assert [r.outcome for r in selftest.rejudge(tmp_path, kept).rows] == [MISSED]
+    (tmp_path / "selftest.json").write_text(stored)
+    elsewhere = _parse(_doc(tier="full", scenario="scenarios/b.toml", expect=["durability.lost"]))
+    assert [r.outcome for r in selftest.rejudge(tmp_path, elsewhere).rows] == [MISSED]  # moved: the old question

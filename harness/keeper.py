@@ -28,6 +28,7 @@ seed is copied to ``<run>/logs/<node>.log`` before the reset (the reset's own li
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ class TopologyKeeper:
         self.fallbacks: list[str] = []  # why a kept topology was given up (one entry per fresh start it caused)
         self._fresh_because = "the first seed"
         self._offsets: dict[str, int] = {}
+        self.steps: dict[str, float] = {}  # the last reset's steps, seconds each
         self.info: dict[str, Any] = {}  # the last acquire: kept or fresh (and why), for the seed's summary.json
 
     # -- per seed --------------------------------------------------------------------------------------
@@ -136,7 +138,7 @@ class TopologyKeeper:
         reset_s = round(time.monotonic() - began, 3)
         if problem:
             self._discard(f"the reset after seed {self.seeds_on_current} on this topology failed: {problem}")
-        return {"reset_s": reset_s, "verified": not problem, "problem": problem}
+        return {"reset_s": reset_s, "verified": not problem, "problem": problem, "steps_s": dict(self.steps)}
 
     def log_files(self, run_dir: Path) -> list[tuple[str, str, Path]]:
         """(name, role, log path in ``run_dir``) of every node the seed ran on (kept nodes: their copied slice)."""
@@ -159,6 +161,10 @@ class TopologyKeeper:
         topology = self.topology
         assert topology is not None and self.config is not None
         deadline = time.monotonic() + RESET_TIMEOUT_S
+        self.steps = {}
+        mark = self._step("", time.monotonic())
+        # Kafka first, in its own thread: its restart (a new S3 server, Tansu) overlaps the Redis steps.
+        kafka = _Background(lambda: self._restart_kafka(deadline))
         heal_all_network()
         for node in topology.redis_nodes:  # like the nemesis' heal_all: nothing may stay paused or dead
             if node.is_alive() and (node.paused or is_stopped(node.pid)):
@@ -169,7 +175,9 @@ class TopologyKeeper:
             node.wait_ready(self._left(deadline))
             node.command("CLIENT", "UNPAUSE")
         topology.redis.wait_ready(self._left(deadline))
+        mark = self._step("redis healed", mark)
         self._restore_layout(deadline)
+        mark = self._step("roles restored", mark)
         for node in topology.redis_nodes:
             if node.is_master():
                 node.command("FLUSHALL")
@@ -179,11 +187,19 @@ class TopologyKeeper:
                    lambda: all(n.command("DBSIZE") == 0 for n in topology.redis_nodes))
         for node in topology.redis_nodes:
             node.command("BGREWRITEAOF")  # a later kill replays an empty AOF, not every earlier seed's writes
-        self._restart_kafka(deadline)
         self._wait(deadline, "every AOF rewrite to finish",
                    lambda: all(int(n.info("persistence").get("aof_rewrite_in_progress", 0)) == 0
                                and int(n.info("persistence").get("aof_rewrite_scheduled", 0)) == 0
                                for n in topology.redis_nodes))
+        mark = self._step("flushed", mark)
+        kafka.join(self._left(deadline))
+        self._step("kafka restarted (waited for)", mark)
+
+    def _step(self, name: str, mark: float) -> float:
+        now = time.monotonic()
+        if name:
+            self.steps[name] = round(now - mark, 3)
+        return now
 
     def verify(self) -> None:
         """Raise ResetError naming what differs from a fresh start."""
@@ -192,6 +208,7 @@ class TopologyKeeper:
 
         topology = self.topology
         assert topology is not None
+        began = time.monotonic()
         problems = []
         health = topology.redis.health()
         if not health.ok:
@@ -216,6 +233,7 @@ class TopologyKeeper:
                 problems.append(f"Kafka topics {topics}, a fresh start has {self.topics}")
         if problems:
             raise ResetError("; ".join(problems))
+        self.steps["verified"] = round(time.monotonic() - began, 3)
 
     def _restore_layout(self, deadline: float) -> None:
         """Fail back every original master that is a replica now, then re-point any replica that follows
@@ -304,6 +322,28 @@ class TopologyKeeper:
             if time.monotonic() > deadline:
                 raise ResetError(f"timed out waiting for {what}")
             time.sleep(0.05)
+
+
+class _Background:
+    """A step in a thread of its own; ``join`` re-raises what it raised."""
+
+    def __init__(self, action) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(action,), name="keeper-step", daemon=True)
+        self._thread.start()
+
+    def _run(self, action) -> None:
+        try:
+            action()
+        except BaseException as error:  # noqa: BLE001 - handed to join()
+            self._error = error
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise ResetError(f"the Kafka restart did not finish within {timeout:.0f} s")
+        if self._error is not None:
+            raise self._error
 
 
 def _size(path: Path) -> int:

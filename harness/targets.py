@@ -311,7 +311,7 @@ class ReferenceTarget:
             released = self.keeper.release(self.run_dir)
             self.reset_s = released["reset_s"]
             self.reuse = {**(self.reuse or {}), "reset_verified": released["verified"],
-                          "reset_problem": released["problem"]}
+                          "reset_problem": released["problem"], "reset_steps_s": released.get("steps_s", {})}
             return
         self.topology.stop()
         for name in names:

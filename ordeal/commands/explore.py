@@ -99,10 +99,16 @@ def replay(run_dir: str, out: Path, spark_master: str | None, check: bool, isola
               help="Shrink for this failing invariant only (repeatable; default: every invariant the run failed).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Directory under which shrink-<run>-<time>/ is created.")
+@click.option("--batch", type=click.IntRange(1, 100), default=4, show_default=True,
+              help="Candidates run before one check (a round, checked in one Spark job); the first reproducing "
+                   "candidate in order wins, as one by one.  1 = check each candidate alone.")
+@click.option("--fresh-topology", is_flag=True, default=False,
+              help="Start and stop a topology per candidate run (default: one topology, reset and verified "
+                   "between runs; harness/keeper.py).")
 @spark_options
 @isolation_option
 def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invariants: tuple[str, ...], out: Path,
-           spark_master: str | None, isolated: bool) -> None:
+           batch: int, fresh_topology: bool, spark_master: str | None, isolated: bool) -> None:
     """Minimise RUN_DIR's failing plan (fewer faults, clients, offline periods, messages, a shorter workload)
     by re-running smaller candidates; write shrunk-plan.json and print its replay command.  Exit 0 when a
     reproducing plan was written (smaller or not), 2 when the original could not be used."""
@@ -114,7 +120,7 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
     try:
         settings = ShrinkSettings(runs=RunsRule.parse(runs_rule), max_attempts=max_attempts,
                                   budget_s=parse_duration(budget), target=frozenset(invariants),
-                                  spark_master=spark_master)
+                                  spark_master=spark_master, batch=batch, keep_topology=not fresh_topology)
     except ShrinkError as error:
         raise InputError(str(error)) from error
     click.echo(f"network: {enter_isolation(isolated)}", err=True)  # every candidate runs in this namespace

@@ -310,8 +310,7 @@ class ReferenceTarget:
                 self.recorder.record(Kind.NODE_EVENT, node=name, detail={"action": "stop", "kept": True})
             released = self.keeper.release(self.run_dir)
             self.reset_s = released["reset_s"]
-            self.reuse = {**(self.reuse or {}), "reset_verified": released["verified"],
-                          "reset_problem": released["problem"], "reset_steps_s": released.get("steps_s", {})}
+            self.reuse = {**(self.reuse or {}), "released": released}
             return
         self.topology.stop()
         for name in names:

@@ -70,6 +70,7 @@ class ExploreSettings:
     spark_master: str | None = None
     overlap_checks: bool = True  # check finished seeds in the background, batched, while the next one runs
     keep_topology: bool = True  # one topology for every seed, reset and verified between them (harness/keeper.py)
+    topology_spares: int = 1  # kept topologies reset in the background while a seed runs on another; 0 = in line
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ class ExploreResult:
     elapsed_s: float = 0.0
     check_batches: list[tuple[int, float]] = field(default_factory=list)  # overlapped checks: (runs, seconds)
     topology_fallbacks: list[str] = field(default_factory=list)  # why a kept topology was given up
+    topology_resets: list[float] = field(default_factory=list)  # seconds of each reset between seeds
+    topology_spares: int = 0  # >0: the resets ran in the background, beside the next seed
 
     @property
     def exit_code(self) -> int:
@@ -252,16 +255,19 @@ def _loop(result: ExploreResult, scenario, scenario_path: Path, settings: Explor
         from harness.keeper import TopologyKeeper
 
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-        keeper = TopologyKeeper(settings.out / f"kept-topology-{scenario.name}-{stamp}")
+        keeper = TopologyKeeper(settings.out / f"kept-topology-{scenario.name}-{stamp}",
+                                spares=settings.topology_spares)
     try:
         _seeds(result, scenario, scenario_path, settings, seed, deadline, log, checker, keeper)
     finally:
         if keeper is not None:
-            result.topology_fallbacks = list(keeper.fallbacks)
             try:
                 keeper.close()
             except Exception as error:  # noqa: BLE001 - its nodes die with their process groups anyway
                 log(f"stopping the kept topology: {error}")
+            result.topology_fallbacks = list(keeper.fallbacks)
+            result.topology_resets = list(keeper.resets)
+            result.topology_spares = keeper.spares
         if checker is not None:
             for played, plan in checker.close():  # the last seeds' checks (the budget kept room for one)
                 _log_run(result, _record(played, plan, scenario_path, settings.corpus, cut=False, overlapped=True),
@@ -409,8 +415,12 @@ def throughput_lines(result: ExploreResult) -> list[str]:
                      + (" (the check overlapped with the next seed)" if overlapped == len(result.runs) else ""))
     if result.runs:
         kept = sum(1 for r in result.runs if r.topology == "kept")
+        resets = result.topology_resets
         lines.append(f"topology: kept (reset and verified) for {kept} of {len(result.runs)} runs, "
                      f"{len(result.runs) - kept} started fresh"
+                     + (f"; {len(resets)} resets, {sum(resets) / len(resets):.1f} s each, "
+                        + ("in the background beside the next seed" if result.topology_spares else "in line")
+                        if resets else "")
                      + (f"; given up {len(result.topology_fallbacks)} time(s): "
                         + " | ".join(reason[:200] for reason in result.topology_fallbacks)
                         if result.topology_fallbacks else ""))

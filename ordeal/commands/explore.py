@@ -146,6 +146,9 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
 @click.option("--fresh-topology", is_flag=True, default=False,
               help="Start and stop a topology per seed (default: one topology for every seed, reset and verified "
                    "between seeds, a fresh one whenever a reset cannot be verified; harness/keeper.py).")
+@click.option("--topology-spares", type=click.IntRange(0, 3), default=1, show_default=True,
+              help="Kept topologies reset in the background while the next seed runs on another (0: reset in "
+                   "line, before the next seed starts).")
 @click.option("--promote", "promote_entry", type=click.Path(file_okay=False, path_type=Path), default=None,
               metavar="ENTRY", help="Instead of exploring: copy this corpus entry into the smoke tier's "
                                     "regression list (tests/data/regressions/).")
@@ -156,7 +159,7 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
                    "defect the suite must keep catching) or to pass (a fixed bug must stay fixed).")
 @isolation_option
 def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | None, out: Path,
-            spark_master: str | None, serial_checks: bool, fresh_topology: bool, promote_entry: Path | None, regressions: Path | None,
+            spark_master: str | None, serial_checks: bool, fresh_topology: bool, topology_spares: int, promote_entry: Path | None, regressions: Path | None,
             expect: str, isolated: bool) -> None:
     """Run new seeds of SCENARIO until --budget is spent; keep every failing run's plan in --corpus with its
     replay command and first witness; end with a summary table; exit 1 if any run failed, else 2 if any
@@ -181,7 +184,7 @@ def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | N
     path = _scenario_path(scenario)
     settings = ExploreSettings(budget_s=parse_duration(budget), corpus=corpus, out=out, seed_start=seed_start,
                                spark_master=spark_master, overlap_checks=not serial_checks,
-                               keep_topology=not fresh_topology)
+                               keep_topology=not fresh_topology, topology_spares=topology_spares)
     _validate_scenario(path)
     click.echo(f"network: {enter_isolation(isolated)}", err=True)  # every seed runs in this namespace
     try:

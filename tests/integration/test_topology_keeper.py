@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from faults.network import heal_all_network
-from harness.keeper import ResetError, TopologyKeeper, _list_topics, cluster_layout
+from harness.keeper import ResetError, TopologyKeeper, _list_topics, _wait, cluster_layout
 from harness.netns import in_private_netns
 from harness.topology_config import TopologyConfig
 
@@ -48,7 +49,7 @@ async def _leave_a_topic(bootstrap: str) -> None:
 
 
 def test_a_seeds_leftovers_are_gone_and_roles_restored(tmp_path):
-    keeper = TopologyKeeper(tmp_path / "kept")
+    keeper = TopologyKeeper(tmp_path / "kept", spares=0)  # the reset in line, before release returns
     try:
         seed1 = tmp_path / "seed-1"
         topology = keeper.acquire(CONFIG, seed1, broker_config(seed1))
@@ -63,9 +64,9 @@ def test_a_seeds_leftovers_are_gone_and_roles_restored(tmp_path):
         master = topology.redis_nodes[0]
         replica = topology.redis.replicas_of(master)[0]
         master.kill()
-        keeper._wait(1e18, "the replica's promotion", lambda: replica.is_master())
+        _wait(time.monotonic() + 60, "the replica's promotion", lambda: replica.is_master())
         master.start()
-        keeper._wait(1e18, "the old master to rejoin as a replica",
+        _wait(time.monotonic() + 60, "the old master to rejoin as a replica",
                      lambda: master.is_alive() and cluster_layout(topology).get(master.name, ("",))[0] == "replica")
         assert cluster_layout(topology) != fresh
         other = topology.redis_nodes[-1]
@@ -91,15 +92,33 @@ def test_a_seeds_leftovers_are_gone_and_roles_restored(tmp_path):
                 if path.parent != seed2 / "logs"] == []  # every node's log of this seed lands in its run dir
 
         # A reset that cannot be verified: the topology is given up, the next seed starts fresh, with why.
-        keeper.verify = lambda: (_ for _ in ()).throw(ResetError("keys left: planted"))
+        keeper.current.verify = lambda: (_ for _ in ()).throw(ResetError("keys left: planted"))
         released = keeper.release(seed2)
         assert released["verified"] is False and "keys left: planted" in released["problem"]
-        assert keeper.topology is None and not topology.redis_nodes[0].is_alive()
+        assert keeper.idle == [] and not topology.redis_nodes[0].is_alive()
         seed3 = tmp_path / "seed-3"
-        del keeper.verify
         third = keeper.acquire(CONFIG, seed3, broker_config(seed3))
         assert third is not topology and keeper.info["kept"] is False
         assert "keys left: planted" in keeper.info["fresh_because"] and keeper.fresh_starts == 2
         keeper.release(seed3)
+    finally:
+        keeper.close()
+
+
+def test_with_a_spare_the_reset_runs_beside_the_next_seed_and_is_verified_before_reuse(tmp_path):
+    keeper = TopologyKeeper(tmp_path / "kept", spares=1)
+    try:
+        runs = [tmp_path / f"seed-{n}" for n in (1, 2, 3)]
+        first = keeper.acquire(CONFIG, runs[0], broker_config(runs[0]))
+        first.redis.master_for_key("k").command("SET", "k", "v")
+        released = keeper.release(runs[0])
+        assert released["background"] is True and released["verified"] is None
+        second = keeper.acquire(CONFIG, runs[1], broker_config(runs[1]))  # the spare: started fresh, once
+        assert second is not first and keeper.info["kept"] is False and keeper.fresh_starts == 2
+        keeper.release(runs[1])
+        third = keeper.acquire(CONFIG, runs[2], broker_config(runs[2]))
+        assert third is first and keeper.info["kept"] is True and keeper.info["reset_verified"] is True
+        assert third.redis.master_for_key("k").command("EXISTS", "k") == 0  # the first seed's key is gone
+        keeper.release(runs[2])
     finally:
         keeper.close()

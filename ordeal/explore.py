@@ -407,6 +407,9 @@ def throughput_lines(result: ExploreResult) -> list[str]:
                      f"({faulted} of {len(result.runs)} runs had a fault applied)")
         mean = {name: sum(dict(r.phases).get(name, 0.0) for r in result.runs) / len(result.runs)
                 for name, _ in (*PHASES, ("other", ()))}
+        if len(result.runs) > 1:  # the steady state: every run but the first (which starts the topologies)
+            pace = sum(r.seconds for r in result.runs[1:]) / (len(result.runs) - 1)
+            lines.append(f"pace: a seed every {pace:.1f} s -> {3600 / pace:.0f} runs/hour while the checks keep up")
         overlapped = sum(1 for r in result.runs if r.check_overlapped)
         in_line = {k: v for k, v in mean.items()
                    if k != "workload" and not (k == "check" and overlapped == len(result.runs))}

@@ -83,7 +83,7 @@ class Attempt:
     description: str
     dimension: str
     size: str
-    accepted: bool
+    accepted: bool  # taken by the search: the first of its round to reproduce the failure (matched >= K)
     matched: int  # runs that failed the target
     runs: int
     failing: tuple[tuple[str, ...], ...]  # per run, its failing invariants
@@ -266,9 +266,11 @@ def _search(result: ShrinkResult, settings: ShrinkSettings, stored: StoredRun, p
             for attempt, runs in attempts:
                 result.attempts.append(attempt)
                 measured += [p.seconds for p in runs]
+                reproduced = attempt.matched >= settings.runs.needed
                 log(f"attempt {attempt.number:>3}  {attempt.size:<70}  "
-                    f"{'FAILS' if attempt.accepted else 'passes'} {attempt.matched}/{attempt.runs}  "
-                    f"{attempt.seconds:>5.0f} s  {attempt.description}")
+                    f"{'FAILS' if reproduced else 'passes'} {attempt.matched}/{attempt.runs}  "
+                    f"{attempt.seconds:>5.0f} s  {attempt.description}"
+                    + ("  (taken: the first of its round to fail)" if attempt.accepted else ""))
             if measured:
                 run_estimate = max(measured)  # the slowest run so far: the estimate errs on the safe side
             if stop.is_set():
@@ -328,7 +330,7 @@ def _try_round(round_: list, first_number: int, settings: ShrinkSettings, target
             continue  # never run (a later candidate after the winner, or interrupted)
         out.append((Attempt(
             number=first_number + len(out), description=candidate.description, dimension=candidate.dimension,
-            size=str(plan_size(candidate.plan)), accepted=bool(decided[i]), matched=matched[i],
+            size=str(plan_size(candidate.plan)), accepted=i == winner, matched=matched[i],
             runs=len(runs[i]), failing=tuple(tuple(sorted(p.failing)) for p in runs[i]),
             exit_codes=tuple(p.exit_code for p in runs[i]), run_dirs=tuple(str(p.run_dir) for p in runs[i]),
             seconds=round(seconds[i], 1)), runs[i]))

@@ -63,7 +63,7 @@ def settings(**kwargs) -> ShrinkSettings:
 
 def test_shrinks_to_the_one_pair_and_one_publish_the_failure_needs(stored, tmp_path):
     oracle = Oracle(needs_pair_one)
-    result = shrink(stored, settings(), tmp_path / "out", log=lambda line: None, player=oracle)
+    result = shrink(stored, settings(batch=1), tmp_path / "out", log=lambda line: None, player=oracle)
     assert result.stop_reason.startswith("minimal")
     assert {c.client_id for c in result.minimal.clients} == PAIR
     assert len(result.minimal.publishes) == 1 and result.minimal.publishes[0].seq == 1
@@ -82,10 +82,10 @@ def test_shrinks_to_the_one_pair_and_one_publish_the_failure_needs(stored, tmp_p
 
 
 def test_k_of_n_stops_early_either_way(stored, tmp_path):
-    always = shrink(stored, settings(runs=RunsRule(2, 3), max_attempts=3), tmp_path / "a", log=lambda line: None,
+    always = shrink(stored, settings(runs=RunsRule(2, 3), max_attempts=3, batch=1), tmp_path / "a", log=lambda line: None,
                     player=Oracle(lambda plan: True))
     assert [a.runs for a in always.attempts] == [2, 2, 2] and all(a.accepted for a in always.attempts)
-    never = shrink(stored, settings(runs=RunsRule(2, 3), max_attempts=3), tmp_path / "n", log=lambda line: None,
+    never = shrink(stored, settings(runs=RunsRule(2, 3), max_attempts=3, batch=1), tmp_path / "n", log=lambda line: None,
                    player=Oracle(lambda plan: False))
     assert [a.runs for a in never.attempts] == [2, 2, 2] and not any(a.accepted for a in never.attempts)
     assert never.minimal == stored.plan
@@ -151,7 +151,8 @@ class UncheckedRuns(RoundPlayer):
 
 
 def test_each_round_is_checked_in_one_call_and_the_minimal_plan_is_the_one_by_one_result(stored, tmp_path):
-    one_by_one = shrink(stored, settings(), tmp_path / "one", log=lambda line: None, player=Oracle(needs_pair_one))
+    one_by_one = shrink(stored, settings(batch=1), tmp_path / "one", log=lambda line: None,
+                        player=Oracle(needs_pair_one))
     rounds = UncheckedRuns(stored, settings(batch=4), needs_pair_one)
     batched = shrink(stored, settings(batch=4), tmp_path / "four", log=lambda line: None, round_player=rounds)
     assert batched.minimal == one_by_one.minimal and batched.stop_reason == one_by_one.stop_reason
@@ -160,6 +161,8 @@ def test_each_round_is_checked_in_one_call_and_the_minimal_plan_is_the_one_by_on
     assert len(rounds.check_calls) < len(batched.attempts) and sum(rounds.check_calls) == len(batched.attempts)
     log = json.loads((batched.out_dir / "shrink.json").read_text())
     assert log["check_calls"] == rounds.check_calls and log["batch"] == 4
+    # the taken attempts are the same plans, in the same order, as one by one
+    assert ([a.size for a in batched.attempts if a.accepted] == [a.size for a in one_by_one.attempts if a.accepted])
 
 
 def test_k_of_n_in_rounds_runs_only_the_undecided_candidates_again(stored, tmp_path):
@@ -170,4 +173,4 @@ def test_k_of_n_in_rounds_runs_only_the_undecided_candidates_again(stored, tmp_p
     # pass 1: three runs, one check -> candidate 2 fails (accepted), 1 and 3 pass; pass 2: only candidate 1
     # (before the accepted one) runs again -> it fails, so it wins: the same winner as one by one.
     assert rounds.check_calls == [3, 1]
-    assert [(a.accepted, a.runs) for a in result.attempts] == [(True, 2), (True, 1), (False, 1)]
+    assert [(a.accepted, a.matched, a.runs) for a in result.attempts] == [(True, 1, 2), (False, 1, 1), (False, 0, 1)]

@@ -13,7 +13,8 @@ A fresh topology per seed costs its start and stop every time (9-18 s of a run's
   the node from an empty file, as on a fresh topology);
 - Kafka: Tansu and its S3 server are killed and started again on an empty store (moto keeps the bucket in
   memory; an s3rver directory is emptied), so no topic, record or consumer-group offset survives;
-- the reference-broker nodes are started per seed (in the seed's run directory) and stopped after it.
+- the reference-broker nodes are stopped after the seed; each seed gets new ones (started in its run
+  directory, or, with a spare, by the background reset once it was verified: see below).
 
 Then it is verified: the cluster is healthy (cluster_state ok, every link up, every view the same), the
 node -> role map equals the one recorded at the fresh start, DBSIZE is 0 on every node, no Redis process is
@@ -26,7 +27,11 @@ the next seed runs on another kept topology (a second one is started once), so t
 seed no wall time.  The two share nothing a reset touches: their own processes and addresses; the one
 shared thing, the network namespace's fault rules, is removed and checked at the end of the seed, before
 the next starts (never by a background reset).  A topology is handed out only after its reset was
-verified; the seed that uses it records that verification (``topology_reuse.reset_verified``).  With
+verified; the seed that uses it records that verification (``topology_reuse.reset_verified``).  After
+the verification that reset also starts the next seed's broker nodes with the last seed's config (the
+same scenario; the seed compares its own config file and starts new ones if it differs), so they are
+ready when the seed takes the topology; their log is copied into the seed's run directory like a kept
+node's.  With
 ``spares=0`` the reset runs before the next seed, in line.
 
 Each seed's run directory still holds every node's log: the part of a kept node's log written during the
@@ -99,8 +104,13 @@ class KeptTopology:
         self.offsets: dict[str, int] = {}
         self.steps: dict[str, float] = {}  # the last reset's steps, seconds each
         self.reset_s = 0.0
+        self.broker_config_text: str | None = None  # the last seed's broker config (the next one's, prestarted)
+        self.prestarted = False  # the broker nodes running now were started by the reset, for the next seed
+        self.own_broker_logs = False  # this seed's broker logs are the prestarted ones (copied at release)
 
-    def reset(self) -> None:
+    def reset(self, prestart: bool = False) -> None:
+        """Back to a fresh start's state, verified (ResetError says what differs).  prestart: then start
+        the next seed's broker nodes (a spare's reset, in the background)."""
         from faults.probes import is_stopped
 
         topology = self.topology
@@ -139,8 +149,27 @@ class KeptTopology:
         kafka.join(_left(deadline))
         mark = self._step("kafka restarted (waited for)", mark)
         self.verify()
-        self._step("verified", mark)
+        mark = self._step("verified", mark)
+        if prestart:
+            self.prestart_brokers(_left(deadline))
+            self._step("brokers started for the next seed", mark)
         self.reset_s = round(time.monotonic() - began, 3)
+
+    def prestart_brokers(self, timeout: float) -> None:
+        """Start the next seed's broker nodes now, on the verified empty topology, with the last seed's config
+        (the same scenario: the same file, compared again when the next seed takes them).  A fresh start
+        starts them just the same before any client connects; only the idle time before the seed differs."""
+        if self.broker_config_text is None or not self.config.broker_nodes:
+            return
+        home = self.topology.run_dir / "brokers"
+        home.mkdir(parents=True, exist_ok=True)
+        path = home / "broker-config.json"
+        path.write_text(self.broker_config_text)
+        self.topology.broker_config = path
+        for index in range(1, self.config.broker_nodes + 1):
+            self.offsets[f"broker-{index}"] = _size(home / "logs" / f"broker-{index}.log")
+        self.topology.start_brokers(home, self.broker_addresses or None)
+        self.prestarted = True
 
     def verify(self) -> None:
         """Raise ResetError naming what differs from a fresh start (the network rules are checked apart,
@@ -203,12 +232,13 @@ class KeptTopology:
                 node.start()
                 node.wait_ready(_left(deadline))
 
-    def copy_log_slices(self, run_dir: Path) -> None:
+    def copy_log_slices(self, run_dir: Path, nodes: list) -> None:
+        """This seed's part of each kept node's log (and of prestarted brokers' logs) into run_dir/logs."""
         logs = Path(run_dir) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        for node in self.topology.nodes():
-            if node in self.topology.brokers:
-                continue
+        for node in nodes:
+            if node.role == "broker" and not self.own_broker_logs:
+                continue  # started in the run directory: its log is there already
             try:
                 with open(node.log_path, "rb") as source, open(logs / f"{node.name}.log", "wb") as target:
                     source.seek(self.offsets.get(node.name, 0))
@@ -265,17 +295,26 @@ class TopologyKeeper:
         self.current = kept
         topology = kept.topology
         kept.seeds += 1
-        kept.offsets = {n.name: _size(n.log_path) for n in topology.nodes()}
-        topology.broker_config = broker_config
+        kept.offsets.update({n.name: _size(n.log_path) for n in topology.nodes() if n.role != "broker"})
         mark = time.monotonic()
         try:
-            topology.start_brokers(run_dir, kept.broker_addresses or None)
+            topology.broker_config = broker_config
+            config_path = topology._broker_config_path()  # the seed's own broker-config.json, in its run dir
+            text = config_path.read_text()
+            reuse = (kept.prestarted and text == kept.broker_config_text
+                     and all(b.is_alive() and b.ready_check(b) for b in topology.brokers))
+            kept.prestarted, kept.broker_config_text, kept.own_broker_logs = False, text, reuse
+            if not reuse:
+                topology.stop_brokers()
+                topology.broker_config = config_path
+                topology.start_brokers(run_dir, kept.broker_addresses or None)
         except BaseException:
             self.current = None
             self._discard(kept, "a broker node did not start on the kept topology")
             raise
         kept.broker_addresses = [(b.host, b.port) for b in topology.brokers]
         topology.timings["brokers_ready_s"] = round(time.monotonic() - mark, 3)
+        info["brokers"] = "started by the reset before this seed" if reuse else "started for this seed"
         self.info = {**info, "topology": kept.name, "home": str(topology.run_dir), "fresh_starts": self.fresh_starts,
                      "fallbacks": len(self.fallbacks)}
         return topology
@@ -291,11 +330,12 @@ class TopologyKeeper:
                     "background": False}
         began = time.monotonic()
         problem = ""
+        nodes = list(kept.topology.nodes())
         try:
             kept.topology.stop_brokers()
         except Exception as error:  # noqa: BLE001 - a broker that would not stop: give the topology up
             problem = f"stopping the brokers: {error}"
-        kept.copy_log_slices(Path(run_dir))
+        kept.copy_log_slices(Path(run_dir), nodes)
         try:
             clear_network_rules()
         except Exception as error:  # noqa: BLE001
@@ -305,7 +345,7 @@ class TopologyKeeper:
             return {"reset_s": round(time.monotonic() - began, 3), "verified": False, "problem": problem,
                     "steps_s": {}, "background": False}
         if self.spares > 0:
-            self.resetting.append((kept, _Background(kept.reset)))
+            self.resetting.append((kept, _Background(lambda: kept.reset(prestart=True))))
             return {"reset_s": round(time.monotonic() - began, 3), "verified": None, "problem": "",
                     "steps_s": {}, "background": True}
         try:
@@ -323,9 +363,9 @@ class TopologyKeeper:
         """(name, role, log path in ``run_dir``) of every node the seed ran on (kept nodes: their copied slice)."""
         if self.current is None:
             return []
-        topology = self.current.topology
-        return [(n.name, n.role, n.log_path if n in topology.brokers else Path(run_dir) / "logs" / f"{n.name}.log")
-                for n in topology.nodes()]
+        kept = self.current
+        return [(n.name, n.role, n.log_path if n.role == "broker" and not kept.own_broker_logs
+                 else Path(run_dir) / "logs" / f"{n.name}.log") for n in kept.topology.nodes()]
 
     def close(self) -> None:
         for kept, worker in self.resetting:

@@ -119,6 +119,8 @@ def test_with_a_spare_the_reset_runs_beside_the_next_seed_and_is_verified_before
         third = keeper.acquire(CONFIG, runs[2], broker_config(runs[2]))
         assert third is first and keeper.info["kept"] is True and keeper.info["reset_verified"] is True
         assert third.redis.master_for_key("k").command("EXISTS", "k") == 0  # the first seed's key is gone
+        assert keeper.info["brokers"] == "started by the reset before this seed"
         keeper.release(runs[2])
+        assert " ready on " in (runs[2] / "logs" / "broker-1.log").read_text()  # its log, in the seed's run dir
     finally:
         keeper.close()

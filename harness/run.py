@@ -104,7 +104,8 @@ def write_inputs(run_dir: Path, scenario_path: Path, scenario: Scenario, plan: P
 def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs", *,
                  reporter: Reporter | None = None, check: bool = False,
                  stop: threading.Event | None = None, plan: Plan | None = None,
-                 replay_command: str | None = None, provider: str | None = None) -> RunResult:
+                 replay_command: str | None = None, provider: str | None = None,
+                 keeper: Any = None) -> RunResult:
     """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts; a run
     that breaks later (a node that will not start, no client can connect, ...) returns exit code 2 with
     the error in summary.json and the traceback in logs/harness-error.log.
@@ -113,7 +114,10 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     ``replay_command``: the command that really reproduces this run, shown in summary.json and the history's
     run_start row (``{run_dir}`` is replaced by the run directory); default ``ordeal run SCENARIO --seed N``.
     Never checks (ordeal/pipeline.py does): ``check`` only says whether a check follows, for summary.json
-    ("skipped (--no-check)" when it does not; ordeal.pipeline.record_check writes the verdict)."""
+    ("skipped (--no-check)" when it does not; ordeal.pipeline.record_check writes the verdict).
+    ``keeper``: a harness.keeper.TopologyKeeper lending a kept local topology, reset and verified between
+    runs (ordeal explore); summary.json then says under "topology_reuse" whether it was kept or fresh, and
+    timings_s.topology_reset_s what the reset after this run took."""
     reporter = reporter or SilentReporter()
     scenario_path = Path(scenario_path)
     scenario = load_scenario(scenario_path)  # validation first: a bad file starts nothing
@@ -152,7 +156,7 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     complete = False
     try:
         recorder.phase(Phase.RUN_START, scenario=scenario.name, seed=seed, replay=replay, plan=plan.summary())
-        target = make_target(scenario, run_dir, recorder)
+        target = make_target(scenario, run_dir, recorder, keeper=keeper)
         reporter.phase("starting the target")
         target.prepare()
         target.start()
@@ -243,6 +247,11 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
             log_nodes = _node_logs(target)
             _quietly(target.stop)
             timings["target_stop_s"] = round(time.monotonic() - mark, 3)
+            if getattr(target, "reset_s", None) is not None:  # a kept topology: its reset, on its own line
+                timings["topology_reset_s"] = target.reset_s
+                timings["target_stop_s"] = round(max(0.0, timings["target_stop_s"] - target.reset_s), 3)
+            if getattr(target, "reuse", None) is not None:
+                outcome["topology_reuse"] = target.reuse
             # After the stop: a container's log is saved then, and every node has written its last line.
             _collect_logs(run_dir, recorder, log_nodes, outcome)
         if not close_reason:
@@ -252,6 +261,8 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
 
     timings["total_s"] = round(time.monotonic() - began, 3)
     summary = build_summary(run_dir, scenario, plan, replay, timings, outcome, complete)
+    if outcome.get("topology_reuse") is not None:
+        summary["topology_reuse"] = outcome["topology_reuse"]
     if outcome.get("kafka_reads"):
         summary["kafka_backlog"] = _summarise_kafka_backlog(run_dir, outcome["kafka_reads"])
     # A fault that could not be applied makes the run unknown even unchecked (docs/faults.md).

@@ -254,7 +254,7 @@ class ReferenceTarget:
 
     white_box = True
 
-    def __init__(self, scenario: Scenario, run_dir: Path, recorder: HistoryRecorder):
+    def __init__(self, scenario: Scenario, run_dir: Path, recorder: HistoryRecorder, keeper: Any = None):
         try:
             from harness.topology import LocalTopology
             from harness.topology_config import TopologyConfig
@@ -269,7 +269,13 @@ class ReferenceTarget:
         self.config = TopologyConfig.from_mapping(scenario.topology, source=f"{scenario.source} [topology]")
         if self.config.provider == "containers":
             from harness.containers.topology import ContainerTopology as LocalTopology  # same interface
-        self.topology = LocalTopology(self.config, self.run_dir, broker_config=self._write_broker_config)
+        # keeper (harness/keeper.py): Redis and Kafka kept between seeds, reset and verified; only the local
+        # provider.  The topology is then the keeper's, handed out at start().
+        self.keeper = keeper if keeper is not None and self.config.provider == "local" else None
+        self.reuse: dict[str, Any] | None = None  # what the keeper did (summary.json "topology_reuse")
+        self.reset_s: float | None = None
+        self.topology = None if self.keeper else LocalTopology(self.config, self.run_dir,
+                                                               broker_config=self._write_broker_config)
 
     def _write_broker_config(self, topology: Any) -> Path:
         path = self.run_dir / "broker-config.json"
@@ -284,17 +290,35 @@ class ReferenceTarget:
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self) -> None:
-        self.topology.start()
+        if self.keeper is not None:
+            self.topology = self.keeper.acquire(self.config, self.run_dir, self._write_broker_config)
+            self.reuse = dict(self.keeper.info)
+        else:
+            self.topology.start()
         for node in self.topology.nodes():
             self.recorder.record(Kind.NODE_EVENT, node=node.name,
                                  detail={"action": "ready", "role": node.role, "pid": node.pid,
                                          "address": node.address})
 
     def stop(self) -> None:
+        if self.topology is None:
+            return
         names = [n.name for n in self.topology.nodes()]
+        if self.keeper is not None:
+            # The seed is over for every node: recorded before the reset, which belongs to no seed.
+            for name in names:
+                self.recorder.record(Kind.NODE_EVENT, node=name, detail={"action": "stop", "kept": True})
+            released = self.keeper.release(self.run_dir)
+            self.reset_s = released["reset_s"]
+            self.reuse = {**(self.reuse or {}), "released": released}
+            return
         self.topology.stop()
         for name in names:
             self.recorder.record(Kind.NODE_EVENT, node=name, detail={"action": "stop"})
+
+    def log_files(self) -> list[tuple[str, str, Path]] | None:
+        """With a kept topology: where each node's log for this seed will be (harness/keeper.py)."""
+        return self.keeper.log_files(self.run_dir) if self.keeper is not None else None
 
     def kill(self) -> None:
         self.stop()
@@ -337,7 +361,10 @@ class ReferenceTarget:
                                  [c.client_id for c in plan.subscribers()], self.recorder)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "reference", **self.topology.endpoints()}
+        described = {"kind": "reference", **self.topology.endpoints()}
+        if self.reuse is not None:
+            described["reuse"] = self.reuse
+        return described
 
 
 def _reference_broker_available() -> bool:
@@ -346,11 +373,13 @@ def _reference_broker_available() -> bool:
     return importlib.util.find_spec("reference_broker.__main__") is not None
 
 
-def make_target(scenario: Scenario, run_dir: Path, recorder: HistoryRecorder) -> ExternalTarget | ReferenceTarget:
+def make_target(scenario: Scenario, run_dir: Path, recorder: HistoryRecorder,
+                keeper: Any = None) -> ExternalTarget | ReferenceTarget:
+    """keeper: a harness.keeper.TopologyKeeper to take the reference topology from (local provider only)."""
     if scenario.target.kind == "external" and scenario.topology.get("provider") == "containers":
         from harness.containers.target import ContainerExternalTarget
 
         return ContainerExternalTarget(scenario, run_dir, recorder)
     if scenario.target.kind == "external":
         return ExternalTarget(scenario, run_dir, recorder)
-    return ReferenceTarget(scenario, run_dir, recorder)
+    return ReferenceTarget(scenario, run_dir, recorder, keeper=keeper)

@@ -64,7 +64,9 @@ class LocalTopology:
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
-    def start(self) -> None:
+    def start(self, with_brokers: bool = True) -> None:
+        """with_brokers=False: Redis and Kafka only; the broker nodes are started later with ``start_brokers``
+        (harness/keeper.py keeps Redis and Kafka between seeds and starts each seed's brokers in its run dir)."""
         if self.started or self.nodes():
             raise RuntimeError("this LocalTopology was already started; make a new one for a new run")
         data = self.run_dir / "data"
@@ -80,8 +82,8 @@ class LocalTopology:
             # Redis readiness is awaited after Kafka started, so both come up in parallel
             self.redis.wait_ready(self.config.ready_timeout_s)
             self.timings["redis_ready_s"] = round(time.monotonic() - started, 3)
-            if self.config.broker_nodes:
-                self._start_brokers()
+            if self.config.broker_nodes and with_brokers:
+                self.start_brokers()
         except BaseException:
             self.stop()
             raise
@@ -117,22 +119,37 @@ class LocalTopology:
         self.kafka.wait_ready(self.config.ready_timeout_s)
         self.timings["kafka_ready_s"] = round(time.monotonic() - began, 3)
 
-    def _start_brokers(self) -> None:
+    def start_brokers(self, run_dir: Path | None = None, addresses: list[tuple[str, int]] | None = None) -> None:
+        """Start the broker nodes (logs and data under ``run_dir``, default the topology's; on ``addresses``,
+        default newly allocated ones).  Stop them with ``stop_brokers``."""
         began = time.monotonic()
+        run_dir = Path(run_dir or self.run_dir)
         config_path = self._broker_config_path()
         for index in range(1, self.config.broker_nodes + 1):
-            host, port = self.addresses.allocate(MQTT_PORT)
+            host, port = addresses[index - 1] if addresses else self.addresses.allocate(MQTT_PORT)
             name = f"broker-{index}"
             argv = [sys.executable, "-m", "reference_broker", "--config", str(config_path),
                     "--node-id", name, "--listen", f"{host}:{port}"]
-            node = ProcessNode(name, "broker", host, port, argv, log_path=self.run_dir / "logs" / f"{name}.log",
-                               data_dir=self.run_dir / "data" / name, cwd=REPO_ROOT,
+            node = ProcessNode(name, "broker", host, port, argv, log_path=run_dir / "logs" / f"{name}.log",
+                               data_dir=run_dir / "data" / name, cwd=REPO_ROOT,
                                ready_check=_broker_ready)
             self.brokers.append(node)
             node.start()
         for node in self.brokers:
             node.wait_ready(self.config.ready_timeout_s)
         self.timings["brokers_ready_s"] = round(time.monotonic() - began, 3)
+
+    def stop_brokers(self, timeout: float = 10.0) -> None:
+        """Stop the broker nodes only (Redis and Kafka keep running) and forget them."""
+        errors = []
+        for node in self.brokers:
+            try:
+                node.stop(timeout)
+            except Exception as error:  # noqa: BLE001 - keep stopping the others, report at the end
+                errors.append(f"{node.name}: {error}")
+        self.brokers = []
+        if errors:
+            raise RuntimeError("stopping the brokers: " + "; ".join(errors))
 
     def _broker_config_path(self) -> Path:
         if callable(self.broker_config):

@@ -10,11 +10,17 @@ whose run phase ends just before the deadline still is, so the worst overrun is 
 Checks overlap the next seed (``overlap_checks``, the default): a seed's run ends with its topology
 stopped and its history written, then the next seed starts at once while a background thread checks every
 finished run waiting for it in one Spark job (``pipeline.check_and_record``: one job for the batch, one
-fixed cost).  Isolation between seeds is what it was: each seed still starts its own topology (fresh Redis
-Cluster, Kafka store and broker processes) and stops it before the next starts; only the Spark check of
-seed N, which reads seed N's stored history and nothing live, runs beside seed N+1.  What it costs: the
-check's CPU is taken from the next seed's workload (2 cores here), which a scenario's tolerances must
-absorb like any other load.  ``--serial-checks`` checks each seed before the next starts (the old order).
+fixed cost).  Only the Spark check of seed N, which reads seed N's stored history and nothing live, runs
+beside seed N+1.  What it costs: the check's CPU is taken from the next seed's workload (2 cores here),
+which a scenario's tolerances must absorb like any other load.
+
+The topology is kept between seeds (``keep_topology``, the default; harness/keeper.py): after a seed its
+broker nodes stop, every fault is healed, the Redis Cluster's node -> role map is restored, every key is
+flushed, Tansu and its S3 server restart on an empty store, and all of that is verified (DBSIZE 0 on every
+node, cluster healthy, the fresh start's role map, no network rule, Kafka's topic list of a fresh start)
+before the next seed starts its own broker nodes on it.  Whatever cannot be verified makes the next seed
+start a fresh topology, with the reason in its summary.json (``topology_reuse``) and in the closing lines.
+``--fresh-topology`` starts and stops a topology per seed (the old way).  ``--serial-checks`` checks each seed before the next starts (the old order).
 The budget rule then also keeps room for the last check: duration + the worst measured run overhead +
 the worst measured check.
 
@@ -63,6 +69,8 @@ class ExploreSettings:
     seed_start: int | None = None  # None: one after the highest seed of this scenario in the corpus
     spark_master: str | None = None
     overlap_checks: bool = True  # check finished seeds in the background, batched, while the next one runs
+    keep_topology: bool = True  # one topology for every seed, reset and verified between them (harness/keeper.py)
+    topology_spares: int = 1  # kept topologies reset in the background while a seed runs on another; 0 = in line
 
 
 @dataclass(frozen=True)
@@ -78,12 +86,13 @@ class ExploredRun:
     entry: str | None  # the corpus entry (failing runs)
     phases: tuple[tuple[str, float], ...] = ()  # where the run's wall time went (overhead_phases)
     check_overlapped: bool = False  # its check ran beside the next seed: not part of the run's wall time
+    topology: str = "fresh"  # "kept" (reset and verified after the seed before) or "fresh"
 
 
 # A run's wall time by phase, from its summary.json timings: everything but the workload is overhead.
 PHASES = (("topology start", ("target_start_s",)), ("workload", ("workload_s",)),
           ("heal + drain", ("heal_all_s", "drain_s", "snapshot_s", "kafka_backlog_s")),
-          ("topology stop", ("target_stop_s",)), ("check", ("check_s",)))
+          ("topology stop", ("target_stop_s",)), ("topology reset", ("topology_reset_s",)), ("check", ("check_s",)))
 
 
 def overhead_phases(summary: dict[str, Any], wall_s: float, overlapped: bool = False) -> tuple[tuple[str, float], ...]:
@@ -103,6 +112,9 @@ class ExploreResult:
     started: float = field(default_factory=time.monotonic)
     elapsed_s: float = 0.0
     check_batches: list[tuple[int, float]] = field(default_factory=list)  # overlapped checks: (runs, seconds)
+    topology_fallbacks: list[str] = field(default_factory=list)  # why a kept topology was given up
+    topology_resets: list[float] = field(default_factory=list)  # seconds of each reset between seeds
+    topology_spares: int = 0  # >0: the resets ran in the background, beside the next seed
 
     @property
     def exit_code(self) -> int:
@@ -236,9 +248,26 @@ def explore(scenario_path: Path, settings: ExploreSettings, log: Callable[[str],
 def _loop(result: ExploreResult, scenario, scenario_path: Path, settings: ExploreSettings, seed: int,
           deadline: float, log: Callable[[str], None]) -> None:
     checker = BackgroundChecker(settings.spark_master) if settings.overlap_checks else None
+    keeper = None
+    if settings.keep_topology:
+        import datetime
+
+        from harness.keeper import TopologyKeeper
+
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        keeper = TopologyKeeper(settings.out / f"kept-topology-{scenario.name}-{stamp}",
+                                spares=settings.topology_spares)
     try:
-        _seeds(result, scenario, scenario_path, settings, seed, deadline, log, checker)
+        _seeds(result, scenario, scenario_path, settings, seed, deadline, log, checker, keeper)
     finally:
+        if keeper is not None:
+            try:
+                keeper.close()
+            except Exception as error:  # noqa: BLE001 - its nodes die with their process groups anyway
+                log(f"stopping the kept topology: {error}")
+            result.topology_fallbacks = list(keeper.fallbacks)
+            result.topology_resets = list(keeper.resets)
+            result.topology_spares = keeper.spares
         if checker is not None:
             for played, plan in checker.close():  # the last seeds' checks (the budget kept room for one)
                 _log_run(result, _record(played, plan, scenario_path, settings.corpus, cut=False, overlapped=True),
@@ -247,7 +276,8 @@ def _loop(result: ExploreResult, scenario, scenario_path: Path, settings: Explor
 
 
 def _seeds(result: ExploreResult, scenario, scenario_path: Path, settings: ExploreSettings, seed: int,
-           deadline: float, log: Callable[[str], None], checker: BackgroundChecker | None) -> None:
+           deadline: float, log: Callable[[str], None], checker: BackgroundChecker | None,
+           keeper=None) -> None:
     duration = scenario.scenario.duration_s
     overheads: list[float] = []
     while True:
@@ -269,7 +299,7 @@ def _seeds(result: ExploreResult, scenario, scenario_path: Path, settings: Explo
         cutter.start()
         try:
             played = play(scenario_path, plan, settings.out, stop=stop, spark_master=settings.spark_master,
-                          check=checker is None)
+                          check=checker is None, keeper=keeper)
         finally:
             cutter.cancel()
         overheads.append(max(0.0, played.seconds - duration))
@@ -303,7 +333,8 @@ def _record(played: Played, plan, scenario_path: Path, corpus: Path, *, cut: boo
         seed=plan.seed, exit_code=played.exit_code, run_dir=str(played.run_dir), seconds=played.seconds,
         faults_planned=len(plan.faults), faults_applied=sum(1 for f in faults if not f.get("error")),
         failing=failing, unknown=unknown if played.exit_code == 2 else (), entry=str(entry) if entry else None,
-        phases=overhead_phases(played.summary, played.seconds, overlapped=overlapped), check_overlapped=overlapped)
+        phases=overhead_phases(played.summary, played.seconds, overlapped=overlapped), check_overlapped=overlapped,
+        topology="kept" if (played.summary.get("topology_reuse") or {}).get("kept") else "fresh")
     row = {"scenario": plan.scenario, **asdict(explored)}
     _append_jsonl(corpus / "explored.jsonl", row)
     if played.exit_code == 2:
@@ -376,12 +407,26 @@ def throughput_lines(result: ExploreResult) -> list[str]:
                      f"({faulted} of {len(result.runs)} runs had a fault applied)")
         mean = {name: sum(dict(r.phases).get(name, 0.0) for r in result.runs) / len(result.runs)
                 for name, _ in (*PHASES, ("other", ()))}
+        if len(result.runs) > 1:  # the steady state: every run but the first (which starts the topologies)
+            pace = sum(r.seconds for r in result.runs[1:]) / (len(result.runs) - 1)
+            lines.append(f"pace: a seed every {pace:.1f} s -> {3600 / pace:.0f} runs/hour while the checks keep up")
         overlapped = sum(1 for r in result.runs if r.check_overlapped)
         in_line = {k: v for k, v in mean.items()
                    if k != "workload" and not (k == "check" and overlapped == len(result.runs))}
         lines.append("per run (mean s): " + "  ".join(f"{k} {v:.1f}" for k, v in mean.items())
                      + f"  -> overhead {sum(in_line.values()):.1f} s per run"
                      + (" (the check overlapped with the next seed)" if overlapped == len(result.runs) else ""))
+    if result.runs:
+        kept = sum(1 for r in result.runs if r.topology == "kept")
+        resets = result.topology_resets
+        lines.append(f"topology: kept (reset and verified) for {kept} of {len(result.runs)} runs, "
+                     f"{len(result.runs) - kept} started fresh"
+                     + (f"; {len(resets)} resets, {sum(resets) / len(resets):.1f} s each, "
+                        + ("in the background beside the next seed" if result.topology_spares else "in line")
+                        if resets else "")
+                     + (f"; given up {len(result.topology_fallbacks)} time(s): "
+                        + " | ".join(reason[:200] for reason in result.topology_fallbacks)
+                        if result.topology_fallbacks else ""))
     if result.check_batches:
         runs = sum(n for n, _ in result.check_batches)
         seconds = sum(s for _, s in result.check_batches)

@@ -25,13 +25,13 @@ SUMMARY = "summary.json"
 def run(scenario_path: str | Path, seed: int, out: str | Path = "runs", *, reporter: Reporter | None = None,
         check: bool = True, spark_master: str | None = None, stop: threading.Event | None = None,
         plan: Plan | None = None, replay_command: str | None = None, print_table: bool = True,
-        provider: str | None = None) -> RunResult:
+        provider: str | None = None, keeper: Any = None) -> RunResult:
     """Plan and run one scenario (harness/run.py), then check it and write its reports (unless
     ``check=False``: summary.json says skipped and ``check_and_record`` adds the verdict later, several
     runs in one Spark session).  A run whose history is incomplete is never checked: it stays unknown."""
     reporter = reporter or SilentReporter()
     result = run_scenario(scenario_path, seed, out, reporter=reporter, check=check, stop=stop, plan=plan,
-                          replay_command=replay_command, provider=provider)
+                          replay_command=replay_command, provider=provider, keeper=keeper)
     if check and result.summary.get("history_complete"):
         reporter.phase("checking")
         [checked] = check_and_record([result.run_dir], spark_master=spark_master, print_tables=print_table)

@@ -129,10 +129,11 @@ def replay_command(directory: Path | str, out: Path | str | None = None) -> str:
 
 
 def play(scenario_path: Path, plan: Plan, out: Path, *, quiet: bool = True, reporter=None,
-         stop: threading.Event | None = None, spark_master: str | None = None, check: bool = True) -> Played:
+         stop: threading.Event | None = None, spark_master: str | None = None, check: bool = True,
+         keeper: Any = None) -> Played:
     """Run the plan (harness/run.py) and check it (unless check=False: no report, verdict unknown).  quiet:
     the checker's verdict table is kept in <run>/check-table.txt instead of being printed (shrink and
-    explore run many plans)."""
+    explore run many plans).  keeper: a harness.keeper.TopologyKeeper (explore: one topology for its seeds)."""
     import time
 
     from ordeal import pipeline
@@ -142,7 +143,7 @@ def play(scenario_path: Path, plan: Plan, out: Path, *, quiet: bool = True, repo
     with contextlib.redirect_stdout(captured) if quiet else contextlib.nullcontext():
         result = pipeline.run(scenario_path, plan.seed, out, reporter=reporter, check=check,
                               spark_master=spark_master, stop=stop, plan=plan,
-                              replay_command="ordeal replay {run_dir}")  # its plan.json is what reproduces it
+                              replay_command="ordeal replay {run_dir}", keeper=keeper)  # its plan.json is what reproduces it
     if quiet and captured.getvalue():
         (result.run_dir / "check-table.txt").write_text(captured.getvalue())
     return Played(result.run_dir, result.exit_code, read_report(result.run_dir),

@@ -99,10 +99,16 @@ def replay(run_dir: str, out: Path, spark_master: str | None, check: bool, isola
               help="Shrink for this failing invariant only (repeatable; default: every invariant the run failed).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
               help="Directory under which shrink-<run>-<time>/ is created.")
+@click.option("--batch", type=click.IntRange(1, 100), default=4, show_default=True,
+              help="Candidates run before one check (a round, checked in one Spark job); the first reproducing "
+                   "candidate in order wins, as one by one.  1 = check each candidate alone.")
+@click.option("--fresh-topology", is_flag=True, default=False,
+              help="Start and stop a topology per candidate run (default: one topology, reset and verified "
+                   "between runs; harness/keeper.py).")
 @spark_options
 @isolation_option
 def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invariants: tuple[str, ...], out: Path,
-           spark_master: str | None, isolated: bool) -> None:
+           batch: int, fresh_topology: bool, spark_master: str | None, isolated: bool) -> None:
     """Minimise RUN_DIR's failing plan (fewer faults, clients, offline periods, messages, a shorter workload)
     by re-running smaller candidates; write shrunk-plan.json and print its replay command.  Exit 0 when a
     reproducing plan was written (smaller or not), 2 when the original could not be used."""
@@ -114,7 +120,7 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
     try:
         settings = ShrinkSettings(runs=RunsRule.parse(runs_rule), max_attempts=max_attempts,
                                   budget_s=parse_duration(budget), target=frozenset(invariants),
-                                  spark_master=spark_master)
+                                  spark_master=spark_master, batch=batch, keep_topology=not fresh_topology)
     except ShrinkError as error:
         raise InputError(str(error)) from error
     click.echo(f"network: {enter_isolation(isolated)}", err=True)  # every candidate runs in this namespace
@@ -137,6 +143,12 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
 @click.option("--serial-checks", is_flag=True, default=False,
               help="Check each seed before the next starts (default: the checks of finished seeds run in the "
                    "background, batched in one Spark job, while the next seed runs; docs/replay-shrink-explore.md).")
+@click.option("--fresh-topology", is_flag=True, default=False,
+              help="Start and stop a topology per seed (default: one topology for every seed, reset and verified "
+                   "between seeds, a fresh one whenever a reset cannot be verified; harness/keeper.py).")
+@click.option("--topology-spares", type=click.IntRange(0, 3), default=1, show_default=True,
+              help="Kept topologies reset in the background while the next seed runs on another (0: reset in "
+                   "line, before the next seed starts).")
 @click.option("--promote", "promote_entry", type=click.Path(file_okay=False, path_type=Path), default=None,
               metavar="ENTRY", help="Instead of exploring: copy this corpus entry into the smoke tier's "
                                     "regression list (tests/data/regressions/).")
@@ -147,7 +159,7 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
                    "defect the suite must keep catching) or to pass (a fixed bug must stay fixed).")
 @isolation_option
 def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | None, out: Path,
-            spark_master: str | None, serial_checks: bool, promote_entry: Path | None, regressions: Path | None,
+            spark_master: str | None, serial_checks: bool, fresh_topology: bool, topology_spares: int, promote_entry: Path | None, regressions: Path | None,
             expect: str, isolated: bool) -> None:
     """Run new seeds of SCENARIO until --budget is spent; keep every failing run's plan in --corpus with its
     replay command and first witness; end with a summary table; exit 1 if any run failed, else 2 if any
@@ -171,7 +183,8 @@ def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | N
         raise click.UsageError("SCENARIO is required (or --promote ENTRY)")
     path = _scenario_path(scenario)
     settings = ExploreSettings(budget_s=parse_duration(budget), corpus=corpus, out=out, seed_start=seed_start,
-                               spark_master=spark_master, overlap_checks=not serial_checks)
+                               spark_master=spark_master, overlap_checks=not serial_checks,
+                               keep_topology=not fresh_topology, topology_spares=topology_spares)
     _validate_scenario(path)
     click.echo(f"network: {enter_isolation(isolated)}", err=True)  # every seed runs in this namespace
     try:

@@ -110,8 +110,11 @@ def test_shrink_reduces_the_failing_run_to_a_smaller_plan_that_still_fails(explo
 
     log = json.loads((out_dir / "shrink.json").read_text())
     assert 1 <= len(log["attempts"]) <= 2 and log["target"] == [TARGET]
-    for attempt in log["attempts"]:  # accepted exactly when its run failed the target
-        assert attempt["accepted"] == (attempt["exit_codes"][0] == 1 and TARGET in attempt["failing"][0])
+    for attempt in log["attempts"]:  # taken only when its run failed the target (the first of its round to)
+        assert not attempt["accepted"] or (attempt["exit_codes"][0] == 1 and TARGET in attempt["failing"][0])
+    # every candidate run checked once, a round's runs in one call (a round is cut short when the budget
+    # cannot pay for one more candidate, or ends at the first that reproduces)
+    assert sum(log["check_calls"]) == len(log["attempts"]) and all(1 <= n <= log["batch"] for n in log["check_calls"])
     accepted = [a for a in log["attempts"] if a["accepted"]]
     assert accepted, log["attempts"]
     assert Plan.from_json((Path(accepted[-1]["run_dirs"][0]) / "plan.json").read_text()) == shrunk

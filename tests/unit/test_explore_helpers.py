@@ -181,3 +181,24 @@ def test_promote_copies_an_entry_with_its_expectation(tmp_path):
         promote(entry, tmp_path / "regressions")
     with pytest.raises(ExploreError, match="not a corpus entry"):
         promote(tmp_path, tmp_path / "regressions")
+
+
+def test_throughput_lines_say_where_the_overhead_goes_and_how_the_topology_was_kept():
+    from dataclasses import replace
+
+    from ordeal.explore import overhead_phases, throughput_lines
+
+    summary = {"timings_s": {"target_start_s": 1.5, "workload_s": 10.0, "heal_all_s": 0.3, "drain_s": 2.0,
+                             "target_stop_s": 0.4, "topology_reset_s": 0.1, "check_s": 20.0}}
+    phases = overhead_phases(summary, 15.0, overlapped=True)
+    assert dict(phases)["topology reset"] == 0.1 and dict(phases)["other"] == 0.7
+    runs = [replace(run(seed, 0), seconds=15.0, phases=phases, check_overlapped=True, faults_applied=1,
+                    topology="fresh" if seed == 1 else "kept") for seed in (1, 2, 3)]
+    result = ExploreResult("s", runs, elapsed_s=45.0, topology_resets=[2.5, 3.5], topology_spares=1,
+                           topology_fallbacks=["the reset after seed 1 on topology-1 failed: keys left"])
+    lines = throughput_lines(result)
+    assert lines[0].startswith("throughput: 240 runs/hour, 240 faulted runs/hour")
+    assert lines[1] == "pace: a seed every 15.0 s -> 240 runs/hour while the checks keep up"
+    assert lines[2].endswith("-> overhead 5.0 s per run (the check overlapped with the next seed)")
+    assert lines[3].startswith("topology: kept (reset and verified) for 2 of 3 runs, 1 started fresh; 2 resets, "
+                               "3.0 s each, in the background beside the next seed; given up 1 time(s): the reset")

@@ -14,7 +14,7 @@ import pytest
 
 from contracts.scenario import find_scenario, load_scenario
 from ordeal.replay import Played, load_stored_run
-from ordeal.shrink import RunsRule, ShrinkError, ShrinkSettings, shrink
+from ordeal.shrink import RoundPlayer, RunsRule, ShrinkError, ShrinkSettings, shrink
 from properties.generate import make_plan
 from properties.plan import Plan
 from properties.shrink import validate_plan
@@ -63,7 +63,7 @@ def settings(**kwargs) -> ShrinkSettings:
 
 def test_shrinks_to_the_one_pair_and_one_publish_the_failure_needs(stored, tmp_path):
     oracle = Oracle(needs_pair_one)
-    result = shrink(stored, settings(), tmp_path / "out", log=lambda line: None, player=oracle)
+    result = shrink(stored, settings(batch=1), tmp_path / "out", log=lambda line: None, player=oracle)
     assert result.stop_reason.startswith("minimal")
     assert {c.client_id for c in result.minimal.clients} == PAIR
     assert len(result.minimal.publishes) == 1 and result.minimal.publishes[0].seq == 1
@@ -82,10 +82,10 @@ def test_shrinks_to_the_one_pair_and_one_publish_the_failure_needs(stored, tmp_p
 
 
 def test_k_of_n_stops_early_either_way(stored, tmp_path):
-    always = shrink(stored, settings(runs=RunsRule(2, 3), max_attempts=3), tmp_path / "a", log=lambda line: None,
+    always = shrink(stored, settings(runs=RunsRule(2, 3), max_attempts=3, batch=1), tmp_path / "a", log=lambda line: None,
                     player=Oracle(lambda plan: True))
     assert [a.runs for a in always.attempts] == [2, 2, 2] and all(a.accepted for a in always.attempts)
-    never = shrink(stored, settings(runs=RunsRule(2, 3), max_attempts=3), tmp_path / "n", log=lambda line: None,
+    never = shrink(stored, settings(runs=RunsRule(2, 3), max_attempts=3, batch=1), tmp_path / "n", log=lambda line: None,
                    player=Oracle(lambda plan: False))
     assert [a.runs for a in never.attempts] == [2, 2, 2] and not any(a.accepted for a in never.attempts)
     assert never.minimal == stored.plan
@@ -127,3 +127,50 @@ def test_bad_input_is_refused_with_the_reason(stored, tmp_path):
     (stored.directory / "report.json").unlink()
     with pytest.raises(ShrinkError, match="no report.json"):
         shrink(load_stored_run(stored.directory), settings(), tmp_path, player=Oracle(bool))
+
+
+class UncheckedRuns(RoundPlayer):
+    """Plays nothing real: each run comes back unchecked (report None, like ``play(..., check=False)``); the
+    check (``check_runs``) is the oracle, called once per round with the round's run directories."""
+
+    def __init__(self, stored, settings, fails):
+        self.fails, self.plans = fails, {}
+        super().__init__(stored.scenario_path, settings, check_runs=self._check)
+
+    def run(self, plan, parent, stop):
+        run_dir = parent / f"run-{len(self.plans) + 1}"
+        self.plans[run_dir] = plan
+        return Played(run_dir, 0, None, 0.01, {"history_complete": True})
+
+    def _check(self, run_dirs, spark_master):
+        class Checked:
+            def __init__(self, failing):
+                self.exit_code, self.report, self.summary = (1 if failing else 0), report(
+                    {TARGET} if failing else set()), {"checked": True}
+        return [Checked(self.fails(self.plans[d])) for d in run_dirs]
+
+
+def test_each_round_is_checked_in_one_call_and_the_minimal_plan_is_the_one_by_one_result(stored, tmp_path):
+    one_by_one = shrink(stored, settings(batch=1), tmp_path / "one", log=lambda line: None,
+                        player=Oracle(needs_pair_one))
+    rounds = UncheckedRuns(stored, settings(batch=4), needs_pair_one)
+    batched = shrink(stored, settings(batch=4), tmp_path / "four", log=lambda line: None, round_player=rounds)
+    assert batched.minimal == one_by_one.minimal and batched.stop_reason == one_by_one.stop_reason
+    # one check call per round of up to 4 runs, never one per run
+    assert rounds.check_calls == batched.check_calls and max(rounds.check_calls) == 4
+    assert len(rounds.check_calls) < len(batched.attempts) and sum(rounds.check_calls) == len(batched.attempts)
+    log = json.loads((batched.out_dir / "shrink.json").read_text())
+    assert log["check_calls"] == rounds.check_calls and log["batch"] == 4
+    # the taken attempts are the same plans, in the same order, as one by one
+    assert ([a.size for a in batched.attempts if a.accepted] == [a.size for a in one_by_one.attempts if a.accepted])
+
+
+def test_k_of_n_in_rounds_runs_only_the_undecided_candidates_again(stored, tmp_path):
+    flips = itertools.cycle([False, True])  # every candidate: pass, then fail
+    rounds = UncheckedRuns(stored, settings(batch=3, runs=RunsRule(1, 2), max_attempts=3), lambda plan: next(flips))
+    result = shrink(stored, settings(batch=3, runs=RunsRule(1, 2), max_attempts=3), tmp_path / "k",
+                    log=lambda line: None, round_player=rounds)
+    # pass 1: three runs, one check -> candidate 2 fails (accepted), 1 and 3 pass; pass 2: only candidate 1
+    # (before the accepted one) runs again -> it fails, so it wins: the same winner as one by one.
+    assert rounds.check_calls == [3, 1]
+    assert [(a.accepted, a.matched, a.runs) for a in result.attempts] == [(True, 1, 2), (False, 1, 1), (False, 0, 1)]

@@ -124,6 +124,10 @@ class SelectorLoop:
         client.on_socket_register_write = self._want_write
         client.on_socket_unregister_write = self._done_writing
 
+    def detach(self, client: mqtt.Client) -> None:
+        """Forget a client whose socket never opened (its connect failed at once)."""
+        self._after_write.pop(client, None)
+
     def _open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         self.selector.register(sock, selectors.EVENT_READ, client)
 
@@ -281,6 +285,7 @@ class ClientSession:
         try:
             client.connect(host, port, keepalive=self.keepalive_s, bind_address=self.bind_address, **kwargs)
         except OSError as error:  # refused, unreachable, timed out: nothing was established
+            self.loop.detach(client)
             self.paho = None
             self.previous_paho = client  # still holds the carried messages for the next attempt
             self._record_connect_fail(f"{type(error).__name__}: {error}", why)

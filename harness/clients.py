@@ -113,17 +113,26 @@ class SelectorLoop:
 
     def __init__(self) -> None:
         self.selector = selectors.DefaultSelector()
+        # client -> called after each of its loop turns (the session records the acks that left paho's queue)
+        self._after_write: dict[mqtt.Client, Callable[[mqtt.Client], None]] = {}
 
-    def attach(self, client: mqtt.Client) -> None:
+    def attach(self, client: mqtt.Client, after_write: Callable[[mqtt.Client], None] | None = None) -> None:
+        if after_write is not None:
+            self._after_write[client] = after_write
         client.on_socket_open = self._open
         client.on_socket_close = self._close
         client.on_socket_register_write = self._want_write
         client.on_socket_unregister_write = self._done_writing
 
+    def detach(self, client: mqtt.Client) -> None:
+        """Forget a client whose socket never opened (its connect failed at once)."""
+        self._after_write.pop(client, None)
+
     def _open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         self.selector.register(sock, selectors.EVENT_READ, client)
 
     def _close(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        self._after_write.pop(client, None)
         try:
             self.selector.unregister(sock)
         except (KeyError, ValueError):
@@ -148,8 +157,14 @@ class SelectorLoop:
             client: mqtt.Client = key.data
             if mask & selectors.EVENT_READ:
                 client.loop_read()
-            if mask & selectors.EVENT_WRITE and client.socket() is not None:
+            # Why write after every read, not only when this select saw the socket writable: a PUBACK that
+            # on_message queued must leave in this turn.  Left for the next select, a stall of the loop (a
+            # loaded machine) kept it in paho's queue while a planned abrupt cut dropped it (docs/findings.md).
+            if (mask & selectors.EVENT_WRITE or client.want_write()) and client.socket() is not None:
                 client.loop_write()
+            written = self._after_write.get(client)
+            if written is not None:
+                written(client)
         return len(events)
 
     def close(self) -> None:
@@ -195,6 +210,7 @@ class ClientSession:
     session_present: bool | None = None  # the last CONNACK's session present flag
     withholding: bool = False  # the plan drops this connection abruptly soon: send no PUBACK until then
     pending: dict[int, PendingPublish] = field(default_factory=dict)
+    unsent_acks: list[dict[str, Any]] = field(default_factory=list)  # acks paho queued, not yet written
     sub_mids: dict[int, list[str]] = field(default_factory=dict)
     # The executor's drain bookkeeping (harness/drain.py): told of every ack and every decoded delivery.
     on_acked: Callable[[PublishPlan], None] | None = None
@@ -257,7 +273,7 @@ class ClientSession:
         client.on_subscribe = self._on_subscribe
         client.on_publish = self._on_publish
         client.on_message = self._on_message
-        self.loop.attach(client)
+        self.loop.attach(client, self._acks_written)
         self.paho = client
         self.connect_started = time.monotonic()
         kwargs: dict[str, Any] = {}
@@ -269,6 +285,7 @@ class ClientSession:
         try:
             client.connect(host, port, keepalive=self.keepalive_s, bind_address=self.bind_address, **kwargs)
         except OSError as error:  # refused, unreachable, timed out: nothing was established
+            self.loop.detach(client)
             self.paho = None
             self.previous_paho = client  # still holds the carried messages for the next attempt
             self._record_connect_fail(f"{type(error).__name__}: {error}", why)
@@ -342,9 +359,15 @@ class ClientSession:
         if self.paho is None:
             return
         self.counters.disconnects += 1
+        if not abrupt and self.paho.is_connected() and self.paho.socket() is not None:
+            self.paho.loop_write()  # the queued acks go now, as they would before the DISCONNECT packet
+        detail: dict[str, Any] = {"why": why, "was_connected": self.connected}
+        unsent = self._drop_unsent_acks(self.paho)
+        if unsent:  # queued by paho, never written: the cut drops them, the broker owes these messages
+            detail["acks_not_sent"] = unsent
         self.recorder.record(Kind.DISCONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
                              fault_id=fault_id, initiator="harness" if abrupt else "client", abrupt=abrupt,
-                             detail={"why": why, "was_connected": self.connected})
+                             detail=detail)
         self._settle_pending("the client disconnected")
         self.closing = True
         client, self.paho = self.paho, None
@@ -357,6 +380,7 @@ class ClientSession:
 
     def drop(self, why: str) -> None:
         """Forget the current connection without a history row of its own (used after a connect_fail)."""
+        self._drop_unsent_acks(self.paho)
         client, self.paho = self.paho, None
         self.connected = self.subscribed = False
         if client is not None:
@@ -369,16 +393,20 @@ class ClientSession:
         if client is not self.paho:
             return  # a connection the harness already ended and recorded
         was_connected = self.connected
+        unsent = self._drop_unsent_acks(client)
         self.paho = None
         self.previous_paho = client
         self.connected = self.subscribed = False
         if was_connected:
             self.counters.disconnects += 1
+            detail: dict[str, Any] = {"why": "connection lost"}
+            if unsent:
+                detail["acks_not_sent"] = unsent
             self.recorder.record(
                 Kind.DISCONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
                 initiator="server", abrupt=not flags.is_disconnect_packet_from_server,
                 reason_code=int(reason_code.value) if reason_code is not None else None,
-                detail={"why": "connection lost"})
+                detail=detail)
         else:
             self._record_connect_fail("connection closed before CONNACK", self.why)
         self._settle_pending("connection lost before the acknowledgement")
@@ -503,10 +531,36 @@ class ClientSession:
             pub_seq=identity.seq if identity else None, send_wall_us=identity.send_wall_us if identity else None,
             body_hash=identity_codec.body_hash(body), detail=detail)
         if will_ack:
-            client.ack(message.mid, message.qos)  # PUBACK (QoS 1) / PUBCOMP (QoS 2), queued on the socket
-            self.recorder.record(Kind.DELIVERY_ACK_SENT, client=self.client_id, node=self.node_name,
-                                 protocol=self.protocol, topic=topic, qos=message.qos, packet_id=message.mid,
-                                 publisher=publisher, pub_seq=identity.seq if identity else None)
+            # PUBACK (QoS 1) / PUBCOMP (QoS 2): paho only queues it; its delivery_ack_sent row is written when
+            # the packet has left paho's queue for the socket (_acks_written), so the row's time is when it
+            # was sent, and an ack a cut dropped from the queue has no row (the broker owes that message).
+            client.ack(message.mid, message.qos)
+            self.unsent_acks.append(dict(
+                client=self.client_id, node=self.node_name, protocol=self.protocol, topic=topic,
+                qos=message.qos, packet_id=message.mid, publisher=publisher,
+                pub_seq=identity.seq if identity else None))
+
+    def _acks_written(self, client: mqtt.Client) -> None:
+        """After a loop turn of ``client``: record delivery_ack_sent for each queued ack paho has written."""
+        if client is not self.paho or not self.unsent_acks:
+            return
+        queued = _queued_acks(client)
+        still: list[dict[str, Any]] = []
+        for row in self.unsent_acks:
+            if (row["packet_id"], row["qos"]) in queued:
+                still.append(row)
+            else:
+                self.recorder.record(Kind.DELIVERY_ACK_SENT, **row)
+        self.unsent_acks = still
+
+    def _drop_unsent_acks(self, client: mqtt.Client | None) -> list[int]:
+        """The connection ends: acks still in paho's queue never leave (the next connect is a fresh client);
+        the packet ids of those, for the disconnect row.  Those already written get their row first."""
+        if client is not None and client is self.paho:
+            self._acks_written(client)
+        dropped = [row["packet_id"] for row in self.unsent_acks]
+        self.unsent_acks = []
+        return dropped
 
     # -- housekeeping ------------------------------------------------------------------------------
     def misc(self) -> None:
@@ -516,6 +570,13 @@ class ClientSession:
     @property
     def is_publisher(self) -> bool:
         return self.plan.role == PUBLISHER
+
+
+def _queued_acks(client: mqtt.Client) -> set[tuple[int, int]]:
+    """(packet id, QoS) of the PUBACK / PUBCOMP packets still in paho's out queue (not yet written)."""
+    commands = {mqtt.PUBACK: 1, mqtt.PUBCOMP: 2}
+    return {(packet["mid"], commands[packet["command"] & 0xF0]) for packet in list(client._out_packet)
+            if packet["command"] & 0xF0 in commands}
 
 
 def _cut(client: mqtt.Client) -> None:

@@ -259,10 +259,18 @@ def _frame(first_byte: int, body: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------- reading from a stream
+class LostBetweenPackets(ConnectionResetError):
+    """The connection failed (a reset) while no packet was half read: what the reader still buffers starts at
+    a packet boundary."""
+
+
 async def read_packet(reader: asyncio.StreamReader, max_size: int = 1 << 20) -> tuple[int, bytes]:
     """Read one packet's fixed header and body. Raises IncompleteReadError on EOF, MalformedPacket on a
-    bad remaining length."""
-    first = (await reader.readexactly(1))[0]
+    bad remaining length, LostBetweenPackets when the connection failed before the packet's first byte."""
+    try:
+        first = (await reader.readexactly(1))[0]
+    except ConnectionError as error:
+        raise LostBetweenPackets(str(error)) from error
     multiplier, length = 1, 0
     for _ in range(4):
         byte = (await reader.readexactly(1))[0]
@@ -276,6 +284,27 @@ async def read_packet(reader: asyncio.StreamReader, max_size: int = 1 << 20) -> 
         raise MalformedPacket(f"packet of {length} bytes exceeds the maximum {max_size}", RC_PACKET_TOO_LARGE)
     body = await reader.readexactly(length) if length else b""
     return first, body
+
+
+def whole_packets(data: bytes) -> list[tuple[int, bytes]]:
+    """The complete packets at the start of ``data`` (a partial one at its end is left out)."""
+    out, pos = [], 0
+    while pos + 2 <= len(data):
+        multiplier, length, at = 1, 0, pos + 1
+        while True:
+            if at >= len(data) or at - pos > 4:
+                return out
+            byte = data[at]
+            at += 1
+            length += (byte & 0x7F) * multiplier
+            multiplier *= 128
+            if not byte & 0x80:
+                break
+        if at + length > len(data):
+            return out
+        out.append((data[pos], bytes(data[at:at + length])))
+        pos = at + length
+    return out
 
 
 def split_packets(data: bytes) -> list[tuple[int, bytes]]:

@@ -178,6 +178,8 @@ class Connection:
         except ProtocolViolation as error:
             log.info("%s: protocol violation: %s", self.client_id or "?", error)
             await self.close(error.reason_code)
+        except codec.LostBetweenPackets:
+            await self._acks_left_buffered()
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass
         except asyncio.CancelledError:
@@ -191,6 +193,24 @@ class Connection:
                 task.cancel()
             if self.connected.is_set():
                 await self.broker.connection_lost(self)
+
+    async def _acks_left_buffered(self) -> None:
+        """The connection was reset with packets still in the reader's buffer (asyncio raises the reset before
+        handing them out).  The acks among them reached this broker before the reset: end their flows, or the
+        resumed session redelivers messages the client acknowledged (MQTT 5 §4.4 resends only unacknowledged
+        ones; docs/findings.md, "an ack the history claimed before it left").  Other packets are dropped: the
+        client learns nothing of them (no PUBACK / SUBACK can reach it) and resends what it still owes."""
+        if not self.connected.is_set():
+            return
+        buffered = bytes(getattr(self.reader, "_buffer", b""))
+        for first, body in codec.whole_packets(buffered):
+            if first >> 4 not in (codec.PUBACK, codec.PUBREC, codec.PUBCOMP):
+                continue
+            try:
+                packet = codec.decode(first, body, self.version)
+            except (MalformedPacket, ProtocolViolation):
+                return
+            await self.on_ack(packet)
 
     # ------------------------------------------------------------ CONNECT
     async def handle_connect(self, connect: Connect) -> None:

@@ -25,6 +25,7 @@ from reference_broker.codec import (
     split_packets,
     topic_matches,
     valid_filter,
+    whole_packets,
 )
 
 
@@ -211,3 +212,15 @@ def test_publish_property_length_shorter_than_its_property_is_malformed():
     (first, body), = split_packets(bytes(data))
     with pytest.raises(MalformedPacket):
         decode(first, body, MQTT5)
+
+
+def test_whole_packets_leaves_out_a_partial_tail():
+    """What a reset leaves in the reader's buffer: whole packets, then maybe part of one (session.py's
+    _acks_left_buffered reads only the whole ones)."""
+    acks = b"".join(encode(Ack(codec.PUBACK, pid), MQTT5) for pid in (1, 2, 300))
+    publish = encode(Publish("a/b", b"x" * 200, 1, packet_id=7), MQTT5)
+    for cut in range(len(publish)):
+        packets = whole_packets(acks + publish[:cut])
+        assert [decode(f, b, MQTT5).packet_id for f, b in packets] == [1, 2, 300]
+    assert len(whole_packets(acks + publish)) == 4
+    assert whole_packets(b"") == [] and whole_packets(b"\x40") == []

@@ -120,7 +120,12 @@ def test_a_killed_writer_leaves_a_readable_incomplete_history(tmp_path: Path):
                                cwd=Path(__file__).resolve().parents[2])
     try:
         assert process.stdout.readline().strip() == b"ready"
-        time.sleep(1.0)
+        # Kill it once a part is on disk (a loaded machine may take more than a second to write the first):
+        # the point is a SIGKILL between flushes, not how fast the writer is.
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("events-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.3)
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
     finally:

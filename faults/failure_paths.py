@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from faults import probes
 from faults.base import (
@@ -124,9 +126,12 @@ def probe_key(entry: ClusterEntry) -> str:
 
 
 def _timed(host: str, port: int, timeout_s: float, *command: Any) -> tuple[str, Any]:
-    """('answered', reply) | ('blocked', None) on a timeout | ('error', text)."""
+    """('answered', reply) | ('blocked', None) on a timeout | ('error', text).  Sent once: redis-py >= 6
+    retries a timed-out command by default (8.x: 10 times, with backoff), so a write probe on a paused
+    master took ~10 s instead of ``timeout_s`` and held the nemesis past the fault's planned heal
+    (redis-write-stall seed 101: f01 healed 6.6 s late, inside f02's slot)."""
     client = redis.Redis(host=host, port=port, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                         decode_responses=True)
+                         decode_responses=True, retry=Retry(NoBackoff(), 0))
     try:
         return "answered", client.execute_command(*command)
     except redis.TimeoutError:

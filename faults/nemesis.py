@@ -3,11 +3,16 @@
 Each scheduled fault gets a worker thread that sleeps until its start offset, applies the fault, sleeps
 until its end offset, and heals it; every step is written to the history:
 
-    fault_start     just before apply  (detail: target selector, params, planned and actual offsets)
+    fault_start     just before apply  (detail: target selector, params, planned and actual offsets;
+                    waited_for: the earlier faults still in force at the planned start, see below)
     fault_evidence  after apply and after heal (bit, detail.stage = "apply" | "heal", detail.checks)
     fault_heal      just before heal
     fault_error     the fault could not be applied or healed (detail.stage, detail.reason) — the run is
                     then unknown; nothing is ever silently skipped
+
+One lane: a fault whose planned slot begins at or after another's planned end starts only once that
+other fault is done (healed or failed), so a late heal never overlaps the next fault on the same node; the
+delay shows as offset_s > planned_start_s and ``waited_for`` in its fault_start row.
 
 A fault *bit* when every fault_evidence row for it has bit = true.  Nothing here raises into the caller:
 every error becomes a fault_error row.  ``heal_all()`` is the final phase: heal whatever is still active
@@ -94,6 +99,8 @@ class Nemesis:
         self._record_lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         self._t0: float | None = None
+        # set when a fault's worker is done (healed, failed or cancelled): the one-lane rule below waits on it
+        self._done: dict[str, threading.Event] = {item.spec.id: threading.Event() for item in self.schedule}
         self.outcomes: dict[str, str] = {}  # fault id -> "healed" | "error" | "cancelled" | "applied"
 
     # --- recording --------------------------------------------------------------------------------
@@ -144,12 +151,43 @@ class Nemesis:
             self._play_unguarded(item)
         except BaseException as error:  # noqa: BLE001 - the last line of defence: becomes a row
             self._error(item, "internal", error)
+        finally:
+            self._done[item.spec.id].set()
+
+    def _predecessors(self, item: ScheduledFault) -> list[ScheduledFault]:
+        """The faults planned to end by ``item``'s start: a plan whose slots do not overlap means one fault
+        at a time, so ``item`` must not begin while one of them is still in force (slots that overlap by
+        plan still play together)."""
+        return [other for other in self.schedule if other is not item and other.end_s <= item.start_s]
+
+    def _wait_for_predecessors(self, item: ScheduledFault) -> tuple[list[str], str | None]:
+        """Wait until every predecessor is done -> (ids waited for, id still running when heal_all came)."""
+        waited = []
+        for other in self._predecessors(item):
+            done = self._done[other.spec.id]
+            if done.is_set():
+                continue
+            waited.append(other.spec.id)
+            # Why poll: heal_all must be able to cut the wait short even if the predecessor is stuck.
+            while not done.wait(0.05):
+                if self._cancel.is_set():
+                    return waited, other.spec.id
+        return waited, None
 
     def _play_unguarded(self, item: ScheduledFault) -> None:
         spec = item.spec
         if not self._wait_until(item.start_s):
             self._error(item, "start", FaultNotApplicable(
                 f"heal_all came at {self._offset()} s, before the fault's start offset {item.start_s} s"))
+            self.outcomes[spec.id] = "cancelled"
+            return
+        # Why wait: redis-write-stall seed 101's f01 healed 6.6 s late (its apply overran), so f02 paused the
+        # same master inside f01's stall and f01's heal ended both; f02's probe then saw writes answer.
+        waited, running = self._wait_for_predecessors(item)
+        if running is not None:
+            self._error(item, "start", FaultNotApplicable(
+                f"heal_all came at {self._offset()} s while the fault waited for {running} (planned to end "
+                f"by this fault's start offset {item.start_s} s) to heal"))
             self.outcomes[spec.id] = "cancelled"
             return
         client = is_client_fault(spec.kind)
@@ -162,7 +200,8 @@ class Nemesis:
             fault = build_fault(spec)
         self._record("fault_start", fault_id=spec.id, fault_kind=spec.kind,
                      detail={"target": spec.target, "params": dict(spec.params), "planned_start_s": item.start_s,
-                             "planned_end_s": item.end_s, "offset_s": self._offset()})
+                             "planned_end_s": item.end_s, "offset_s": self._offset(),
+                             **({"waited_for": waited} if waited else {})})
         try:
             evidence = self.client_player(spec, "apply") if client else fault.apply(self.ctx)
         except Exception as error:  # noqa: BLE001 - becomes a fault_error row

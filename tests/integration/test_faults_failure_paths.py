@@ -11,6 +11,7 @@ from redis.crc import key_slot
 
 from faults.base import FaultContext
 from faults.catalog import build_fault, validate_spec
+from faults.failure_paths import _timed, probe_key
 from faults.redis_cluster import ClusterView, client_messages_key, query
 from harness.topology_config import TopologyConfig
 from reference_broker.probe import Probe
@@ -76,6 +77,29 @@ def test_write_stall_holds_saves_while_reads_answer(topology_factory):
         assert _wait(lambda: _queue_size(topology, "fp_stall") == 1, 10), "the held save never completed"
     finally:
         publisher.drop()
+
+
+def test_the_write_probe_on_a_paused_master_is_sent_once(topology):
+    """A blocked probe write answers 'blocked' after one socket timeout, not after redis-py's default
+    retries (8.x: 10, each a new connection and another blocked SET): those held the nemesis ~10 s in the
+    apply of redis-write-stall seed 101's first fault, past its planned heal and into the next fault."""
+    view = ClusterView.read(topology)
+    entry = view.masters()[0]
+    master = view.handle(topology, entry)
+    key = probe_key(entry)
+
+    def connections() -> int:  # this INFO's own connection counts too
+        return int(query(master.host, master.port, "INFO", "stats")["total_connections_received"])
+
+    query(master.host, master.port, "CLIENT", "PAUSE", 30_000, "WRITE")
+    try:
+        before = connections()
+        outcome, _ = _timed(master.host, master.port, 0.2, "SET", key, "probe")
+        sent = connections() - before - 1
+    finally:
+        query(master.host, master.port, "CLIENT", "UNPAUSE")
+    assert outcome == "blocked"
+    assert sent == 1, f"the probe write was sent on {sent} connections: redis-py retried it"
 
 
 def test_redis_outage_outlasts_the_retries_and_the_broker_commits_anyway(topology_factory):

@@ -155,23 +155,40 @@ def generate(run_dir: Path, events: int, *, lost: int = 10, swaps: int = 5, seed
     return {"rows": rows, "pairs": pairs, "messages": n, "lost": lost, "swaps": swaps}
 
 
-def jvm_cpu_seconds(spark) -> dict[str, float]:
-    """CPU-seconds the classic session's JVM used so far, by thread group (from /proc; {} when unknown): the
-    task threads (rows), the JIT compilers, the driver's own threads (analysis, planning, codegen), GC.  On
-    a loaded machine wall time inflates several-fold; CPU-seconds much less, and they say where it goes."""
+def jvm_threads(spark) -> dict[str, tuple[str, float]]:
+    """The classic session's JVM threads: thread id -> (name, CPU-seconds so far), from /proc ({} if unknown)."""
     try:
         pid = spark.sparkContext._gateway.proc.pid
         tick = os.sysconf("SC_CLK_TCK")
-        groups: dict[str, float] = {}
+        threads = {"process": ("process", sum(map(int, Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]
+                                                   .split()[11:13])) / tick)}
         for task in os.listdir(f"/proc/{pid}/task"):
-            name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
-            fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
-            group = ("tasks" if name.startswith("Executor task") else "jit" if "Compiler" in name
-                     else "gc" if name.startswith("GC ") else "driver" if name.startswith("Thread-") else "other")
-            groups[group] = groups.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-        return groups
+            try:
+                name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+                fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # the thread ended meanwhile
+            threads[task] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        return threads
     except (AttributeError, OSError, ValueError, IndexError):
         return {}
+
+
+def jvm_cpu_seconds(before: dict, after: dict) -> dict[str, float]:
+    """CPU-seconds the JVM used between two ``jvm_threads`` readings, in all ("total") and by thread group: the
+    task threads (rows), the JIT compilers, the driver's own threads (analysis, planning, codegen), GC.  A
+    thread that ended in between is counted in the total only.  On a loaded machine wall time inflates
+    several-fold; CPU-seconds much less, and they say where the time goes."""
+    if not before or not after:
+        return {}
+    groups = {"total": round(after["process"][1] - before["process"][1], 1)}
+    for tid, (name, cpu) in after.items():
+        if tid == "process":
+            continue
+        group = ("tasks" if name.startswith("Executor task") else "jit" if "Compiler" in name
+                 else "gc" if name.startswith("GC ") else "driver" if name.startswith("Thread-") else "other")
+        groups[group] = round(groups.get(group, 0.0) + cpu - before.get(tid, (name, 0.0))[1], 1)
+    return groups
 
 
 def raw_scan_seconds(spark, run_dir: Path) -> float:
@@ -403,11 +420,11 @@ def main() -> None:
         shuffle = one_shuffle_seconds(spark, run_dir)
         duck, duck_found = duckdb_seconds(run_dir)
         load_before = os.getloadavg()[0]
-        cpu_before = jvm_cpu_seconds(spark)
+        threads_before = jvm_threads(spark)
         started = time.monotonic()
         report = check_runs([run_dir], spark=spark)[0]
         checked = time.monotonic() - started
-        cpu = {k: round(v - cpu_before.get(k, 0.0), 1) for k, v in jvm_cpu_seconds(spark).items()}
+        cpu = jvm_cpu_seconds(threads_before, jvm_threads(spark))
         found = {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
         row = {"events": planted["rows"], "generate_s": round(generated, 1), "check_s": round(checked, 1),
                "raw_scan_s": round(scan, 1), "one_shuffle_s": round(shuffle, 1), "duckdb_s": round(duck, 1),

@@ -155,6 +155,42 @@ def generate(run_dir: Path, events: int, *, lost: int = 10, swaps: int = 5, seed
     return {"rows": rows, "pairs": pairs, "messages": n, "lost": lost, "swaps": swaps}
 
 
+def jvm_threads(spark) -> dict[str, tuple[str, float]]:
+    """The classic session's JVM threads: thread id -> (name, CPU-seconds so far), from /proc ({} if unknown)."""
+    try:
+        pid = spark.sparkContext._gateway.proc.pid
+        tick = os.sysconf("SC_CLK_TCK")
+        threads = {"process": ("process", sum(map(int, Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]
+                                                   .split()[11:13])) / tick)}
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+                fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # the thread ended meanwhile
+            threads[task] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        return threads
+    except (AttributeError, OSError, ValueError, IndexError):
+        return {}
+
+
+def jvm_cpu_seconds(before: dict, after: dict) -> dict[str, float]:
+    """CPU-seconds the JVM used between two ``jvm_threads`` readings, in all ("total") and by thread group: the
+    task threads (rows), the JIT compilers, the driver's own threads (analysis, planning, codegen), GC.  A
+    thread that ended in between is counted in the total only.  On a loaded machine wall time inflates
+    several-fold; CPU-seconds much less, and they say where the time goes."""
+    if not before or not after:
+        return {}
+    groups = {"total": round(after["process"][1] - before["process"][1], 1)}
+    for tid, (name, cpu) in after.items():
+        if tid == "process":
+            continue
+        group = ("tasks" if name.startswith("Executor task") else "jit" if "Compiler" in name
+                 else "gc" if name.startswith("GC ") else "driver" if name.startswith("Thread-") else "other")
+        groups[group] = round(groups.get(group, 0.0) + cpu - before.get(tid, (name, 0.0))[1], 1)
+    return groups
+
+
 def raw_scan_seconds(spark, run_dir: Path) -> float:
     """Read every column of every row once (Spark's noop sink), the floor for any checker."""
     started = time.monotonic()
@@ -365,6 +401,7 @@ def main() -> None:
     if args.connect_child:
         print(json.dumps(connect_latency(args.latency, args.out)))
         return
+    args.out.mkdir(parents=True, exist_ok=True)
     latency = per_run_latency(args.latency, args.out, warm_only=args.warm_only) if args.latency else []
     (args.out / "latency.json").write_text(json.dumps(latency, indent=2))
     if not args.events:
@@ -383,15 +420,17 @@ def main() -> None:
         shuffle = one_shuffle_seconds(spark, run_dir)
         duck, duck_found = duckdb_seconds(run_dir)
         load_before = os.getloadavg()[0]
+        threads_before = jvm_threads(spark)
         started = time.monotonic()
         report = check_runs([run_dir], spark=spark)[0]
         checked = time.monotonic() - started
+        cpu = jvm_cpu_seconds(threads_before, jvm_threads(spark))
         found = {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
         row = {"events": planted["rows"], "generate_s": round(generated, 1), "check_s": round(checked, 1),
                "raw_scan_s": round(scan, 1), "one_shuffle_s": round(shuffle, 1), "duckdb_s": round(duck, 1),
                "check_vs_scan": round(checked / scan, 1), "one_shuffle_vs_scan": round(shuffle / scan, 1),
                "check_vs_duckdb": round(checked / duck, 1),
-               "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+               "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)], "check_jvm_cpu_s": cpu,
                "planted": planted, "found": found, "duckdb_found": duck_found}
         results.append(row)
         print(json.dumps(row), flush=True)

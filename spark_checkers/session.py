@@ -42,7 +42,10 @@ def static_conf() -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": os.environ.get("ORDEAL_SPARK_DRIVER_MEMORY", "3g"),
-        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+        # $ORDEAL_SPARK_JAVA_OPTIONS adds JVM flags (the benchmark's A/B of JIT settings, e.g.
+        # -XX:-DontCompileHugeMethods: docs/report.md, session 6).
+        "spark.driver.extraJavaOptions": " ".join(
+            ["-XX:+UseParallelGC", *os.environ.get("ORDEAL_SPARK_JAVA_OPTIONS", "").split()]),
     }
 
 

@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from contracts.history_schema import EVENT_SCHEMA, Kind
 from spark_checkers.guarantees import Guarantees
-from spark_checkers.timeline import NEVER, SMALL_KINDS, Timeline
+from spark_checkers.timeline import NEVER, SMALL_KINDS, Timeline, detail_of
 from spark_checkers.topics import filter_matches
 
 # Below this many bytes of history (a run: 10k-100k events are 0.3-3 MB) a check is all fixed cost.
@@ -144,7 +144,9 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                  if (row.get("reason_code") or 0) < 0x80],
                                 timeline.persistent_fresh_seqs.get(client, []),
                                 [(n["seq"], n["t"], n["why"], n["clean_start"])
-                                 for n in timeline.new_sessions.get(client, [])]))
+                                 for n in timeline.new_sessions.get(client, [])],
+                                [row["seq"] for row in timeline.snapshots if row.get("client") == client
+                                 and detail_of(row).get("when") == "preset"]))
         for topic in topics.get(run.run_id, []):
             subs = [(s.client, s.t_from, s.t_to, s.granted_qos, s.persistent)
                     for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
@@ -171,7 +173,10 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         # The connects that legally began a new session, discarding the one before (Timeline.new_sessions).
         T.StructField("new_sessions", T.ArrayType(T.StructType([
             T.StructField("seq", L), T.StructField("t", L), T.StructField("why", S),
-            T.StructField("clean_start", B)])))]))
+            T.StructField("clean_start", B)]))),
+        # The harness's packet-id presets (session_snapshot rows with when = "preset"): each one sets the
+        # session's stored counter, so the ids after it start a new run of the sequence.
+        T.StructField("preset_seqs", T.ArrayType(L))]))
     match_df = spark.createDataFrame(match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", S),
         T.StructField("subs", T.ArrayType(T.StructType([
@@ -592,11 +597,17 @@ def packet_id_gaps(slots, table, clients_b, runs_b):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    session = ["run_id", "client", "epoch"]
+    # A preset of the counter (the harness's, recorded as a session_snapshot with when = "preset") starts a new
+    # run of ids within the session: judged like a session's start, whose first id is not judged.
+    session = ["run_id", "client", "epoch", "segment"]
     by_seq = Window.partitionBy(*session).orderBy("seq")
     valid = (F.col("packet_id") >= 1) & (F.col("packet_id") <= 65535) & ~F.coalesce("reused", F.lit(False))
-    ids = slots.filter(F.col("new_id")).select(
-        *session, "seq", "t", "packet_id", "publisher", "pub_seq", valid.alias("valid"), "t_origin")
+    presets = F.broadcast(clients_b.select("run_id", "client", "preset_seqs", "fresh_seqs"))
+    since = F.coalesce(F.element_at(F.col("fresh_seqs"), F.greatest(F.col("epoch"), F.lit(1))), F.lit(0))
+    ids = (slots.filter(F.col("new_id")).join(presets, ["run_id", "client"], "left")
+           .withColumn("segment", F.size(F.filter(F.coalesce("preset_seqs", F.array()),
+                                                  lambda x: (x < F.col("seq")) & (x > since))))
+           .select(*session, "seq", "t", "packet_id", "publisher", "pub_seq", valid.alias("valid"), "t_origin"))
     # Why not the receive order: a QoS 2 message is recorded when the client library hands it over (at PUBREL),
     # after QoS 1 messages sent later with higher ids.  So the ids are put in the order the broker handed them
     # out: each one's place is laps * 65535 + id, a lap counted where, in receive order, the id drops (a wrap) or
@@ -614,7 +625,7 @@ def packet_id_gaps(slots, table, clients_b, runs_b):
     prev = F.lag(F.struct("packet_id", "t", "pos")).over(order)
     ids = ids.select("*", prev.alias("prev"))
     gap = (F.when(F.col("after_valid") == F.lit(False), F.lit(None))
-           .when(F.col("prev").isNull(), F.when(F.col("epoch") > 1, F.col("packet_id") - 1))
+           .when(F.col("prev").isNull(), F.when((F.col("epoch") > 1) & (F.col("segment") == 0), F.col("packet_id") - 1))
            .otherwise(F.col("pos") - F.col("prev.pos") - 1))
     gaps = ids.select("*", gap.alias("gap"), F.max("t").over(order.rowsBetween(
         Window.unboundedPreceding, Window.currentRow)).alias("t_reach")).filter(F.col("gap") > 0)

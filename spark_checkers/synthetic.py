@@ -551,6 +551,18 @@ def skip_packet_ids(rows: list[Row], client: str, packet_id: int, skip: int = 1)
     return renumber(rows, client, target["t_mono_us"], first)
 
 
+def preset_packet_ids(rows: list[Row], client: str, packet_id: int, first_id: int) -> list[Row]:
+    """The harness presets ``client``'s stored counter right before its delivery with ``packet_id`` (a
+    session_snapshot row with when = "preset", as ``preset_each_offline`` records it); the ids go on from
+    ``first_id``."""
+    target = next(r for r in deliveries(rows, client) if r.get("packet_id") == packet_id)
+    rows = _copy(rows)
+    rows.append({"t_mono_us": target["t_mono_us"] - 1, "kind": Kind.SESSION_SNAPSHOT, "client": client,
+                 "node": "redis-7001", "zset_size": 0, "last_packet_id": first_id - 1, "orphan_payloads": 0,
+                 "dangling_refs": 0, "detail": json.dumps({"when": "preset"})})
+    return renumber(sort_rows(rows), client, target["t_mono_us"], first_id)
+
+
 def add_delivery_in_sequence(rows: list[Row], template: Row, t_mono_us: int, **fields: Any) -> list[Row]:
     """As ``add_delivery`` (acknowledged), but the new delivery takes the next packet id of its subscriber's
     stored sequence and the later ones move up by one: a second copy the broker stored and sent, not an id

@@ -384,6 +384,11 @@ CASES = {
     "packet_id_skips_65535": (NEAR_WRAP, lambda r: s.skip_packet_ids(r, "sub-1", 65535), {"whitebox.packet_id_sequence"}),
     "packet_id_skips_one": (NO_FAULT, lambda r: s.skip_packet_ids(r, "sub-1", 10), {"whitebox.packet_id_sequence"}),
     "packet_id_wraps_in_order": (NEAR_WRAP, None, set()),
+    # The harness's preset (wrap-backlog's preset_each_offline) starts a new run of ids: the jump to the preset
+    # is no skip, but a skip of 65535 after it still is (a preset once hid it behind a lap counted backwards).
+    "packet_ids_preset_then_wrap": (NO_FAULT, lambda r: s.preset_packet_ids(r, "sub-1", 5, 65533), set()),
+    "packet_id_skips_65535_after_preset": (NO_FAULT, lambda r: s.skip_packet_ids(
+        s.preset_packet_ids(r, "sub-1", 5, 65533), "sub-1", 65535), {"whitebox.packet_id_sequence"}),
     # sub-0's backlog #5..#10 (limit 3) loses #5..#7 to the trim: stored first, they took ids 5..7, so #8 gets 8.
     "packet_ids_taken_by_trimmed": (replace(LIMIT, faults=()), lambda r: s.skip_packet_ids(r, "sub-0", 5, 3), set()),
     "packet_ids_skipped_beyond_trimmed": (replace(LIMIT, faults=()), lambda r: s.skip_packet_ids(r, "sub-0", 5, 4),

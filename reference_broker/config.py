@@ -37,7 +37,9 @@ class BrokerConfig:
     redis_batch_size: int = 500           # save scripts in flight at once per poll
     # Kafka
     producer_acks: str = "1"              # TBMQ default
-    producer_linger_ms: int = 5
+    # 50 ms: on Tansu over S3 each produce request writes an object per partition; 5 -> 50 ms cut S3 requests
+    # per message 0.41 -> 0.32 at 20 x 20/s with no measurable end-to-end cost (docs/reference-broker.md)
+    producer_linger_ms: int = 50
     # Bytes of one partition's batch in a produce request (aiokafka max_batch_size; its default is 16 KiB).
     # aiokafka keeps one produce request in flight per broker and puts at most one batch per partition in
     # it, so a partition with more pending than this needs another round trip; on Tansu over S3 every

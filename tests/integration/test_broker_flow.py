@@ -638,9 +638,9 @@ def test_producer_max_batch_bytes_puts_a_burst_into_few_s3_objects(brokers):
     ``producer_max_batch_bytes`` (aiokafka's own default: 16 KiB).  On Tansu over S3 each batch is an object
     (PUT + watermark PUT, later a GET and a share of every LIST of the partition), so a burst behind a 16 KiB
     cap becomes one object and one round trip per 16 KiB.  The default (1 MiB) lets a produce request carry
-    what accumulated meanwhile: 4 publishers x 50 QoS 1 messages of 2 KB on one partition became 8-13 objects
-    here, the largest well over 16 KiB; with ``producer_max_batch_bytes = 16384`` the same burst made >= 30
-    objects of at most 16 KiB (the assertion below fails with that setting)."""
+    what accumulated meanwhile: 4 publishers x 50 QoS 1 messages of 2 KB on one partition became fewer than 30
+    objects, the largest over 16 KiB; with ``producer_max_batch_bytes = 16384`` the same burst made 40 objects
+    of at most 14,346 bytes and the assertion below failed (2026-11-24)."""
     cluster = brokers(incoming_partitions=1, persisted_partitions=1)
     if cluster.topology.endpoints()["storage"] is None:
         pytest.skip("Tansu runs without an S3 stand-in (memory storage): no objects to count")

@@ -120,6 +120,7 @@ def test_kafka_fetch_max_wait_defaults_above_an_s3_round_trip_and_is_validated()
 def test_producer_max_batch_bytes_defaults_to_1_mib_and_is_validated():
     # aiokafka's 16 KiB made a burst one S3 object per 16 KiB (tests/integration/test_broker_flow.py)
     assert BrokerConfig().producer_max_batch_bytes == 1048576
+    assert BrokerConfig().producer_linger_ms == 50  # the knee measured on the S3 stand-in
     assert BrokerConfig.from_mapping({"producer_max_batch_bytes": 16384}).producer_max_batch_bytes == 16384
     with pytest.raises(ConfigError) as caught:
         BrokerConfig.from_mapping({"producer_max_batch_bytes": 100}, source="s.toml [broker]")

@@ -28,6 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.s3_requests import log_size, per_message, requests_since  # noqa: E402
 from harness.node import ProcessNode  # noqa: E402
 from harness.topology import LocalTopology  # noqa: E402
 from harness.topology_config import TopologyConfig  # noqa: E402
@@ -154,6 +155,8 @@ def run(args: argparse.Namespace) -> dict:
 
         per_node = {n.name: process_tree([n.pid]) for n in [*topology.nodes(), *brokers] if n.pid}
         node_before = {name: cpu_seconds(procs) for name, procs in per_node.items()}
+        s3_log = run_dir / "topology" / "logs" / "s3.log"
+        s3_start = log_size(s3_log)
         cpu_before, broker_cpu_before, wall_before = cpu_seconds(system), cpu_seconds(broker_procs), time.monotonic()
         threads = [threading.Thread(target=publish_loop, args=(i,), daemon=True) for i in range(args.pairs)]
         for thread in threads:
@@ -170,6 +173,7 @@ def run(args: argparse.Namespace) -> dict:
         cores_by_node = {name: round((cpu_seconds(procs) - node_before[name]) / wall, 3)
                          for name, procs in per_node.items()}
 
+        s3 = requests_since(s3_log, s3_start)
         e2e, unique, duplicates = [], 0, 0
         for sub in subscribers:
             seen = set()
@@ -199,6 +203,10 @@ def run(args: argparse.Namespace) -> dict:
             "puback_latency_ms_p50": round(percentile(puback_latency, 0.5) * 1000, 1),
             "puback_latency_ms_p99": round(percentile(puback_latency, 0.99) * 1000, 1),
             "e2e_latency_ms_mean": round(statistics.fmean(e2e) * 1000, 1) if e2e else None,
+            "settings": settings,
+            # S3 requests Tansu made in the measured window (moto's request log), and per published message
+            "s3_requests": s3 if s3["total"] else None,
+            "s3_requests_per_published_message": per_message(s3, expected) if s3["total"] else None,
             "run_dir": str(run_dir),
         }
     finally:

@@ -16,6 +16,8 @@ can be short; consumer-group joins take seconds; one broker only (a kill is an o
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -43,12 +45,20 @@ def storage_node(kind: str, binary: Path, host: str, port: int, run_dir: Path) -
                 "--allow-mismatched-signatures", "--silent"]
         after_ready = None
     elif kind == "moto":
-        argv = [binary, "-H", host, "-p", port]
+        argv = [*moto_command(binary), "-H", host, "-p", port]
         after_ready = _create_bucket  # in memory: the bucket is gone after every (re)start
     else:
         raise ValueError(f"unknown S3 server kind {kind!r}")
     return ProcessNode(name, "storage", host, port, argv, log_path=log_path, data_dir=data_dir,
                        env=_no_proxy_env(), ready_check=_s3_answers, after_ready=after_ready)
+
+
+def moto_command(binary: Path) -> list[str | Path]:
+    """How to start moto's S3 server: through ``s3_stand_in.py`` (moto with its LIST timestamps memoized,
+    ~40 % less CPU per listed key) when this interpreter has moto, else the ``moto_server`` script as is."""
+    if importlib.util.find_spec("moto") is not None:
+        return [sys.executable, Path(__file__).with_name("s3_stand_in.py")]
+    return [binary]
 
 
 def _s3_answers(node: ProcessNode) -> bool:

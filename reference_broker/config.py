@@ -37,7 +37,14 @@ class BrokerConfig:
     redis_batch_size: int = 500           # save scripts in flight at once per poll
     # Kafka
     producer_acks: str = "1"              # TBMQ default
-    producer_linger_ms: int = 5
+    # 50 ms: on Tansu over S3 each produce request writes an object per partition; 5 -> 50 ms cut S3 requests
+    # per message 0.41 -> 0.32 at 20 x 20/s with no measurable end-to-end cost (docs/reference-broker.md)
+    producer_linger_ms: int = 50
+    # Bytes of one partition's batch in a produce request (aiokafka max_batch_size; its default is 16 KiB).
+    # aiokafka keeps one produce request in flight per broker and puts at most one batch per partition in
+    # it, so a partition with more pending than this needs another round trip; on Tansu over S3 every
+    # batch is an object (PUT + watermark PUT, then a GET and a LIST share per fetch).
+    producer_max_batch_bytes: int = 1048576
     incoming_topic: str = "tbmq.msg.all"
     incoming_partitions: int = 16
     persisted_topic: str = "tbmq.msg.persisted"
@@ -87,6 +94,7 @@ class BrokerConfig:
         _int_range(src, "redis_batch_size", self.redis_batch_size, 1, 100000)
         _choice(src, "producer_acks", self.producer_acks, PRODUCER_ACKS)
         _int_range(src, "producer_linger_ms", self.producer_linger_ms, 0, 10000)
+        _int_range(src, "producer_max_batch_bytes", self.producer_max_batch_bytes, 1024, 16777216)
         for key in ("incoming_topic", "persisted_topic"):
             value = getattr(self, key)
             if not isinstance(value, str) or not value:

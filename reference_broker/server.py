@@ -65,6 +65,7 @@ class Broker:
         self.producer = AIOKafkaProducer(
             bootstrap_servers=self.kafka_bootstrap, acks=config.producer_acks if config.producer_acks == "all"
             else int(config.producer_acks), linger_ms=config.producer_linger_ms, enable_idempotence=False,
+            max_batch_size=config.producer_max_batch_bytes,
             request_timeout_ms=30000)
         await self.producer.start()
         self.peer_address = await self.peers.start(self.host)

@@ -618,3 +618,43 @@ def test_limit_trims_unacknowledged_inflight_messages_first(brokers):
     again = cluster.probe(sub.client_id, version=5)
     assert again.connect(clean=False, session_expiry=3600) is True
     assert payloads(again.settle(0.7)) == [b"m%03d" % i for i in range(5, 10)]
+
+
+def _batch_objects(cluster: BrokerCluster, topic: str, partition: int = 0) -> list[int]:
+    """Sizes of the batch objects Tansu wrote for one partition, read from its S3 stand-in (one object per
+    produced batch, docs/reference-broker.md)."""
+    import urllib.request
+    import xml.etree.ElementTree as ET
+
+    storage = cluster.topology.endpoints()["storage"]
+    prefix = f"clusters/ordeal/topics/{topic}/partitions/{partition:010d}/records/"
+    with urllib.request.urlopen(f"{storage['endpoint']}/tansu?list-type=2&prefix={prefix}", timeout=10) as answer:
+        root = ET.fromstring(answer.read())
+    return [int(el.text) for el in root.iter() if el.tag.endswith("Size") and el.text]
+
+
+def test_producer_max_batch_bytes_puts_a_burst_into_few_s3_objects(brokers):
+    """aiokafka keeps one produce request in flight per broker with at most one batch per partition, of at most
+    ``producer_max_batch_bytes`` (aiokafka's own default: 16 KiB).  On Tansu over S3 each batch is an object
+    (PUT + watermark PUT, later a GET and a share of every LIST of the partition), so a burst behind a 16 KiB
+    cap becomes one object and one round trip per 16 KiB.  The default (1 MiB) lets a produce request carry
+    what accumulated meanwhile: 4 publishers x 50 QoS 1 messages of 2 KB on one partition became fewer than 30
+    objects, the largest over 16 KiB; with ``producer_max_batch_bytes = 16384`` the same burst made 40 objects
+    of at most 14,346 bytes and the assertion below failed (2026-11-24)."""
+    cluster = brokers(incoming_partitions=1, persisted_partitions=1)
+    if cluster.topology.endpoints()["storage"] is None:
+        pytest.skip("Tansu runs without an S3 stand-in (memory storage): no objects to count")
+    publishers = [cluster.probe(version=4) for _ in range(4)]
+    for pub in publishers:
+        pub.connect(clean=True)
+    infos = [pub.publish(TOPIC, bytes([65 + i % 26]) * 2000, 1, timeout=0)
+             for i in range(50) for pub in publishers]          # sent at once, interleaved
+    for info in infos:
+        info.wait_for_publish(30)
+    assert all(info.is_published() for info in infos), "not every burst publish was acknowledged in 30 s"
+    sizes = _batch_objects(cluster, cluster.settings["incoming_topic"])
+    assert sum(sizes) >= 200 * 2000, f"objects hold {sum(sizes)} bytes, less than the 200 x 2 KB published"
+    assert max(sizes) > 16384 and len(sizes) < 30, (
+        f"200 messages of 2 KB became {len(sizes)} batch objects of at most {max(sizes)} bytes: the producer "
+        f"still caps a partition's batch at 16 KiB (producer_max_batch_bytes = "
+        f"{cluster.settings.get('producer_max_batch_bytes', 'default')})")

@@ -117,6 +117,16 @@ def test_kafka_fetch_max_wait_defaults_above_an_s3_round_trip_and_is_validated()
     assert "kafka_fetch_max_wait_ms" in str(caught.value) and "1..60000" in str(caught.value)
 
 
+def test_producer_max_batch_bytes_defaults_to_1_mib_and_is_validated():
+    # aiokafka's 16 KiB made a burst one S3 object per 16 KiB (tests/integration/test_broker_flow.py)
+    assert BrokerConfig().producer_max_batch_bytes == 1048576
+    assert BrokerConfig().producer_linger_ms == 50  # the knee measured on the S3 stand-in
+    assert BrokerConfig.from_mapping({"producer_max_batch_bytes": 16384}).producer_max_batch_bytes == 16384
+    with pytest.raises(ConfigError) as caught:
+        BrokerConfig.from_mapping({"producer_max_batch_bytes": 100}, source="s.toml [broker]")
+    assert "producer_max_batch_bytes" in str(caught.value) and "1024..16777216" in str(caught.value)
+
+
 @pytest.mark.parametrize("key, bad, good", [("receive_maximum", 0, 1), ("max_packet_size", 63, 64),
                                             ("max_topic_length", 0, 1), ("max_pending_publishes", 0, 1)])
 def test_declared_limits_are_validated(key, bad, good):

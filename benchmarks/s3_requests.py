@@ -1,0 +1,56 @@
+"""What Tansu asks of its S3 stand-in, from moto's request log (``<run>/topology/logs/s3.log``).
+
+Every request moto serves is one werkzeug log line (``"PUT /tansu/clusters/... HTTP/1.1" 200 -``).  Tansu 0.6.0's
+S3 engine writes per produced batch one ``records/<offset>.batch`` object and the partition's
+``watermark.json``; a fetch LISTs a partition's ``records/`` prefix (every batch object ever written there,
+nothing is deleted) and GETs the batches from the fetch offset; an offset commit PUTs one object per
+partition plus the group's ``<group>.json``.  ``requests_since`` counts them by kind, so a benchmark can
+report S3 requests per message for a window of a run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[0-9.]+" (?P<status>\d{3})')
+KINDS = ("batch_put", "watermark_put", "batch_get", "list", "offset_put", "group_put", "other")
+
+
+def kind_of(method: str, path: str) -> str:
+    if "list-type=2" in path:
+        return "list"
+    if path.endswith(".batch"):
+        return "batch_put" if method == "PUT" else "batch_get" if method == "GET" else "other"
+    if path.endswith("/watermark.json") and method == "PUT":
+        return "watermark_put"
+    if "/groups/consumers/" in path and method == "PUT":
+        return "offset_put" if "/offsets/" in path else "group_put"
+    return "other"
+
+
+def log_size(log: Path) -> int:
+    """Where the log ends now (a window's start for ``requests_since``)."""
+    try:
+        return log.stat().st_size
+    except OSError:
+        return 0
+
+
+def requests_since(log: Path, offset: int = 0) -> dict[str, int]:
+    """Requests by kind (KINDS) logged after byte ``offset``, and their total."""
+    counts = dict.fromkeys(KINDS, 0)
+    try:
+        with log.open("rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return {**counts, "total": 0}
+    for match in _LINE.finditer(text):
+        counts[kind_of(match["method"], match["path"])] += 1
+    return {**counts, "total": sum(counts.values())}
+
+
+def per_message(counts: dict[str, int], messages: int) -> dict[str, float]:
+    """The counts divided by ``messages`` (published messages), rounded."""
+    return {kind: round(value / messages, 3) for kind, value in counts.items()} if messages else {}

@@ -514,7 +514,7 @@ class Connection:
                             # record to keep its highest score in (lua/save.lua), so read from the start again
                             cursor = "-inf"
                         self.read_from_cursor = cursor != "-inf"
-                        entries = await store.read(self.client_id, cursor, room)
+                        entries = await store.read(self.client_id, cursor, room, reader=self.conn_id)
                         for entry in entries:
                             cursor = str(int(entry.score))
                             if self.inflight.get(entry.packet_id, (None, None))[1] == cursor:

@@ -4,7 +4,7 @@ Per client (hash tag = client id, so one Lua script may touch them all):
   <prefix>{client}_messages          ZSET  member = payload key, score = never-wrapping counter
   <prefix>{client}_messages_<pid>    STRING the message JSON, SET ... EX ttl
   <prefix>{client}_last_packet_id    STRING last packet id handed out
-  <prefix>{client}_sent              HASH  payload key -> score it had when sent (drives the DUP flag)
+  <prefix>{client}_sent              HASH  payload key -> "<score> <connection id>" when read to be sent (DUP flag)
   <prefix>{client}_session           HASH  node, conn, persistent, expiry, disconnected_at, gen, score
                                            (score: the highest message score given, lua/save.lua)
   <prefix>{client}_inbound_qos2      SET   QoS 2 packet ids received from the client, PUBREL pending
@@ -145,11 +145,13 @@ class SessionStore:
                             "(redirected or script missing)")
 
     async def read(self, client: str, after_score: str = "-inf", limit: int = 0,
-                   mark_sent: bool = True) -> list[StoredMessage]:
+                   mark_sent: bool = True, reader: str = "") -> list[StoredMessage]:
         """Stored messages in score order after ``after_score`` (exclusive), dropping dangling references;
-        with ``mark_sent`` they are recorded as sent before they go out (so a resend gets DUP = 1)."""
+        with ``mark_sent`` they are recorded as sent by connection ``reader`` before they go out, so another
+        connection's later read (a resend after a reconnect) gets DUP = 1 -- and a read of the same connection
+        whose reply was lost does not (lua/read_backlog.lua)."""
         raw = await self.batch.call(self.scripts["read_backlog"], [self.messages_key(client), self.sent_key(client)],
-                                    [after_score, limit, 1 if mark_sent else 0])
+                                    [after_score, limit, 1 if mark_sent else 0, reader])
         out = []
         for i in range(0, len(raw), 3):
             score, payload, sent = raw[i], raw[i + 1], raw[i + 2]

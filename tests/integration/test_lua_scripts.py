@@ -48,8 +48,9 @@ class Queue:
     def scores(self) -> dict[int, float]:
         return {m["packetId"]: s for s, m, _ in self.read()}
 
-    def read(self, after="-inf", limit=0, mark=0):
-        raw = self.scripts["read_backlog"](keys=[self.zset, self.sent], args=[after, limit, mark])
+    def read(self, after="-inf", limit=0, mark=0, reader=None):
+        args = [after, limit, mark] + ([reader] if reader is not None else [])
+        raw = self.scripts["read_backlog"](keys=[self.zset, self.sent], args=args)
         return [(float(raw[i]), json.loads(raw[i + 1]), int(raw[i + 2])) for i in range(0, len(raw), 3)]
 
     def payload_keys(self) -> set[str]:
@@ -226,6 +227,20 @@ def test_read_backlog_drops_dangling_and_marks_sent(queue):
     assert [sent for _, _, sent in queue.read()] == [1, 1, 1]   # a second read: they were sent
     assert [m["packetId"] for _, m, _ in queue.read(after="1", limit=1)] == [3]
     assert queue.read(after="4") == []
+
+
+def test_read_backlog_mark_of_the_same_connection_is_not_a_resend(queue):
+    """partition-broker-redis seed 1 (docs/findings.md): a read that marked entries as sent lost its reply while
+    the broker was cut off from Redis; the same connection's retry must send them with DUP = 0 (nothing went
+    out), while a later connection of the session resends them with DUP = 1."""
+    queue.save(3)
+    assert [sent for _, _, sent in queue.read(mark=1, reader="connA")] == [0, 0, 0]   # the reply is lost
+    assert [sent for _, _, sent in queue.read(mark=1, reader="connA")] == [0, 0, 0]   # the retry: first sends
+    assert [sent for _, _, sent in queue.read(mark=1, reader="connB")] == [1, 1, 1]   # a reconnect: resends
+    assert [sent for _, _, sent in queue.read(mark=0, reader="connA")] == [1, 1, 1]   # B's marks, seen by A
+    assert queue.redis.hget(queue.sent, f"{queue.zset}_1") == b"1 connB"
+    queue.save(1)                                                                       # never read: not sent
+    assert [sent for _, _, sent in queue.read(reader="connC")] == [1, 1, 1, 0]
 
 
 def test_read_backlog_of_empty_set(queue):

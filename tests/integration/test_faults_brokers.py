@@ -3,6 +3,9 @@ broker's own session record in Redis; the subscriber really loses its connection
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
 from faults import probes
@@ -30,8 +33,19 @@ def test_kill_the_broker_holding_a_subscriber_and_pause_another(topology_factory
         subscriber.subscribe("faults/+/x")
         bystander.connect(clean=True)
         bystander.disconnect()
-        with pytest.raises(FaultNotApplicable, match="no session|not connected"):
-            resolve_node(topology, "broker-holding:faults_sub_2", ctx.rng_for("x"))
+        # The client's side of the DISCONNECT ends before the broker's: it drops the clean session's record
+        # from Redis only after it has read the packet and closed the socket, so right after disconnect() the
+        # record may still name broker 1 as connected (seen once in the full suite, 2026-11-24).  What must
+        # hold is that it stops naming a holder, within a few seconds.
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                holder = resolve_node(topology, "broker-holding:faults_sub_2", ctx.rng_for("x"))
+            except FaultNotApplicable as error:
+                assert re.search("no session|not connected", str(error)), error
+                break
+            assert time.monotonic() < deadline, f"5 s after its DISCONNECT faults_sub_2 is still held by {holder.name}"
+            time.sleep(0.05)
         assert resolve_node(topology, "broker-holding:faults_sub_1", ctx.rng_for("x")) is second
 
         kill = _fault("kill-holder", "process_kill", "broker-holding:faults_sub_1")

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.broker_p2p import broker_setting, cpu_seconds, percentile, process_tree  # noqa: E402
-from benchmarks.s3_requests import log_size, per_message, requests_since  # noqa: E402
+from benchmarks.s3_requests import log_size, window  # noqa: E402
 from harness.node import ProcessNode  # noqa: E402
 from harness.topology import LocalTopology  # noqa: E402
 from harness.topology_config import TopologyConfig  # noqa: E402
@@ -213,8 +213,7 @@ def run(args: argparse.Namespace) -> dict:
         node_cpu0 = {name: cpu_seconds(procs) for name, procs in per_node.items()}
         s3_start = log_size(s3_log)
         quiet = well_behaved_phase(publishers, subscribers, args.rate, args.duration, 1)
-        quiet["s3_requests"] = requests_since(s3_log, s3_start)
-        quiet["s3_requests_per_published_message"] = per_message(quiet["s3_requests"], quiet["published"])
+        quiet.update(window(s3_log, s3_start, quiet["published"]))
         quiet["broker_cpu_s"] = round(cpu_seconds(broker_procs) - cpu0, 1)
         quiet["cpu_s_by_node"] = {name: round(cpu_seconds(procs) - node_cpu0[name], 1)
                                   for name, procs in per_node.items()}
@@ -235,8 +234,7 @@ def run(args: argparse.Namespace) -> dict:
         flood["cpu_s_by_node"] = {name: round(cpu_seconds(procs) - node_cpu0[name], 1)
                                   for name, procs in per_node.items()}
         flood["phase_s"] = round(time.monotonic() - flood_started, 1)
-        flood["s3_requests"] = requests_since(s3_log, s3_start)
-        flood["s3_requests_per_published_message"] = per_message(flood["s3_requests"], flood["published"])
+        flood.update(window(s3_log, s3_start, flood["published"]))
         reports = [queue.get(timeout=600) for _ in workers]
         for worker in workers:
             worker.join(10)

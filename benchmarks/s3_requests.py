@@ -54,3 +54,13 @@ def requests_since(log: Path, offset: int = 0) -> dict[str, int]:
 def per_message(counts: dict[str, int], messages: int) -> dict[str, float]:
     """The counts divided by ``messages`` (published messages), rounded."""
     return {kind: round(value / messages, 3) for kind, value in counts.items()} if messages else {}
+
+
+def window(log: Path, offset: int, messages: int) -> dict[str, dict | None]:
+    """A benchmark window's S3 figures, as both benchmarks report them: the requests by kind logged after
+    ``offset`` and per published message -- None when nothing was logged (memory storage has no S3 server,
+    and "0 requests" would claim a measurement that was not made)."""
+    counts = requests_since(log, offset)
+    if not counts["total"]:
+        return {"s3_requests": None, "s3_requests_per_published_message": None}
+    return {"s3_requests": counts, "s3_requests_per_published_message": per_message(counts, messages)}

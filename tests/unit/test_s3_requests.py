@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.s3_requests import kind_of, log_size, per_message, requests_since
+from benchmarks.s3_requests import kind_of, log_size, per_message, requests_since, window
 
 LOG = """\
 === ordeal: start 12:13:23 moto_server -H 127.0.0.1 -p 18755
@@ -36,3 +36,13 @@ def test_kind_of_a_request():
     assert kind_of("GET", "/tansu?list-type=2&prefix=x/") == "list"
     assert kind_of("HEAD", "/tansu/x/records/1.batch") == "other"
     assert kind_of("GET", "/tansu/clusters/ordeal/meta.json") == "other"
+
+
+def test_a_window_without_s3_requests_reports_none_not_zero(tmp_path: Path):
+    log = tmp_path / "s3.log"
+    log.write_text(LOG)
+    assert window(tmp_path / "missing.log", 0, 100) == {"s3_requests": None,
+                                                         "s3_requests_per_published_message": None}
+    assert window(log, log_size(log), 100)["s3_requests"] is None       # nothing logged after the offset
+    figures = window(log, 0, 7)
+    assert figures["s3_requests"]["total"] == 7 and figures["s3_requests_per_published_message"]["total"] == 1.0

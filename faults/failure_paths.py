@@ -33,9 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
 from redis.crc import key_slot
-from redis.retry import Retry
 
 from faults import probes
 from faults.base import (
@@ -48,7 +46,7 @@ from faults.base import (
     Param,
     register,
 )
-from faults.redis_cluster import ClusterEntry, ClusterView, query, wait_until
+from faults.redis_cluster import ClusterEntry, ClusterView, connect, query, wait_until
 from faults.targets import resolve_node
 
 # The reference broker's log lines on its failure paths (reference_broker/pipeline.py, session.py).
@@ -126,12 +124,10 @@ def probe_key(entry: ClusterEntry) -> str:
 
 
 def _timed(host: str, port: int, timeout_s: float, *command: Any) -> tuple[str, Any]:
-    """('answered', reply) | ('blocked', None) on a timeout | ('error', text).  Sent once: redis-py >= 6
-    retries a timed-out command by default (8.x: 10 times, with backoff), so a write probe on a paused
-    master took ~10 s instead of ``timeout_s`` and held the nemesis past the fault's planned heal
-    (redis-write-stall seed 101: f01 healed 6.6 s late, inside f02's slot)."""
-    client = redis.Redis(host=host, port=port, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                         decode_responses=True, retry=Retry(NoBackoff(), 0))
+    """('answered', reply) | ('blocked', None) on a timeout | ('error', text).  Sent once (``connect``): with
+    redis-py's default retries a write probe on a paused master took ~10 s instead of ``timeout_s`` and held
+    the nemesis past the fault's planned heal (redis-write-stall seed 101: f01 healed 6.6 s late)."""
+    client = connect(host, port, timeout_s)
     try:
         return "answered", client.execute_command(*command)
     except redis.TimeoutError:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from faults.base import FaultNotApplicable
 
@@ -76,14 +78,17 @@ def parse_cluster_nodes(text: str) -> list[ClusterEntry]:
     return entries
 
 
-def _client(host: str, port: int) -> redis.Redis:
-    return redis.Redis(host=host, port=port, socket_timeout=_SOCKET_TIMEOUT_S,
-                       socket_connect_timeout=_SOCKET_TIMEOUT_S, decode_responses=True)
+def connect(host: str, port: int, timeout_s: float = _SOCKET_TIMEOUT_S) -> redis.Redis:
+    """A client for one node that sends each command once.  redis-py >= 6 retries a timed-out command by
+    default (8.x: 10 times, with backoff, each on a new connection): a query of a paused node then took
+    ~15 s instead of ``timeout_s``, and a write was sent again each time (a FAILOVER, a SET probe)."""
+    return redis.Redis(host=host, port=port, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                       decode_responses=True, retry=Retry(NoBackoff(), 0))
 
 
 def query(host: str, port: int, *command: Any) -> Any:
-    """Run one command on one node; closes the connection afterwards."""
-    client = _client(host, port)
+    """Run one command on one node, sent once; closes the connection afterwards."""
+    client = connect(host, port)
     try:
         return client.execute_command(*command)
     finally:

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import redis
 from redis.crc import key_slot
 
 from faults.base import FaultContext
@@ -177,3 +178,28 @@ def test_kafka_killed_while_a_save_is_in_flight(topology_factory):
         stop.set()
         feeder.join(5)
         publisher.drop()
+
+
+def test_a_query_of_a_paused_master_is_sent_once(topology):
+    """``query`` (every nemesis read and command on one node) gives up after one socket timeout: with redis-py's
+    default retries a query of a silent node took ~15 s, and a write command was sent again each time."""
+    view = ClusterView.read(topology)
+    entry = view.masters()[0]
+    master = view.handle(topology, entry)
+    key = probe_key(entry)
+
+    def connections() -> int:  # this INFO's own connection counts too
+        return int(query(master.host, master.port, "INFO", "stats")["total_connections_received"])
+
+    query(master.host, master.port, "CLIENT", "PAUSE", 30_000, "WRITE")
+    try:
+        before = connections()
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            query(master.host, master.port, "SET", key, "query")
+        took = time.monotonic() - started
+        sent = connections() - before - 1
+    finally:
+        query(master.host, master.port, "CLIENT", "UNPAUSE")
+    assert sent == 1, f"the write was sent on {sent} connections: redis-py retried it"
+    assert took < 3.0, f"the query of a paused node took {took:.1f} s (one socket timeout is 1 s)"

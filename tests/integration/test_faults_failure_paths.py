@@ -3,6 +3,7 @@ says so, and the broker's own log shows the path it reached."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -80,25 +81,32 @@ def test_write_stall_holds_saves_while_reads_answer(topology_factory):
         publisher.drop()
 
 
-def test_the_write_probe_on_a_paused_master_is_sent_once(topology):
-    """A blocked probe write answers 'blocked' after one socket timeout, not after redis-py's default
-    retries (8.x: 10, each a new connection and another blocked SET): those held the nemesis ~10 s in the
-    apply of redis-write-stall seed 101's first fault, past its planned heal and into the next fault."""
+@contextlib.contextmanager
+def _writes_paused(topology):
+    """A master with its writes paused: yields (host, port, a key it owns, connections(): the connections it
+    has accepted so far, the asking INFO's own included)."""
     view = ClusterView.read(topology)
     entry = view.masters()[0]
     master = view.handle(topology, entry)
-    key = probe_key(entry)
 
-    def connections() -> int:  # this INFO's own connection counts too
+    def connections() -> int:
         return int(query(master.host, master.port, "INFO", "stats")["total_connections_received"])
 
     query(master.host, master.port, "CLIENT", "PAUSE", 30_000, "WRITE")
     try:
-        before = connections()
-        outcome, _ = _timed(master.host, master.port, 0.2, "SET", key, "probe")
-        sent = connections() - before - 1
+        yield master.host, master.port, probe_key(entry), connections
     finally:
         query(master.host, master.port, "CLIENT", "UNPAUSE")
+
+
+def test_the_write_probe_on_a_paused_master_is_sent_once(topology):
+    """A blocked probe write answers 'blocked' after one socket timeout, not after redis-py's default
+    retries (8.x: 10, each a new connection and another blocked SET): those held the nemesis ~10 s in the
+    apply of redis-write-stall seed 101's first fault, past its planned heal and into the next fault."""
+    with _writes_paused(topology) as (host, port, key, connections):
+        before = connections()
+        outcome, _ = _timed(host, port, 0.2, "SET", key, "probe")
+        sent = connections() - before - 1  # the first INFO's own connection
     assert outcome == "blocked"
     assert sent == 1, f"the probe write was sent on {sent} connections: redis-py retried it"
 
@@ -183,23 +191,12 @@ def test_kafka_killed_while_a_save_is_in_flight(topology_factory):
 def test_a_query_of_a_paused_master_is_sent_once(topology):
     """``query`` (every nemesis read and command on one node) gives up after one socket timeout: with redis-py's
     default retries a query of a silent node took ~15 s, and a write command was sent again each time."""
-    view = ClusterView.read(topology)
-    entry = view.masters()[0]
-    master = view.handle(topology, entry)
-    key = probe_key(entry)
-
-    def connections() -> int:  # this INFO's own connection counts too
-        return int(query(master.host, master.port, "INFO", "stats")["total_connections_received"])
-
-    query(master.host, master.port, "CLIENT", "PAUSE", 30_000, "WRITE")
-    try:
+    with _writes_paused(topology) as (host, port, key, connections):
         before = connections()
         started = time.monotonic()
         with pytest.raises(redis.TimeoutError):
-            query(master.host, master.port, "SET", key, "query")
+            query(host, port, "SET", key, "query")
         took = time.monotonic() - started
-        sent = connections() - before - 1
-    finally:
-        query(master.host, master.port, "CLIENT", "UNPAUSE")
+        sent = connections() - before - 1  # the first INFO's own connection
     assert sent == 1, f"the write was sent on {sent} connections: redis-py retried it"
     assert took < 3.0, f"the query of a paused node took {took:.1f} s (one socket timeout is 1 s)"

@@ -1,11 +1,11 @@
-"""Benchmark of the checkers: first the per-run latency (10k, 100k, 1M events; cold and warm in a classic
-in-process session and on the shared Spark Connect server, and steady on the server after many checks), then
-all checkers at 1M and 10M events on local[2], side by side with (a) a raw Parquet scan of the same files,
-(b) one shuffle + sort of the deliveries by subscriber (the floor of any Spark plan that orders each
-subscriber's deliveries) and (c) the loss + order rules in DuckDB, single process.  The warm latency figures check each history both ways a small check can
-materialise its tables ($ORDEAL_CHECKER_FREEZE: persist, the old way, and checkpoint, the new), interleaved,
-and give the new/old ratio.  Every figure of one invocation is measured in the same conditions: compare
-ratios, not seconds across runs (the machine is shared).
+"""Benchmark of the checkers: first the per-run latency (10k, 100k, 1M events; cold and warm in a classic in-
+process session and on the shared Spark Connect server, and steady on the server after many checks), then all
+checkers at 1M and 10M events on local[2], side by side with (a) a raw Parquet scan of the same files, (b) one
+shuffle + sort of the deliveries by subscriber (the floor of any Spark plan that orders each subscriber's
+deliveries) and (c) the loss + order rules in DuckDB, single process.  The warm latency figures check each
+history both ways a small check can materialise its tables ($ORDEAL_CHECKER_FREEZE: persist, the old way, and
+checkpoint, the new), interleaved, and give the new/old ratio.  Every figure of one invocation is measured in the
+same conditions: compare ratios, not seconds across runs (the machine is shared).
 
     .venv/bin/python benchmarks/checkers.py [--latency 10000 100000 1000000] [--events 1000000 10000000]
 

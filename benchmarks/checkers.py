@@ -1,5 +1,5 @@
-"""Benchmark of the checkers: first the per-run latency (10k, 100k, 1M events; cold and warm in a classic in-
-process session and on the shared Spark Connect server, and steady on the server after many checks), then all
+"""Benchmark of the checkers: first the per-run latency (10k, 100k, 1M events; cold and warm in a classic
+in-process session and on the shared Spark Connect server, and steady on the server after many checks), then all
 checkers at 1M and 10M events on local[2], side by side with (a) a raw Parquet scan of the same files, (b) one
 shuffle + sort of the deliveries by subscriber (the floor of any Spark plan that orders each subscriber's
 deliveries) and (c) the loss + order rules in DuckDB, single process.  The warm latency figures check each

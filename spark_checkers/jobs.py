@@ -49,6 +49,20 @@ class RunSpec:
     guarantees: Guarantees
 
 
+def sql(text: str):
+    """A column from SQL text: how every higher-order function (filter, exists, transform) is written here.
+
+    Why not a Python lambda: PySpark names a lambda's variable afresh on every call (``x_41``, ``x_42``, ... from
+    one counter per JVM or Connect client), and the name is written into the generated Java.  So every check
+    generated ~20 classes that differed from the last check's only in those names; none came from Spark's code
+    cache, each was compiled by Janino and then by the JIT again (measured: with a large enough cache, 415
+    compilations per 100k-event check, 20 with SQL lambdas... 0 after).  A SQL lambda keeps the name as
+    written, so a check's generated code is the same every time and a warm server compiles nothing."""
+    from pyspark.sql import functions as F
+
+    return F.expr(text)
+
+
 def spark_schema():
     from pyspark.sql import types as T
 
@@ -248,8 +262,8 @@ def delivery_slots(events, clients_df, by: tuple[str, ...]):
     rows = rows.repartition(*by).join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs",
                                                                     "persistent_fresh_seqs")),
                                       ["run_id", "client"], "left")
-    rows = rows.withColumn("conn", F.size(F.filter(F.coalesce("connect_seqs", F.array()), lambda x: x < F.col("seq"))))
-    rows = rows.withColumn("epoch", F.size(F.filter(F.coalesce("fresh_seqs", F.array()), lambda x: x < F.col("seq"))))
+    rows = rows.withColumn("conn", sql("size(filter(coalesce(connect_seqs, array()), x -> x < seq))"))
+    rows = rows.withColumn("epoch", sql("size(filter(coalesce(fresh_seqs, array()), x -> x < seq))"))
     # White box: a QoS > 0 delivery in a persistent session carries an id the reference broker stored (save.lua
     # hands them out per session, 1..65535 then 1); a clean session's ids are per connection and never stored.
     epoch_persistent = (F.col("epoch") > 0) & F.array_contains(
@@ -349,7 +363,7 @@ class Rules:
         items = [F.when(cond, F.struct(F.lit(inv).alias("invariant"), key.cast("long").alias("sort_key"),
                                        F.to_json(F.struct(*cols)).alias("witness")))
                  for inv, cond, key, cols in self.rules]
-        hits = self.df.select("run_id", F.filter(F.array(*items), lambda x: x.isNotNull()).alias("hits"))
+        hits = self.df.select("run_id", F.array_compact(F.array(*items)).alias("hits"))
         return hits.filter(F.size("hits") > 0).select("run_id", F.explode("hits").alias("v")).select(
             "run_id", "v.invariant", "v.sort_key", "v.witness")
 
@@ -470,16 +484,15 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     # publish: the broker may have sent it on an older connection the client had already lost (a disconnect the
     # broker never saw, e.g. during a partition) and resends it on the new one (MQTT 3.1.1 §4.4 / MQTT 5 §4.4).
     # Invoked after the current connection was established, it cannot have been sent before: DUP is illegal.
-    connected_since_publish = F.exists(F.coalesce("connects", F.array()), lambda c: (c["t"] > F.col("t_invoke"))
-                                       & (c["seq"] < F.col("first.seq")))
+    connected_since_publish = sql("exists(coalesce(connects, array()), c -> c.t > t_invoke AND c.seq < first.seq)")
     msg_rules.add("order.dup_flag", F.coalesce(F.col("first.dup"), F.lit(False)) & qos_pos & ~connected_since_publish,
                   rel_first, *base,
                   F.lit("DUP on a first delivery on a connection established before the publish").alias("problem"))
     msg_rules.add("durability.phantom", ~real, rel_first, *base, "phantom_reason", "min_hash", "max_hash", "pub_hash")
     msg_rules.add("durability.delivered_after_failed_publish", real & F.col("t_fail").isNotNull() & F.col("t_ack").isNull(),
                   rel_first, *base, "t_fail")
-    subscribed = F.exists(F.coalesce("subs", F.array()), lambda x: (x["client"] == F.col("client"))
-                          & (x["t_from"] <= t_first + tol) & (x["t_to"].isNull() | (x["t_to"] >= F.col("t_invoke") - tol)))
+    subscribed = sql("exists(coalesce(subs, array()), x -> x.client = client AND x.t_from <= first.t + tol_us"
+                     " AND (x.t_to IS NULL OR x.t_to >= t_invoke - tol_us))")
     msg_rules.add("durability.unsubscribed_delivery", real & ~subscribed, rel_first, *base)
     msg_rules.add("expiry.delivered_expired", real & (F.col("t_last") > F.col("deadline") + tol),
                   F.col("t_last") - F.col("t_origin"), *base, "t_last", "expiry_s", "deadline", "tol_us")
@@ -489,9 +502,8 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                   "deadline")
     # Redelivered after the subscriber acked; legal only if the connection died within the tolerance after
     # the ack (the PUBACK may never have left the socket).
-    ack_maybe_lost = F.exists(F.coalesce("disconnects", F.array()),
-                              lambda d: (d["seq"] > F.col("first_ack_seq")) & (d["seq"] < F.col("redelivery.seq"))
-                              & (d["t"] - F.col("first_ack_t") < tol))
+    ack_maybe_lost = sql("exists(coalesce(disconnects, array()), d -> d.seq > first_ack_seq AND d.seq < redelivery.seq"
+                         " AND d.t - first_ack_t < tol_us)")
     redelivered = real & (F.col("n_after_ack") > 0) & ~ack_maybe_lost
     dup_cols = [*base, "first_ack_t", F.col("redelivery.t").alias("t_redelivery"),
                 F.col("redelivery.packet_id").alias("redelivery_packet_id"), "n_after_ack"]
@@ -502,11 +514,10 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     # fault around the message's life (a save repeated after a failure, a rolled-back removal) or a publisher
     # that may have sent it twice (published more than once, or disconnected before its ack) excuses it.
     t_twice = F.col("twice.t")
-    fault_near = F.exists(F.coalesce("fault_spans", F.array()), lambda x: (x["s"] <= t_twice)
-                          & (x["e"] + F.col("slack_us") >= F.col("t_invoke") - F.col("slack_us")))
-    pub_resent = (F.coalesce("n_invoke", F.lit(0)) > 1) | F.exists(
-        F.coalesce("pub_disconnects", F.array()), lambda d: (d["t"] >= F.col("t_invoke"))
-        & (d["t"] <= F.coalesce("t_ack", "t_fail", F.lit(NEVER))))
+    fault_near = sql("exists(coalesce(fault_spans, array()), x -> x.s <= twice.t"
+                     " AND x.e + slack_us >= t_invoke - slack_us)")
+    pub_resent = (F.coalesce("n_invoke", F.lit(0)) > 1) | sql(
+        f"exists(coalesce(pub_disconnects, array()), d -> d.t >= t_invoke AND d.t <= coalesce(t_ack, t_fail, {NEVER}L))")
     msg_rules.add("duplicates.backlog_twice_in_connection", real & F.col("twice").isNotNull() & ~fault_near & ~pub_resent,
                   t_twice - F.col("t_origin"), *base, F.col("twice.t").alias("t_again"),
                   F.col("twice.packet_id").alias("again_packet_id"), F.col("twice.dup").alias("again_dup"),
@@ -521,11 +532,10 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     # between the publish and the delivery) or where the publisher may have sent it again later (published more
     # than once, or disconnected before its ack).
     t_last_d = F.col("last.t")
-    session = F.element_at(F.filter(F.coalesce("new_sessions", F.array()), lambda x: x["seq"] < F.col("last.seq")), -1)
-    held = F.element_at(F.filter(F.coalesce("new_sessions", F.array()), lambda x: x["t"] <= F.col("t_ack")), -1)
-    discarded_by = F.element_at(F.filter(F.coalesce("new_sessions", F.array()), lambda x: x["t"] > F.col("t_ack")), 1)
-    fault_in_life = F.exists(F.coalesce("fault_spans", F.array()), lambda x: (x["s"] <= t_last_d)
-                             & (x["e"] + F.col("slack_us") >= F.col("t_invoke")))
+    session = sql("element_at(filter(coalesce(new_sessions, array()), x -> x.seq < last.seq), -1)")
+    held = sql("element_at(filter(coalesce(new_sessions, array()), x -> x.t <= t_ack), -1)")
+    discarded_by = sql("element_at(filter(coalesce(new_sessions, array()), x -> x.t > t_ack), 1)")
+    fault_in_life = sql("exists(coalesce(fault_spans, array()), x -> x.s <= last.t AND x.e + slack_us >= t_invoke)")
     from_discarded = (real & F.col("t_ack").isNotNull() & session.isNotNull()
                       & (F.col("t_ack") + F.col("slack_us") + tol < session["t"]) & ~fault_in_life & ~pub_resent)
     msg_rules.add("durability.discarded_session_delivery", from_discarded, t_last_d - F.col("t_origin"),
@@ -547,7 +557,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                    & (F.col("first.packet_id") < F.col("prev_max.packet_id"))).alias("across_wrap"),
                   (F.col("first.conn") != F.col("prev_max.conn")).alias("across_reconnect"),
                   (F.col("first.epoch") != F.col("prev_max.epoch")).alias("across_new_session"),
-                  F.exists("fault_times", lambda x: (x >= F.col("prev_max.t")) & (x <= t_first)).alias("across_failover"))
+                  sql("exists(fault_times, x -> x >= prev_max.t AND x <= first.t)").alias("across_failover"))
 
     cand = table.filter(F.col("is_cand"))
     lost = cand.filter(F.col("owed") & ~F.col("delivered"))
@@ -603,10 +613,9 @@ def packet_id_gaps(slots, table, clients_b, runs_b):
     by_seq = Window.partitionBy(*session).orderBy("seq")
     valid = (F.col("packet_id") >= 1) & (F.col("packet_id") <= 65535) & ~F.coalesce("reused", F.lit(False))
     presets = F.broadcast(clients_b.select("run_id", "client", "preset_seqs", "fresh_seqs"))
-    since = F.coalesce(F.element_at(F.col("fresh_seqs"), F.greatest(F.col("epoch"), F.lit(1))), F.lit(0))
+    since = "coalesce(element_at(fresh_seqs, greatest(epoch, 1)), 0)"
     ids = (slots.filter(F.col("new_id")).join(presets, ["run_id", "client"], "left")
-           .withColumn("segment", F.size(F.filter(F.coalesce("preset_seqs", F.array()),
-                                                  lambda x: (x < F.col("seq")) & (x > since))))
+           .withColumn("segment", sql(f"size(filter(coalesce(preset_seqs, array()), x -> x < seq AND x > {since}))"))
            .select(*session, "seq", "t", "packet_id", "publisher", "pub_seq", valid.alias("valid"), "t_origin"))
     # Why not the receive order: a QoS 2 message is recorded when the client library hands it over (at PUBREL),
     # after QoS 1 messages sent later with higher ids.  So the ids are put in the order the broker handed them
@@ -630,24 +639,22 @@ def packet_id_gaps(slots, table, clients_b, runs_b):
     gaps = ids.select("*", gap.alias("gap"), F.max("t").over(order.rowsBetween(
         Window.unboundedPreceding, Window.currentRow)).alias("t_reach")).filter(F.col("gap") > 0)
     # When this session started (its fresh connect), from the broadcast client table.
-    started = F.element_at(F.filter(F.coalesce("connects", F.array()), lambda c: c["seq"] == F.element_at(
-        F.col("fresh_seqs"), F.col("epoch"))), 1)["t"]
+    started = sql("element_at(filter(coalesce(connects, array()), c -> c.seq = element_at(fresh_seqs, epoch)), 1)")["t"]
     gaps = (gaps.join(clients_b.select("run_id", "client", "connects", "fresh_seqs"), ["run_id", "client"], "left")
             .select("*", started.alias("t_session")).drop("connects", "fresh_seqs")
             .join(runs_b.select("run_id", "slack_us", "fault_spans"), "run_id"))
     # The messages that may have taken an id without a delivery: the subscriber's never-delivered QoS > 0
     # claims (any message on a topic its filters match), published since the session began, before the delivery.
-    missing = table.filter(~F.col("delivered") & (F.coalesce("pub_qos", F.lit(0)) > 0)).select(
-        "run_id", "client", F.col("t_invoke").alias("t_missing"))
-    counted = (F.broadcast(gaps.select(*session, "seq", "t_reach", "t_session", "slack_us"))
-               .join(missing, ["run_id", "client"])
-               .filter((F.col("t_missing") < F.col("t_reach"))
-                       & (F.col("t_session").isNull() | (F.col("t_missing") >= F.col("t_session") - F.col("slack_us"))))
-               .groupBy(*session, "seq").agg(F.count(F.lit(1)).alias("undelivered")))
-    gaps = gaps.join(counted, [*session, "seq"], "left").fillna(0, ["undelivered"])
-    t_from = F.least(F.coalesce(F.col("prev.t"), F.col("t_session"), F.col("t")), F.col("t"))
-    faulted = F.exists(F.coalesce("fault_spans", F.array()), lambda x: (x["s"] <= F.col("t_reach"))
-                       & (x["e"] + F.col("slack_us") >= t_from - F.col("slack_us")))
+    # Why one array per subscriber, looked up from each gap: the gaps are then computed once (joined the other
+    # way, broadcast and joined back, their two windows over every delivery ran twice).
+    missing = (table.filter(~F.col("delivered") & (F.coalesce("pub_qos", F.lit(0)) > 0))
+               .groupBy("run_id", "client").agg(F.collect_list("t_invoke").alias("missing")))
+    gaps = gaps.join(F.broadcast(missing), ["run_id", "client"], "left").select(
+        "*", sql("size(filter(coalesce(missing, array()), x -> x < t_reach"
+                 " AND (t_session IS NULL OR x >= t_session - slack_us)))").alias("undelivered")
+    ).drop("missing")
+    t_from = "least(coalesce(prev.t, t_session, t), t)"
+    faulted = sql(f"exists(coalesce(fault_spans, array()), x -> x.s <= t_reach AND x.e + slack_us >= {t_from} - slack_us)")
     judged = F.when(faulted, F.lit(0)).otherwise(F.col("gap"))
     running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     gaps = gaps.select("*", judged.alias("judged"), F.sum(judged).over(running).alias("skipped_total"))
@@ -699,11 +706,10 @@ def subscriber_claims(pub, slots, match_b, by: tuple[str, ...]):
             .select(*key, F.lit(True).alias("seen_indeterminate")))
     eligible = qos_published & (F.col("t_ack").isNotNull()
                                 | (F.col("t_indet").isNotNull() & F.coalesce("seen_indeterminate", F.lit(False))))
-    held = lambda x: (x["persistent"] & (x["granted"] > 0) & (x["t_from"] < F.col("t_invoke"))  # noqa: E731
-                      & (x["t_to"].isNull() | (F.col("t_invoke") < x["t_to"])))
+    held = "x.persistent AND x.granted > 0 AND x.t_from < t_invoke AND (x.t_to IS NULL OR t_invoke < x.t_to)"
     claims = (published.join(match_b, ["run_id", "topic"])
-              .select("*", F.array_distinct(F.transform(F.filter("subs", held), lambda x: x["client"])).alias("held_by"),
-                      F.explode(F.array_distinct(F.transform("subs", lambda x: x["client"]))).alias("client"))
+              .select("*", sql(f"array_distinct(transform(filter(subs, x -> {held}), x -> x.client))").alias("held_by"),
+                      F.explode(sql("array_distinct(transform(subs, x -> x.client))")).alias("client"))
               .drop("subs")
               .join(F.broadcast(seen), key, "left"))
     claims = claims.select("*", (eligible & F.array_contains("held_by", F.col("client"))).alias("is_cand"))
@@ -721,7 +727,7 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     t = t.join(runs_b.drop("fault_times", "fault_spans"), "run_id").join(clients_b.select("run_id", "client", "offline"),
                                                           ["run_id", "client"], "left")
     t_arr = F.coalesce("t_ack", "t_invoke")
-    k = F.element_at(F.filter(F.coalesce("offline", F.array()), lambda i: i["c"] > t_arr), 1)
+    k = sql("element_at(filter(coalesce(offline, array()), i -> i.c > coalesce(t_ack, t_invoke)), 1)")
     t = t.select("*", t_arr.alias("t_arr"), k.alias("k"), F.col("t_first").isNotNull().alias("delivered"))
     # In the backlog of offline window k: published while offline, or earlier but not acked before it began.
     in_backlog = F.col("k").isNotNull() & ((F.col("t_arr") >= F.col("k.d")) | F.col("first_ack_t").isNull()
@@ -813,8 +819,8 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     # says this one went first (or was gone).  One window on; a chain beyond is not followed.  Carried into a
     # window that never closes it is NOT excused: the broker had the whole online period (at the end, the
     # drain's quiet period) to deliver it.  The lookups run only for kept, undelivered backlog rows (few).
-    k_next = F.element_at(F.filter("offline", lambda i: i["idx"] == F.col("k.idx") + 1), 1)
-    n_next = F.element_at(F.filter("backlog_sizes", lambda x: x["b"] == F.col("k.idx") + 1), 1)["n"]
+    k_next = sql("element_at(filter(offline, i -> i.idx = k.idx + 1), 1)")
+    n_next = sql("element_at(filter(backlog_sizes, x -> x.b = k.idx + 1), 1)")["n"]
     waiting = F.col("in_backlog") & ~F.col("delivered") & ~F.col("legally_trimmed") & ~F.col("misplaced")
     t = t.select("*", F.when(waiting, F.struct(k_next.alias("k"), F.coalesce(n_next, F.lit(0)).alias("n_backlog")))
                  .alias("next_backlog")).drop("offline", "backlog_sizes")
@@ -835,9 +841,9 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     # window; online: within the pipeline slack) and after it was acknowledged, or, for a queued message,
     # while its subscriber was away (the kill took the session and its queue: what was queued after it went
     # into a session the broker no longer had).
-    chance = F.when(in_b, F.col("k.c")).otherwise(F.col("t_arr") + F.col("slack_us"))
-    since = F.when(in_b, F.least(F.col("t_arr"), F.col("k.d") - F.col("slack_us"))).otherwise(F.col("t_arr"))
-    unpromised = F.exists("unpromised_times", lambda x: (x >= since) & (x <= chance))
+    chance = "CASE WHEN in_backlog THEN k.c ELSE t_arr + slack_us END"
+    since = "CASE WHEN in_backlog THEN least(t_arr, k.d - slack_us) ELSE t_arr END"
+    unpromised = sql(f"exists(unpromised_times, x -> x >= {since} AND x <= {chance})")
     not_policy = F.when(F.col("policy") == "drop_newest", F.lit("limits.trim_not_newest")).otherwise(
         F.lit("limits.trim_not_oldest"))
     cause = (F.when(unpromised, F.lit("durability.lost_allowed"))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 DEFAULT_MASTER = "local[2]"
+CODEGEN_CACHE_ENTRIES = "4000"
 
 # Session-level SQL settings: set on every session, classic or Connect (a remote cluster gets them too).
 SQL_CONF = {
@@ -42,6 +43,10 @@ def static_conf() -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": os.environ.get("ORDEAL_SPARK_DRIVER_MEMORY", "3g"),
+        # Spark's cache of compiled generated classes (default 100 entries): one check compiles ~400 (its queries'
+        # code stages), so with the default every check evicted the last one's and compiled (Janino) and
+        # JIT-compiled everything anew.  Big enough for a few check shapes (small/big, one run/many) at once.
+        "spark.sql.codegen.cache.maxEntries": CODEGEN_CACHE_ENTRIES,
         # $ORDEAL_SPARK_JAVA_OPTIONS adds JVM flags (the benchmark's A/B of JIT settings, e.g.
         # -XX:-DontCompileHugeMethods: docs/report.md, session 6).
         "spark.driver.extraJavaOptions": " ".join(

@@ -796,17 +796,23 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                            F.lit(False))
     t = t.select("*", misplaced.alias("misplaced")).withColumn("legally_trimmed",
                                                                F.col("legally_trimmed") & ~F.col("misplaced"))
-    before = Window.partitionBy("run_id", "client", "is_cand", "publisher").orderBy("pub_seq").rowsBetween(
-        Window.unboundedPreceding, -1)
+    # A stream's neighbours are read only for the owed candidates (losses, trims, carried messages): the windows
+    # run over the whole (subscriber, publisher) stream with only the candidates' deliveries counted, not per
+    # is_cand, so that the ascending one sorts by the table's own key (SUBSCRIBER_MESSAGE) and the sort the
+    # table is stored in is that one's (one sort of every row fewer).  A non-candidate row's values are null.
+    stream = Window.partitionBy("run_id", "client", "publisher")
+    before = stream.orderBy("pub_seq").rowsBetween(Window.unboundedPreceding, -1)
     # Why descending with a growing frame: an "unbounded following" frame is re-aggregated for every row
     # (quadratic per stream); reversed, the nearest later delivery is a running last().
-    after = Window.partitionBy("run_id", "client", "is_cand", "publisher").orderBy(F.col("pub_seq").desc()).rowsBetween(
-        Window.unboundedPreceding, -1)
-    delivered_seq = F.when(F.col("delivered"), F.col("pub_seq"))
-    t = t.select("*", F.last(delivered_seq, ignorenulls=True).over(before).alias("prev_delivered"),
-                 F.last(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"),
-                 F.min(F.when(F.col("delivered"), F.col("t_first"))).over(after).alias("later_first_t"),
-                 F.max(F.when(F.col("delivered"), F.col("t_last"))).over(before).alias("older_last_t"))
+    after = stream.orderBy(F.col("pub_seq").desc()).rowsBetween(Window.unboundedPreceding, -1)
+    counted = F.col("is_cand") & F.col("delivered")
+    delivered_seq = F.when(counted, F.col("pub_seq"))
+    own = lambda column: F.when(F.col("is_cand"), column)  # noqa: E731 - a Python function, not a Spark lambda
+    # The descending window first: the ascending one's sort is then the last, and the table's.
+    t = t.select("*", own(F.last(delivered_seq, ignorenulls=True).over(after)).alias("next_delivered"),
+                 own(F.min(F.when(counted, F.col("t_first"))).over(after)).alias("later_first_t"))
+    t = t.select("*", own(F.last(delivered_seq, ignorenulls=True).over(before)).alias("prev_delivered"),
+                 own(F.max(F.when(counted, F.col("t_last"))).over(before)).alias("older_last_t"))
     # When a never-delivered message can have been trimmed (online_trims): after it arrived and after the last
     # delivery of an older message of its stream (the trim keeps the newest: an older one sent later was still
     # queued), and no later than the first delivery of a newer one (the queue is read in order: had it still

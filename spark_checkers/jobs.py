@@ -727,9 +727,9 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     t = claims.join(got, list(SUBSCRIBER_MESSAGE), "left")
     t = t.join(runs_b.drop("fault_times", "fault_spans"), "run_id").join(clients_b.select("run_id", "client", "offline"),
                                                           ["run_id", "client"], "left")
-    t_arr = F.coalesce("t_ack", "t_invoke")
-    k = sql("element_at(filter(coalesce(offline, array()), i -> i.c > coalesce(t_ack, t_invoke)), 1)")
-    t = t.select("*", t_arr.alias("t_arr"), k.alias("k"), F.col("t_first").isNotNull().alias("delivered"))
+    t = t.select("*", F.coalesce("t_ack", "t_invoke").alias("t_arr"))
+    k = sql("element_at(filter(coalesce(offline, array()), i -> i.c > t_arr), 1)")
+    t = t.select("*", k.alias("k"), F.col("t_first").isNotNull().alias("delivered"))
     # In the backlog of offline window k: published while offline, or earlier but not acked before it began.
     in_backlog = F.col("k").isNotNull() & ((F.col("t_arr") >= F.col("k.d")) | F.col("first_ack_t").isNull()
                                            | (F.col("first_ack_t") > F.col("k.d")))

@@ -108,7 +108,12 @@ def session_settings(total_bytes: int) -> dict[str, str]:
     events: 11 JVM CPU-seconds instead of 17-20).  A big one keeps adaptive execution and more partitions."""
     small = total_bytes < SMALL_BYTES
     return {"spark.sql.shuffle.partitions": str(shuffle_partitions(total_bytes)),
-            "spark.sql.adaptive.enabled": "false" if small else "true"}
+            "spark.sql.adaptive.enabled": "false" if small else "true",
+            # A big check's four materialised tables are cached uncompressed: compressing costs a hash-map
+            # lookup per string value and row (dictionary encoding's statistics: 10 % of a 10 M check's CPU
+            # samples) for tables read a few times and dropped.  Measured at 10 M, interleaved: 80.1 and
+            # 87.7 s against 89.3 and 92.7 s (docs/report.md, session 10).
+            "spark.sql.inMemoryColumnarStorage.compressed": "true" if small else "false"}
 
 
 def collect_small(events) -> dict[str, list[dict]]:
@@ -359,14 +364,30 @@ class Rules:
         self.rules.append((invariant, condition, sort_key, columns))
 
     def combined(self):
+        """One row per rule a row breaks.  First only which rules (an int per broken rule, exploded: no row for a
+        row that breaks none), then the witness of each, over those few rows.
+
+        Why in two steps: the conditions run for every row, the witnesses (a JSON object each) only for the
+        rows that break a rule.  Built together, the code of all of them landed in one generated method above
+        the JVM's 8000-byte limit for compiling, so the whole per-row loop of the stage ran interpreted (a
+        fifth of a 10 M check's CPU samples).  Apart, the witnesses' code is a method of its own, run rarely."""
         from pyspark.sql import functions as F
 
-        items = [F.when(cond, F.struct(F.lit(inv).alias("invariant"), key.cast("long").alias("sort_key"),
-                                       F.to_json(F.struct(*cols)).alias("witness")))
-                 for inv, cond, key, cols in self.rules]
-        hits = self.df.select("run_id", F.array_compact(F.array(*items)).alias("hits"))
-        return hits.filter(F.size("hits") > 0).select("run_id", F.explode("hits").alias("v")).select(
-            "run_id", "v.invariant", "v.sort_key", "v.witness")
+        broken = F.array_compact(F.array(*[F.when(cond, F.lit(i)) for i, (_, cond, _, _) in enumerate(self.rules)]))
+        # explode_outer, not explode: for explode the optimiser infers a filter "size(array) > 0" and pushes it
+        # below the projection, which generates every condition's code a second time.
+        hits = (self.df.select("*", broken.alias("_broken")).select("*", F.explode_outer("_broken").alias("_rule"))
+                .filter(F.col("_rule").isNotNull()))
+        rule = F.col("_rule")
+
+        def by_rule(values):
+            return reduce(lambda acc, iv: acc.when(rule == iv[0], iv[1]),
+                          list(enumerate(values))[1:], F.when(rule == 0, values[0]))
+
+        return hits.select(
+            "run_id", by_rule([F.lit(inv) for inv, _, _, _ in self.rules]).alias("invariant"),
+            by_rule([key.cast("long") for _, _, key, _ in self.rules]).alias("sort_key"),
+            by_rule([F.to_json(F.struct(*cols)) for _, _, _, cols in self.rules]).alias("witness"))
 
     def separate(self) -> list:
         return [witness(self.df.filter(cond), inv, key, *cols) for inv, cond, key, cols in self.rules]
@@ -932,8 +953,8 @@ def delivered_messages(table, dsm, pub, runs_b, count_first: bool = True):
 
 def _metrics(pub, slots, dp, cand, lost, runs_b):
     """Small metric rows: (run_id, metric, key, value) — counts, per-bucket series, loss breakdown.  Each big
-    table is aggregated once, per time bucket; the run totals are sums over those few bucket rows (their
-    exchange is reused, so the big table is not read again)."""
+    table is aggregated once, per time bucket, and every row drawn from it (its series and its share of the
+    run totals) comes out of one explode of those few bucket rows (``_bucket_rows``)."""
     from pyspark.sql import functions as F
 
     def bucket(col):
@@ -943,30 +964,25 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
         return df.select("run_id", F.lit(metric).alias("metric"), key.cast("string").alias("key"),
                          value.cast("double").alias("value"))
 
-    def totals(per_bucket, names: tuple[str, ...]):
-        summed = per_bucket.groupBy("run_id").agg(*[F.sum(n).alias(n) for n in names])
-        return summed.select("run_id", F.explode(F.map_from_arrays(
-            F.array(*[F.lit(n) for n in names]), F.array(*[F.col(n).cast("double") for n in names]))).alias("key", "value")
-        ).select("run_id", F.lit("count").alias("metric"), "key", "value")
-
     parts = []
     # Publishes: per bucket of the ack time (null: never acked), every count in the same pass.
     by_ack = pub.join(runs_b, "run_id").groupBy("run_id", bucket(F.col("t_ack")).alias("b")).agg(
         F.count(F.lit(1)).alias("published"), F.count("t_ack").alias("acked"),
         F.sum((F.col("t_fail").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("failed"),
         F.sum((F.col("t_indet").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("indeterminate"))
-    parts.append(totals(by_ack, ("published", "acked", "failed", "indeterminate")))
-    parts.append(rows(by_ack.filter(F.col("b").isNotNull()), "acked_per_bucket", F.col("b"), F.col("acked")))
+    parts.append(_bucket_rows(by_ack, ("published", "acked", "failed", "indeterminate"),
+                              {"acked_per_bucket": "acked"}, keyed=True))
     # Deliveries: per bucket of the first delivery.
     latency_ms = (F.col("first.t") - F.col("t_invoke")) / 1000
     by_first = dp.groupBy("run_id", bucket(F.col("first.t")).alias("b")).agg(
         F.count(F.lit(1)).alias("delivered_messages"), F.sum("n_deliveries").alias("deliveries"),
         F.sum("n_resends").alias("inflight_resends"), F.sum("n_after_ack").alias("redeliveries_after_ack"),
         F.percentile_approx(latency_ms, 0.5).alias("p50"), F.percentile_approx(latency_ms, 0.99).alias("p99"))
-    parts.append(totals(by_first, ("delivered_messages", "deliveries", "inflight_resends", "redeliveries_after_ack")))
-    parts.append(rows(by_first, "delivered_per_bucket", F.col("b"), F.col("delivered_messages")))
-    for name in ("p50", "p99"):  # a bucket whose deliveries all lack a publish time has no latency
-        parts.append(rows(by_first.filter(F.col(name).isNotNull()), f"latency_{name}_ms", F.col("b"), F.col(name)))
+    # A bucket whose deliveries all lack a publish time has no latency: no row.
+    parts.append(_bucket_rows(by_first, ("delivered_messages", "deliveries", "inflight_resends",
+                                         "redeliveries_after_ack"),
+                              {"delivered_per_bucket": "delivered_messages", "latency_p50_ms": "p50",
+                               "latency_p99_ms": "p99"}, keyed=False))
     owed = cand.filter(F.col("owed"))
     # One scan of the candidates for the four counts; a zero count gives no row (as an empty group would).
     flags = ("owed", "legally_trimmed", "expired_legally", "undeliverable")
@@ -988,6 +1004,30 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
         F.max_by("packet_id", "seq").alias("pid"))
     parts.append(rows(last_pid, "last_packet_id", F.col("client"), F.col("pid")))
     return reduce(lambda a, b: a.unionByName(b), parts)
+
+
+def _bucket_rows(per_bucket, totals: tuple[str, ...], series: dict[str, str], keyed: bool):
+    """The metric rows of one per-bucket aggregate: a series row per bucket and metric (a null value, or a null
+    bucket where ``keyed``, gives none) and the run totals of ``totals`` (metric "count").
+
+    Why one explode, read twice: the optimiser prunes an aggregate to the columns its reader needs, so a
+    totals query and a series query over the same aggregate were two different aggregates, each reading its
+    big table again (at 10 M events, the per-message join four times over).  Both readers here read the same
+    exploded columns: the aggregate below is one, its exchange reused."""
+    from pyspark.sql import functions as F
+
+    total = "__total"
+    items = [F.struct(F.lit(total).alias("metric"), F.lit(n).alias("key"), F.col(n).cast("double").alias("value"))
+             for n in totals]
+    for metric, column in series.items():
+        present = F.col(column).isNotNull() & (F.col("b").isNotNull() if keyed else F.lit(True))
+        items.append(F.when(present, F.struct(F.lit(metric).alias("metric"), F.col("b").cast("string").alias("key"),
+                                              F.col(column).cast("double").alias("value"))))
+    exploded = per_bucket.select("run_id", F.explode(F.array_compact(F.array(*items))).alias("r")).select(
+        "run_id", "r.metric", "r.key", "r.value")
+    summed = exploded.filter(F.col("metric") == total).groupBy("run_id", "key").agg(F.sum("value").alias("value"))
+    return exploded.filter(F.col("metric") != total).unionByName(
+        summed.select("run_id", F.lit("count").alias("metric"), "key", "value"))
 
 
 @contextmanager

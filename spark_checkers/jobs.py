@@ -345,11 +345,19 @@ def deliveries_per_message(slots):
     )
 
 
-def witness(df, invariant: str, sort_key, *columns):
+WITNESS_FIELDS = ("invariant", "sort_key", "witness")
+
+
+def witness_columns(invariant: str, sort_key, *columns) -> tuple:
+    """One rule's (invariant, sort_key, witness JSON) columns, in the order of WITNESS_FIELDS."""
     from pyspark.sql import functions as F
 
-    return df.select("run_id", F.lit(invariant).alias("invariant"), sort_key.cast("long").alias("sort_key"),
-                     F.to_json(F.struct(*columns)).alias("witness"))
+    return F.lit(invariant), sort_key.cast("long"), F.to_json(F.struct(*columns))
+
+
+def witness(df, invariant: str, sort_key, *columns):
+    return df.select("run_id", *[column.alias(name) for name, column
+                                 in zip(WITNESS_FIELDS, witness_columns(invariant, sort_key, *columns), strict=True)])
 
 
 class Rules:
@@ -378,16 +386,15 @@ class Rules:
         # below the projection, which generates every condition's code a second time.
         hits = (self.df.select("*", broken.alias("_broken")).select("*", F.explode_outer("_broken").alias("_rule"))
                 .filter(F.col("_rule").isNotNull()))
-        rule = F.col("_rule")
+        per_rule = [witness_columns(inv, key, *cols) for inv, _, key, cols in self.rules]
 
-        def by_rule(values):
-            return reduce(lambda acc, iv: acc.when(rule == iv[0], iv[1]),
-                          list(enumerate(values))[1:], F.when(rule == 0, values[0]))
+        def by_rule(field: int):  # CASE _rule WHEN 0 THEN ... : each rule's column, evaluated for its rows only
+            chosen = F.when(F.col("_rule") == 0, per_rule[0][field])
+            for i, columns in enumerate(per_rule[1:], 1):
+                chosen = chosen.when(F.col("_rule") == i, columns[field])
+            return chosen
 
-        return hits.select(
-            "run_id", by_rule([F.lit(inv) for inv, _, _, _ in self.rules]).alias("invariant"),
-            by_rule([key.cast("long") for _, _, key, _ in self.rules]).alias("sort_key"),
-            by_rule([F.to_json(F.struct(*cols)) for _, _, _, cols in self.rules]).alias("witness"))
+        return hits.select("run_id", *[by_rule(i).alias(name) for i, name in enumerate(WITNESS_FIELDS)])
 
     def separate(self) -> list:
         return [witness(self.df.filter(cond), inv, key, *cols) for inv, cond, key, cols in self.rules]
@@ -970,8 +977,7 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
         F.count(F.lit(1)).alias("published"), F.count("t_ack").alias("acked"),
         F.sum((F.col("t_fail").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("failed"),
         F.sum((F.col("t_indet").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("indeterminate"))
-    parts.append(_bucket_rows(by_ack, ("published", "acked", "failed", "indeterminate"),
-                              {"acked_per_bucket": "acked"}, keyed=True))
+    parts.append(_bucket_rows(by_ack, ("published", "acked", "failed", "indeterminate"), {"acked_per_bucket": "acked"}))
     # Deliveries: per bucket of the first delivery.
     latency_ms = (F.col("first.t") - F.col("t_invoke")) / 1000
     by_first = dp.groupBy("run_id", bucket(F.col("first.t")).alias("b")).agg(
@@ -982,7 +988,7 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
     parts.append(_bucket_rows(by_first, ("delivered_messages", "deliveries", "inflight_resends",
                                          "redeliveries_after_ack"),
                               {"delivered_per_bucket": "delivered_messages", "latency_p50_ms": "p50",
-                               "latency_p99_ms": "p99"}, keyed=False))
+                               "latency_p99_ms": "p99"}))
     owed = cand.filter(F.col("owed"))
     # One scan of the candidates for the four counts; a zero count gives no row (as an empty group would).
     flags = ("owed", "legally_trimmed", "expired_legally", "undeliverable")
@@ -1006,9 +1012,10 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
     return reduce(lambda a, b: a.unionByName(b), parts)
 
 
-def _bucket_rows(per_bucket, totals: tuple[str, ...], series: dict[str, str], keyed: bool):
-    """The metric rows of one per-bucket aggregate: a series row per bucket and metric (a null value, or a null
-    bucket where ``keyed``, gives none) and the run totals of ``totals`` (metric "count").
+def _bucket_rows(per_bucket, totals: tuple[str, ...], series: dict[str, str]):
+    """The metric rows of one per-bucket aggregate: a series row per bucket and metric (a null value, or the null
+    bucket of rows without the time, e.g. never acked, gives none) and the run totals of ``totals`` (metric
+    "count"; every bucket counts, the null one too).
 
     Why one explode, read twice: the optimiser prunes an aggregate to the columns its reader needs, so a
     totals query and a series query over the same aggregate were two different aggregates, each reading its
@@ -1020,9 +1027,9 @@ def _bucket_rows(per_bucket, totals: tuple[str, ...], series: dict[str, str], ke
     items = [F.struct(F.lit(total).alias("metric"), F.lit(n).alias("key"), F.col(n).cast("double").alias("value"))
              for n in totals]
     for metric, column in series.items():
-        present = F.col(column).isNotNull() & (F.col("b").isNotNull() if keyed else F.lit(True))
-        items.append(F.when(present, F.struct(F.lit(metric).alias("metric"), F.col("b").cast("string").alias("key"),
-                                              F.col(column).cast("double").alias("value"))))
+        row = F.struct(F.lit(metric).alias("metric"), F.col("b").cast("string").alias("key"),
+                       F.col(column).cast("double").alias("value"))
+        items.append(F.when(F.col(column).isNotNull() & F.col("b").isNotNull(), row))
     exploded = per_bucket.select("run_id", F.explode(F.array_compact(F.array(*items))).alias("r")).select(
         "run_id", "r.metric", "r.key", "r.value")
     summed = exploded.filter(F.col("metric") == total).groupBy("run_id", "key").agg(F.sum("value").alias("value"))

@@ -458,17 +458,17 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                   .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "per_message", mode)
     claims = subscriber_claims(pub, slots, match_b, by)
     table = _freeze(per_subscriber_message(claims, dsm, runs_b, clients_b), cached, "per_subscriber_message", mode)
+    gaps = _freeze(open_messages(table, clients_b), cached, "open messages", mode)
     with timed("online trims"):
-        trimmed = online_trims(table).collect()
+        trimmed = online_trims(gaps, table).collect()
     if trimmed:  # few rows (never-delivered messages), and none in a run that lost nothing
         keys = spark.createDataFrame([(r["run_id"], r["client"], r["publisher"], r["pub_seq"], int(r["peak"]))
                                       for r in trimmed], "run_id string, client string, publisher string, "
                                                          "pub_seq long, trim_peak long")
-        table = table.join(F.broadcast(keys), ["run_id", "client", "publisher", "pub_seq"], "left")
+        gaps = gaps.join(F.broadcast(keys), ["run_id", "client", "publisher", "pub_seq"], "left")
         online = F.col("trim_peak").isNotNull()
-        table = _freeze(table.withColumn("legally_trimmed", F.col("legally_trimmed") | online)
-                        .withColumn("owed", F.col("owed") & ~online).drop("trim_peak")
-                        .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "online trims", mode)
+        gaps = _freeze(gaps.withColumn("legally_trimmed", F.col("legally_trimmed") | online)
+                       .withColumn("owed", F.col("owed") & ~online).drop("trim_peak"), cached, "online trims", mode)
     with timed("publish lookup of deliveries"):
         dp = delivered_messages(table, dsm, pub, runs_b, count_first=not small)
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
@@ -589,7 +589,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                   sql("exists(fault_times, x -> x >= prev_max.t AND x <= first.t)").alias("across_failover"))
 
     cand = table.filter(F.col("is_cand"))
-    lost = cand.filter(F.col("owed") & ~F.col("delivered"))
+    lost = gaps.filter(F.col("owed"))
     carried_into = F.col("carried_into").isNotNull()
     loss_cols = ["client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "t_origin", "expiry_s", "in_backlog",
                  F.coalesce("carried_into.d", "k.d").alias("t_offline"), F.coalesce("carried_into.c", "k.c").alias("t_reconnect"),
@@ -617,7 +617,11 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
 
     groups = [slot_rules, msg_rules, over_rules, seq_rules]
     violations = reduce(lambda a, b: a.unionByName(b), [g.combined() for g in groups] + [lost_w])
-    metrics = _metrics(pub, slots, dp, cand, lost, runs_b)
+    # Every candidate with what it owes: the delivered ones from the table, the others as open_messages settled.
+    owing = ("run_id", "is_cand", "owed", "legally_trimmed", "expired_legally", "undeliverable", "delivered",
+             "t_invoke", "t_first", "t_origin", "bucket_us")
+    settled = cand.filter(F.col("delivered")).select(*owing).unionByName(gaps.select(*owing))
+    metrics = _metrics(pub, slots, dp, settled, lost, runs_b)
     # One DataFrame per rule, built only if the combined query breaks (to name the rule that did).
     return violations, metrics, lambda: [p for g in groups for p in g.separate()] + [lost_w]
 
@@ -813,10 +817,7 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
         # wrong end of this backlog (read below: a newer one trimmed beside it was not trimmed legally).
         F.max(F.when(F.col("kept_after") & F.col("legally_trimmed") & F.col("settled")
                      & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w")), F.col("rank"))).over(whole).alias(
-            "wrongly_kept_rank"),
-        # Each backlog's size, for every row of the subscriber (read below for messages carried into the next).
-        F.collect_set(F.when(F.col("in_backlog"), F.struct(F.col("backlog").alias("b"), F.col("n_backlog").alias("n"))))
-        .over(Window.partitionBy("run_id", "client", "is_cand")).alias("backlog_sizes"))
+            "wrongly_kept_rank"))
     # Never delivered, past the limit by rank, but kept-side of a message the broker wrongly kept (newer than it
     # under drop_oldest, older under drop_newest): the queue held the wrong end, so the rank does not excuse it
     # (trim_newest with the newest still in the pipeline at the reconnect: the kept oldest 20, then the pipeline's
@@ -825,23 +826,40 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                            F.lit(False))
     t = t.select("*", misplaced.alias("misplaced")).withColumn("legally_trimmed",
                                                                F.col("legally_trimmed") & ~F.col("misplaced"))
-    # A stream's neighbours are read only for the owed candidates (losses, trims, carried messages): the windows
-    # run over the whole (subscriber, publisher) stream with only the candidates' deliveries counted, not per
-    # is_cand, so that the ascending one sorts by the table's own key (SUBSCRIBER_MESSAGE) and the sort the
-    # table is stored in is that one's (one sort of every row fewer).  A non-candidate row's values are null.
-    stream = Window.partitionBy("run_id", "client", "publisher")
+    # What a delivered row owes is settled here; a never-delivered one's (trimmed later, carried, why lost) is
+    # settled by open_messages, which reads its stream's neighbours.
+    t = t.select("*", (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
+    # Sorted by the join key: the per-message rules read the publish from here by a merge join.
+    return t.drop("offline").sortWithinPartitions(*SUBSCRIBER_MESSAGE)
+
+
+def open_messages(table, clients_b):
+    """The never-delivered candidates of ``table`` (``is_cand``, not delivered), each with its stream's nearest
+    deliveries, when it can have been trimmed, whether it was carried into the next backlog, whether it is owed
+    and, if owed, why it was lost (``cause``) and where in its stream (``position``).  None of this is read for
+    a delivered row.
+
+    Why only the streams with such a row: a stream's neighbours take two sorts of every row of the stream, one
+    each way.  Over every row they cost a 10 M event history a sort and two window passes of 2.5 M wide rows;
+    over the streams with a gap they cost what the gaps are."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    stream_key = ["run_id", "client", "publisher"]
+    cands = table.filter(F.col("is_cand"))
+    with_gap = cands.filter(~F.col("delivered")).select(*stream_key).distinct()
+    t = cands.join(F.broadcast(with_gap), stream_key, "left_semi")
+    stream = Window.partitionBy(*stream_key)
     before = stream.orderBy("pub_seq").rowsBetween(Window.unboundedPreceding, -1)
     # Why descending with a growing frame: an "unbounded following" frame is re-aggregated for every row
     # (quadratic per stream); reversed, the nearest later delivery is a running last().
     after = stream.orderBy(F.col("pub_seq").desc()).rowsBetween(Window.unboundedPreceding, -1)
-    counted = F.col("is_cand") & F.col("delivered")
-    delivered_seq = F.when(counted, F.col("pub_seq"))
-    own = lambda column: F.when(F.col("is_cand"), column)  # noqa: E731 - a Python function, not a Spark lambda
-    # The descending window first: the ascending one's sort is then the last, and the table's.
-    t = t.select("*", own(F.last(delivered_seq, ignorenulls=True).over(after)).alias("next_delivered"),
-                 own(F.min(F.when(counted, F.col("t_first"))).over(after)).alias("later_first_t"))
-    t = t.select("*", own(F.last(delivered_seq, ignorenulls=True).over(before)).alias("prev_delivered"),
-                 own(F.max(F.when(counted, F.col("t_last"))).over(before)).alias("older_last_t"))
+    delivered_seq = F.when(F.col("delivered"), F.col("pub_seq"))
+    t = t.select("*", F.last(delivered_seq, ignorenulls=True).over(after).alias("next_delivered"),
+                 F.min(F.when(F.col("delivered"), F.col("t_first"))).over(after).alias("later_first_t"))
+    t = t.select("*", F.last(delivered_seq, ignorenulls=True).over(before).alias("prev_delivered"),
+                 F.max(F.when(F.col("delivered"), F.col("t_last"))).over(before).alias("older_last_t"))
+    t = t.filter(~F.col("delivered"))
     # When a never-delivered message can have been trimmed (online_trims): after it arrived and after the last
     # delivery of an older message of its stream (the trim keeps the newest: an older one sent later was still
     # queued), and no later than the first delivery of a newer one (the queue is read in order: had it still
@@ -853,12 +871,16 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     # later of the same stream was delivered in between: had the broker sent anything newer, the queue order
     # says this one went first (or was gone).  One window on; a chain beyond is not followed.  Carried into a
     # window that never closes it is NOT excused: the broker had the whole online period (at the end, the
-    # drain's quiet period) to deliver it.  The lookups run only for kept, undelivered backlog rows (few).
-    k_next = sql("element_at(filter(offline, i -> i.idx = k.idx + 1), 1)")
-    n_next = sql("element_at(filter(backlog_sizes, x -> x.b = k.idx + 1), 1)")["n"]
-    waiting = F.col("in_backlog") & ~F.col("delivered") & ~F.col("legally_trimmed") & ~F.col("misplaced")
-    t = t.select("*", F.when(waiting, F.struct(k_next.alias("k"), F.coalesce(n_next, F.lit(0)).alias("n_backlog")))
-                 .alias("next_backlog")).drop("offline", "backlog_sizes")
+    # drain's quiet period) to deliver it.
+    sizes = (cands.filter(F.col("in_backlog")).groupBy("run_id", "client", F.col("backlog").alias("next_idx"))
+             .agg(F.max("n_backlog").alias("next_n")))
+    t = (t.join(clients_b.select("run_id", "client", "offline"), ["run_id", "client"], "left")
+         .withColumn("next_idx", F.col("k.idx") + 1)
+         .join(F.broadcast(sizes), ["run_id", "client", "next_idx"], "left"))
+    k_next = sql("element_at(filter(coalesce(offline, array()), i -> i.idx = k.idx + 1), 1)")
+    waiting = F.col("in_backlog") & ~F.col("legally_trimmed") & ~F.col("misplaced")
+    t = t.select("*", F.when(waiting, F.struct(k_next.alias("k"), F.coalesce("next_n", F.lit(0)).alias("n_backlog")))
+                 .alias("next_backlog")).drop("offline", "next_idx", "next_n")
     carried = (F.col("next_backlog.k").isNotNull()
                & (F.col("later_first_t").isNull() | (F.col("later_first_t") >= F.col("next_backlog.k.d"))))
     # Carried over, it is the oldest of the next backlog: drop_oldest may trim it there, drop_newest keeps it.
@@ -869,7 +891,8 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
         "carried_into", F.when(F.coalesce(carried & (F.col("next_backlog.k.c") < NEVER), F.lit(False)), F.struct(
             F.col("next_backlog.k.d").alias("d"), F.col("next_backlog.k.c").alias("c"),
             F.col("next_backlog.n_backlog").alias("n_backlog")))).drop("next_backlog", "later_first_t")
-    t = t.select("*", (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
+    t = t.withColumn("owed", ~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed"))
+    drops = F.col("policy").isin("drop_oldest", "drop_newest")
     in_b = F.col("in_backlog")
     # Lost to a fault the declared persistence does not cover (a kill of a broker promising only a graceful
     # stop): the fault started before the message's chance to be delivered (the reconnect ending its offline
@@ -894,16 +917,16 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                 .when(F.col("prev_delivered").isNull(), F.lit("prefix"))
                 .when(F.col("next_delivered").isNull(), F.lit("suffix")).otherwise(F.lit("middle")))
     # Sorted by the join key: the per-message rules read the publish from here by a merge join.
-    return t.select("*", cause.alias("cause"), position.alias("position")).sortWithinPartitions(*SUBSCRIBER_MESSAGE)
+    return t.select("*", cause.alias("cause"), position.alias("position"))
 
 
-def online_trims(table):
+def online_trims(gaps, table):
     """The never-delivered messages a drop-oldest queue trimmed legally at any moment, the subscriber online or
     not: (run_id, client, publisher, pub_seq, peak).  TBMQ trims ``{client}_messages`` to the newest ``limit``
     on every save, whether the client is connected or not (lua/save.lua); a subscriber online behind a slow
     pipeline can have more than the limit queued (p2p-limit-trim seeds 4 and 5, docs/findings.md).
 
-    A message was trimmed legally when, at some moment T in [trim_from, trim_until] (per_subscriber_message),
+    A message was trimmed legally when, at some moment T in [trim_from, trim_until] (open_messages),
     at least ``limit`` newer messages of the subscriber's queue were there at once.  A newer message counts
     as queued from its publish ack (the earliest it can have been saved) until the subscriber acknowledged it
     (else its last delivery); one never delivered does not count (when it left the queue is unknown, and
@@ -911,7 +934,7 @@ def online_trims(table):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    gone = (table.filter(F.col("is_cand") & F.col("owed") & ~F.col("delivered") & (F.col("policy") == "drop_oldest")
+    gone = (gaps.filter(F.col("owed") & (F.col("policy") == "drop_oldest")
                          & ~F.col("misplaced")  # its backlog's trim kept the wrong end: no later trim excuses it
                          & (F.col("trim_from") <= F.col("trim_until")))
             .select("run_id", "client", F.col("publisher").alias("m_publisher"), F.col("pub_seq").alias("m_pub_seq"),

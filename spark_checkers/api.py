@@ -165,7 +165,7 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
                 raise error
         if metric_rows is None:
             with jobs.timed("metrics"):
-                metric_rows = metrics.collect()
+                metric_rows = jobs.metric_rows(metrics.collect())
     finally:
         _release(cached)
     for run in inputs:

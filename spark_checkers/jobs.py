@@ -25,6 +25,7 @@ from spark_checkers.topics import filter_matches
 # Below this many bytes of history (a run: 10k-100k events are 0.3-3 MB) a check is all fixed cost.
 SMALL_BYTES = int(os.environ.get("ORDEAL_CHECKER_SMALL_BYTES", str(64 << 20)))
 WITNESS_CAP = 5
+TOTAL_PART = "__total"  # a metric row holding one time bucket's share of a run total (metric_rows sums them)
 LOSS_ROWS_CAP = 200  # lost messages collected per run and invariant, to build gap witnesses
 LOSS_INVARIANTS = ("durability.lost", "durability.lost_allowed", "expiry.dropped_early", "limits.trimmed_under_limit",
                    "limits.trim_not_oldest", "limits.trim_not_newest")
@@ -1037,27 +1038,38 @@ def _metrics(pub, slots, dp, cand, lost, runs_b):
 
 def _bucket_rows(per_bucket, totals: tuple[str, ...], series: dict[str, str]):
     """The metric rows of one per-bucket aggregate: a series row per bucket and metric (a null value, or the null
-    bucket of rows without the time, e.g. never acked, gives none) and the run totals of ``totals`` (metric
-    "count"; every bucket counts, the null one too).
+    bucket of rows without the time, e.g. never acked, gives none) and, per bucket, its share of each run total
+    of ``totals`` (metric TOTAL_PART; every bucket counts, the null one too), summed into metric "count" by
+    ``metric_rows`` after the collect.
 
-    Why one explode, read twice: the optimiser prunes an aggregate to the columns its reader needs, so a
-    totals query and a series query over the same aggregate were two different aggregates, each reading its
-    big table again (at 10 M events, the per-message join four times over).  Both readers here read the same
-    exploded columns: the aggregate below is one, its exchange reused."""
+    Why the totals are summed in Python: summed here, the totals were a second reader of the aggregate, and the
+    two readers did not share it: each computed the aggregate, and so its big table (at 10 M events the
+    per-message join), once more.  A few rows per bucket cost nothing to sum on the driver."""
     from pyspark.sql import functions as F
 
-    total = "__total"
-    items = [F.struct(F.lit(total).alias("metric"), F.lit(n).alias("key"), F.col(n).cast("double").alias("value"))
+    items = [F.struct(F.lit(TOTAL_PART).alias("metric"), F.lit(n).alias("key"), F.col(n).cast("double").alias("value"))
              for n in totals]
     for metric, column in series.items():
         row = F.struct(F.lit(metric).alias("metric"), F.col("b").cast("string").alias("key"),
                        F.col(column).cast("double").alias("value"))
         items.append(F.when(F.col(column).isNotNull() & F.col("b").isNotNull(), row))
-    exploded = per_bucket.select("run_id", F.explode(F.array_compact(F.array(*items))).alias("r")).select(
+    return per_bucket.select("run_id", F.explode(F.array_compact(F.array(*items))).alias("r")).select(
         "run_id", "r.metric", "r.key", "r.value")
-    summed = exploded.filter(F.col("metric") == total).groupBy("run_id", "key").agg(F.sum("value").alias("value"))
-    return exploded.filter(F.col("metric") != total).unionByName(
-        summed.select("run_id", F.lit("count").alias("metric"), "key", "value"))
+
+
+def metric_rows(rows) -> list[dict]:
+    """The collected metric rows as (run_id, metric, key, value) dicts, each run total's per-bucket parts
+    (TOTAL_PART) summed into one metric "count" row."""
+    out: list[dict] = []
+    totals: dict[tuple[str, str], float] = {}
+    for row in rows:
+        if row["metric"] == TOTAL_PART:
+            key = (row["run_id"], row["key"])
+            totals[key] = totals.get(key, 0.0) + (row["value"] or 0.0)
+        else:
+            out.append({name: row[name] for name in ("run_id", "metric", "key", "value")})
+    out += [{"run_id": run_id, "metric": "count", "key": key, "value": value} for (run_id, key), value in totals.items()]
+    return out
 
 
 @contextmanager
@@ -1084,7 +1096,7 @@ def collect_all(violations, metrics):
         F.lit(None).cast("string").alias("witness"), F.lit(None).cast("long").alias("total"), "metric", "key",
         "value")).collect()
     counts, witnesses = _gather([r for r in rows if r["metric"] is None])
-    return counts, witnesses, [r for r in rows if r["metric"] is not None]
+    return counts, witnesses, metric_rows([r for r in rows if r["metric"] is not None])
 
 
 def _ranked(violations):

@@ -3,7 +3,8 @@
 Every key starts with ``run_id`` so one job checks a batch of histories (tests check dozens in one go).
 Shape, chosen to keep shuffles few: one groupBy per message on the publisher side; one window over each
 (subscriber, packet id) slot; one groupBy per (subscriber, message); the owed candidates joined once to the
-deliveries, with two windows clustered by subscriber (backlog rank, stream neighbours).  The small tables
+deliveries, with a window clustered by subscriber (backlog rank); the stream neighbours only for the streams
+with a never-delivered candidate.  The small tables
 (subscriptions, offline windows, faults) are broadcast, looked up with higher-order functions, never joined
 row by row.
 """
@@ -440,10 +441,11 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows.  Every
     DataFrame it materialises is appended to ``cached`` (the caller unpersists them).
 
-    Four tables are materialised: the publishes (one row per message), the deliveries with their packet-id
-    slots (moved once, by subscriber), one row per delivered (subscriber, message), and one narrow row per
-    (subscriber, message) that matched one of the subscriber's filters.  The last serves the owed candidates
-    and the publish lookup of the per-message rules alike; none of them moves the deliveries again."""
+    Five tables are materialised: the publishes (one row per message), the deliveries with their packet-id
+    slots (moved once, by subscriber), one row per delivered (subscriber, message), one narrow row per
+    (subscriber, message) that matched one of the subscriber's filters, and the never-delivered candidates
+    among those (open_messages: few).  The fourth serves the owed candidates and the publish lookup of the
+    per-message rules alike; none of them moves the deliveries again."""
     from pyspark.sql import functions as F
 
     with timed("side tables"):

@@ -621,7 +621,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     groups = [slot_rules, msg_rules, over_rules, seq_rules]
     violations = reduce(lambda a, b: a.unionByName(b), [g.combined() for g in groups] + [lost_w])
     # Every candidate with what it owes: the delivered ones from the table, the others as open_messages settled.
-    owing = ("run_id", "is_cand", "owed", "legally_trimmed", "expired_legally", "undeliverable", "delivered",
+    owing = ("run_id", "owed", "legally_trimmed", "expired_legally", "undeliverable", "delivered",
              "t_invoke", "t_first", "t_origin", "bucket_us")
     settled = cand.filter(F.col("delivered")).select(*owing).unionByName(gaps.select(*owing))
     metrics = _metrics(pub, slots, dp, settled, lost, runs_b)
@@ -794,8 +794,7 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     newest_first = F.row_number().over(queue)
     t = t.select("*", F.when(F.col("policy") == "drop_newest", F.count(F.lit(1)).over(whole) - newest_first + 1)
                  .otherwise(newest_first).alias("rank"))
-    drops = F.col("policy").isin("drop_oldest", "drop_newest")
-    trimmed = F.col("in_backlog") & drops & (F.col("rank") > F.col("limit"))
+    trimmed = F.col("in_backlog") & drops() & (F.col("rank") > F.col("limit"))
     t = t.select("*", trimmed.alias("legally_trimmed"))
     # Black-box limit rules count only the settled backlog: acked before reconnect - slack.  A message acked
     # later may still be on its way (Kafka -> Redis) when the backlog is read and arrive live; and a window
@@ -831,9 +830,23 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                                                                F.col("legally_trimmed") & ~F.col("misplaced"))
     # What a delivered row owes is settled here; a never-delivered one's (trimmed later, carried, why lost) is
     # settled by open_messages, which reads its stream's neighbours.
-    t = t.select("*", (~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")).alias("owed"))
+    t = t.select("*", owed_flag().alias("owed"))
     # Sorted by the join key: the per-message rules read the publish from here by a merge join.
     return t.drop("offline").sortWithinPartitions(*SUBSCRIBER_MESSAGE)
+
+
+def owed_flag():
+    """Whether the subscriber was owed a candidate: not undeliverable, not expired, not legally trimmed."""
+    from pyspark.sql import functions as F
+
+    return ~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed")
+
+
+def drops():
+    """Whether the run's declared queue policy trims (drop_oldest, drop_newest); under reject or none it never does."""
+    from pyspark.sql import functions as F
+
+    return F.col("policy").isin("drop_oldest", "drop_newest")
 
 
 def open_messages(table, clients_b):
@@ -894,8 +907,7 @@ def open_messages(table, clients_b):
         "carried_into", F.when(F.coalesce(carried & (F.col("next_backlog.k.c") < NEVER), F.lit(False)), F.struct(
             F.col("next_backlog.k.d").alias("d"), F.col("next_backlog.k.c").alias("c"),
             F.col("next_backlog.n_backlog").alias("n_backlog")))).drop("next_backlog", "later_first_t")
-    t = t.withColumn("owed", ~F.col("undeliverable") & ~F.col("expired_legally") & ~F.col("legally_trimmed"))
-    drops = F.col("policy").isin("drop_oldest", "drop_newest")
+    t = t.withColumn("owed", owed_flag())
     in_b = F.col("in_backlog")
     # Lost to a fault the declared persistence does not cover (a kill of a broker promising only a graceful
     # stop): the fault started before the message's chance to be delivered (the reconnect ending its offline
@@ -908,9 +920,9 @@ def open_messages(table, clients_b):
     not_policy = F.when(F.col("policy") == "drop_newest", F.lit("limits.trim_not_newest")).otherwise(
         F.lit("limits.trim_not_oldest"))
     cause = (F.when(unpromised, F.lit("durability.lost_allowed"))
-             .when(in_b & drops & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
+             .when(in_b & drops() & (F.col("n_backlog") > F.col("limit")) & (F.col("trimmed_delivered") == 1),
                    not_policy)
-             .when(in_b & drops & ~F.col("immediate") & (F.col("n_settled") >= F.col("limit"))
+             .when(in_b & drops() & ~F.col("immediate") & (F.col("n_settled") >= F.col("limit"))
                    & (F.col("trimmed_delivered") == 0)
                    & (F.col("max_rank_delivered_kept").isNull() | (F.col("rank") > F.col("max_rank_delivered_kept"))),
                    F.lit("limits.trimmed_under_limit"))
@@ -919,7 +931,6 @@ def open_messages(table, clients_b):
     position = (F.when(F.col("prev_delivered").isNull() & F.col("next_delivered").isNull(), F.lit("whole"))
                 .when(F.col("prev_delivered").isNull(), F.lit("prefix"))
                 .when(F.col("next_delivered").isNull(), F.lit("suffix")).otherwise(F.lit("middle")))
-    # Sorted by the join key: the per-message rules read the publish from here by a merge join.
     return t.select("*", cause.alias("cause"), position.alias("position"))
 
 

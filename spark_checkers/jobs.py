@@ -3,8 +3,10 @@
 Every key starts with ``run_id`` so one job checks a batch of histories (tests check dozens in one go).
 Shape, chosen to keep shuffles few: one groupBy per message on the publisher side; one window over each
 (subscriber, packet id) slot; one groupBy per (subscriber, message); the owed candidates joined once to the
-deliveries, with a window clustered by subscriber (backlog rank); the stream neighbours only for the streams
-with a never-delivered candidate.  The small tables
+deliveries, with a window clustered by subscriber (backlog rank; in a big check over the queued rows only); a
+message's stream neighbours only where they can matter (the order rule's: in a big check, only for publishers
+whose messages arrived out of order; the loss rules': only for streams with a never-delivered candidate).
+The small tables
 (subscriptions, offline windows, faults) are broadcast, looked up with higher-order functions, never joined
 row by row.
 """
@@ -445,7 +447,9 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     slots (moved once, by subscriber), one row per delivered (subscriber, message), one narrow row per
     (subscriber, message) that matched one of the subscriber's filters, and the never-delivered candidates
     among those (open_messages: few).  The fourth serves the owed candidates and the publish lookup of the
-    per-message rules alike; none of them moves the deliveries again."""
+    per-message rules alike; none of them moves the deliveries again.  A big check materialises two more,
+    as small as what is out of the ordinary: the stream neighbours of the reordered publishers' messages and
+    the queue values of the queued messages, each merged back into its table by the sorted join key."""
     from pyspark.sql import functions as F
 
     with timed("side tables"):
@@ -456,11 +460,26 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     by = subscriber_partitioning(runs)
     slots = _freeze(delivery_slots(events, clients_df, by).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
                     cached, "slots", mode)
-    # Sorted by the join key within each subscriber's partition, so every later join with it only merges.
-    dsm = _freeze(with_stream_neighbour(deliveries_per_message(slots.drop("t_origin", "tol_us")))
-                  .sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached, "per_message", mode)
+    # Sorted by the join key within each subscriber's partition (as the aggregate leaves it), so every later join
+    # with it only merges.
+    per_message = deliveries_per_message(slots.drop("t_origin", "tol_us")).sortWithinPartitions(*SUBSCRIBER_MESSAGE)
     claims = subscriber_claims(pub, slots, match_b, by)
-    table = _freeze(per_subscriber_message(claims, dsm, runs_b, clients_b), cached, "per_subscriber_message", mode)
+    # Two ways to the same two tables.  A big check sorts and windows only the rows that need it (the reordered
+    # publishers' messages, the queued ones) and merges the few results back, unmaterialised; a small check
+    # (a run's history) windows every row and materialises one table each: its cost is the driver's, per job
+    # and per join, not the rows'.
+    if small:
+        dsm = _freeze(with_stream_neighbour(per_message).sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached,
+                      "per_message", mode)
+        per_message = dsm
+        table = _freeze(per_subscriber_message(subscriber_rows(claims, dsm, runs_b, clients_b)), cached,
+                        "per_subscriber_message", mode)
+    else:
+        per_message = _freeze(per_message, cached, "per_message", mode)
+        neighbours = _freeze(stream_neighbours(per_message), cached, "stream neighbours", mode)
+        dsm = per_message.join(neighbours, list(SUBSCRIBER_MESSAGE), "left")
+        rows = _freeze(subscriber_rows(claims, per_message, runs_b, clients_b), cached, "per_subscriber_message", mode)
+        table = per_subscriber_message(rows, _freeze(backlog_queues(rows), cached, "backlog queues", mode))
     gaps = _freeze(open_messages(table, clients_b), cached, "open messages", mode)
     with timed("online trims"):
         trimmed = online_trims(gaps, table).collect()
@@ -473,7 +492,7 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
         gaps = _freeze(gaps.withColumn("legally_trimmed", F.col("legally_trimmed") | online)
                        .withColumn("owed", F.col("owed") & ~online).drop("trim_peak"), cached, "online trims", mode)
     with timed("publish lookup of deliveries"):
-        dp = delivered_messages(table, dsm, pub, runs_b, count_first=not small)
+        dp = delivered_messages(table, dsm, pub, runs_b, count_first=not small, counted=per_message)
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
     tol = F.col("tol_us")
 
@@ -709,6 +728,29 @@ def expiry_deadline():
     return F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
 
 
+def stream_neighbours(per_message):
+    """(subscriber, message, ``prev_max``) for the delivered messages whose publisher's messages did not reach the
+    subscriber in publish order, sorted by the join key; every other delivered message has no ``prev_max``.
+
+    Why only those: the neighbour takes a sort of every delivered message by first delivery, and the order rule
+    can flag no message of a publisher whose first deliveries came in ``pub_seq`` order (each message's
+    predecessors in its streams are then all older).  Whether they did is read from a narrow projection in the
+    order the per-message table already has (by ``pub_seq``): no wide row is sorted or copied."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    by_pub = Window.partitionBy("run_id", "client", "publisher").orderBy("pub_seq")
+    steps = per_message.select("run_id", "client", "publisher", "pub_seq", F.col("first.seq").alias("first_seq"))
+    # A step back, or an identity without a sequence (never flagged itself, but judged with its stream as before).
+    back = F.coalesce(F.lag("first_seq").over(by_pub) > F.col("first_seq"), F.lit(False)) | F.col("pub_seq").isNull()
+    stream = ("run_id", "client", "publisher")
+    reordered = steps.select("*", back.alias("back")).filter(F.col("back")).select(*[F.col(c).alias(f"r_{c}") for c in stream]).distinct()
+    streams = per_message.join(F.broadcast(reordered), reduce(
+        lambda a, b: a & b, [F.col(c).eqNullSafe(F.col(f"r_{c}")) for c in stream]), "left_semi")
+    return with_stream_neighbour(streams).select(*SUBSCRIBER_MESSAGE, "prev_max").sortWithinPartitions(
+        *SUBSCRIBER_MESSAGE)
+
+
 def with_stream_neighbour(dsm):
     """Per (subscriber, message): the highest message of the same (publisher, topic, QoS) stream delivered first
     before it (the order rule compares against it).  Over every delivered message, phantoms included.
@@ -752,10 +794,10 @@ def subscriber_claims(pub, slots, match_b, by: tuple[str, ...]):
     return claims.drop("held_by", "seen_indeterminate").repartition(*by)  # as the deliveries
 
 
-def per_subscriber_message(claims, dsm, runs_b, clients_b):
-    """Claims joined to what each subscriber got (co-partitioned by subscriber: no rows move), and for the owed
-    candidates (``is_cand``) the queue they were in and why each may have been legally dropped."""
-    from pyspark.sql import Window
+def subscriber_rows(claims, dsm, runs_b, clients_b):
+    """Claims joined to what each subscriber got (co-partitioned by subscriber: no rows move): per (subscriber,
+    message), whether it was delivered, the offline window it was queued in (``k``, ``in_backlog``) and what
+    every row can tell alone (expired, undeliverable, settled).  Sorted by the join key, as the join leaves it."""
     from pyspark.sql import functions as F
 
     got = dsm.select(*SUBSCRIBER_MESSAGE, "n_deliveries", F.col("first.t").alias("t_first"), "t_last", "first_ack_t")
@@ -781,6 +823,39 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     t = t.select("*", (expiry_deadline() < opportunity + F.col("tol_us")).alias("expired_legally"),
                  (F.col("in_backlog") & ((F.col("k.c") >= NEVER) | F.col("k.discarded"))).alias("undeliverable"),
                  F.when(F.col("in_backlog"), F.col("k.idx")).otherwise(F.lit(-1)).alias("backlog"))
+    # Black-box limit rules count only the settled backlog: acked before reconnect - slack.  A message acked
+    # later may still be on its way (Kafka -> Redis) when the backlog is read and arrive live; and a window
+    # shorter than the slack (the drain's own disconnect + reconnect) is no offline period with a backlog.
+    immediate = (F.col("k.c") - F.col("k.d")) < F.col("slack_us")
+    settled = F.col("in_backlog") & ~immediate & (F.col("t_arr") < F.col("k.c") - F.col("slack_us"))
+    return (t.select("*", settled.alias("settled"), (F.col("in_backlog") & immediate).alias("immediate")).drop("offline")
+            .sortWithinPartitions(*SUBSCRIBER_MESSAGE))  # the join's own order: a no-op the optimiser removes
+
+
+QUEUE_COLUMNS = ("rank", "legally_trimmed", "misplaced", "n_pipeline_w", "n_backlog", "n_settled_delivered", "n_settled",
+                 "max_rank_delivered_kept", "trimmed_delivered", "wrongly_kept_rank")
+
+
+def backlog_queues(rows):
+    """Per queued (subscriber, message) of ``subscriber_rows`` (``in_backlog``), its place in its offline window's
+    backlog and what the backlog as a whole says (QUEUE_COLUMNS), sorted by the join key.
+
+    Why only the queued rows: these windows sort the rows by arrival and pass over them three times; over every
+    row of a 10 M event history (nearly all delivered online) they took half the per-subscriber table's time, for
+    values only a queued row reads."""
+    from pyspark.sql import functions as F
+
+    queued = rows.filter(F.col("in_backlog")).select(*SUBSCRIBER_MESSAGE, "is_cand", "backlog", "policy", "limit",
+                                                     "t_arr", "delivered", "kept_after", "settled")
+    return queue_windows(queued).select(*SUBSCRIBER_MESSAGE, *QUEUE_COLUMNS).sortWithinPartitions(*SUBSCRIBER_MESSAGE)
+
+
+def queue_windows(t):
+    """QUEUE_COLUMNS over rows of ``subscriber_rows``, each backlog (an offline window of a subscriber) alone.  A
+    row not queued (``backlog`` -1) gets values that mean nothing; ``per_subscriber_message`` replaces them."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     # Every window below is partitioned by is_cand too: rows that were never owed (another session's filter,
     # a failed publish) share the subscriber's partition but must not take part in its queue or stream.
     # Why rank newest-first: while offline the broker keeps only the newest `limit` of the backlog.
@@ -794,16 +869,9 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
     newest_first = F.row_number().over(queue)
     t = t.select("*", F.when(F.col("policy") == "drop_newest", F.count(F.lit(1)).over(whole) - newest_first + 1)
                  .otherwise(newest_first).alias("rank"))
-    trimmed = F.col("in_backlog") & drops() & (F.col("rank") > F.col("limit"))
-    t = t.select("*", trimmed.alias("legally_trimmed"))
-    # Black-box limit rules count only the settled backlog: acked before reconnect - slack.  A message acked
-    # later may still be on its way (Kafka -> Redis) when the backlog is read and arrive live; and a window
-    # shorter than the slack (the drain's own disconnect + reconnect) is no offline period with a backlog.
-    immediate = (F.col("k.c") - F.col("k.d")) < F.col("slack_us")
-    settled = F.col("in_backlog") & ~immediate & (F.col("t_arr") < F.col("k.c") - F.col("slack_us"))
-    t = t.select("*", settled.alias("settled"), (F.col("in_backlog") & immediate).alias("immediate"))
+    t = t.select("*", (drops() & (F.col("rank") > F.col("limit"))).alias("legally_trimmed"))
     t = t.select(
-        "*", F.sum((F.col("in_backlog") & ~F.col("settled")).cast("int")).over(whole).alias("n_pipeline_w"),
+        "*", F.sum((~F.col("settled")).cast("int")).over(whole).alias("n_pipeline_w"),
         F.count(F.lit(1)).over(whole).alias("n_backlog"),
         F.sum((F.col("kept_after") & F.col("settled")).cast("int")).over(whole).alias("n_settled_delivered"),
         F.sum(F.col("settled").cast("int")).over(whole).alias("n_settled"),
@@ -828,11 +896,32 @@ def per_subscriber_message(claims, dsm, runs_b, clients_b):
                            F.lit(False))
     t = t.select("*", misplaced.alias("misplaced")).withColumn("legally_trimmed",
                                                                F.col("legally_trimmed") & ~F.col("misplaced"))
+    return t
+
+
+def per_subscriber_message(rows, queues=None):
+    """``subscriber_rows`` with their ``backlog_queues`` values (a row not queued: no rank, no backlog, nothing
+    trimmed) and, for the owed candidates (``is_cand``), whether they are owed.  Both sides are sorted by the
+    join key within the subscriber's partition: a merge, no rows move and none is sorted again.
+
+    Without ``queues`` (a small check): the queue windows over every row, a row not queued masked to the same
+    values.  For a run's history the sort costs nothing, and a join and a job less cost the driver less."""
+    from pyspark.sql import functions as F
+
+    if queues is None:
+        t = queue_windows(rows)
+        t = t.select(*[c for c in t.columns if c not in QUEUE_COLUMNS],
+                     *[F.when(F.col("in_backlog"), F.col(c)).alias(c) for c in QUEUE_COLUMNS])
+    else:
+        t = rows.join(queues, list(SUBSCRIBER_MESSAGE), "left")
+    zero = ("n_pipeline_w", "n_settled_delivered", "n_settled", "trimmed_delivered")
+    t = t.select(*[c for c in t.columns if c not in ("legally_trimmed", "misplaced", *zero)],
+                 *[F.coalesce(c, F.lit(False)).alias(c) for c in ("legally_trimmed", "misplaced")],
+                 *[F.coalesce(c, F.lit(0)).alias(c) for c in zero])
     # What a delivered row owes is settled here; a never-delivered one's (trimmed later, carried, why lost) is
     # settled by open_messages, which reads its stream's neighbours.
     t = t.select("*", owed_flag().alias("owed"))
-    # Sorted by the join key: the per-message rules read the publish from here by a merge join.
-    return t.drop("offline").sortWithinPartitions(*SUBSCRIBER_MESSAGE)
+    return t if queues is not None else t.sortWithinPartitions(*SUBSCRIBER_MESSAGE)
 
 
 def owed_flag():
@@ -976,7 +1065,7 @@ def online_trims(gaps, table):
         "run_id", "client", F.col("m_publisher").alias("publisher"), F.col("m_pub_seq").alias("pub_seq"), "peak")
 
 
-def delivered_messages(table, dsm, pub, runs_b, count_first: bool = True):
+def delivered_messages(table, dsm, pub, runs_b, count_first: bool = True, counted=None):
     """One row per (subscriber, message) delivered, with the publish it claims to be.  Nearly all find it in the
     per-subscriber table (a merge join, no rows move); a delivery no claim matches (never published, unreadable
     identity, or a topic none of the subscriber's filters match) is looked up in the publishes, and only when
@@ -987,7 +1076,7 @@ def delivered_messages(table, dsm, pub, runs_b, count_first: bool = True):
     matched = dsm.join(claimed, list(SUBSCRIBER_MESSAGE)).join(runs_b.drop("fault_times", "fault_spans"), "run_id")
     # Equal counts mean every delivered message found its claim (claims are a subset of them): nothing unmatched.
     # Without counting, the anti join below finds the same (nothing, or the unmatched ones) in the same job.
-    if count_first and claimed.count() == dsm.count():
+    if count_first and claimed.count() == (dsm if counted is None else counted).count():
         return matched.select(*DELIVERED_COLUMNS)
     unmatched = (dsm.join(claimed.select(*SUBSCRIBER_MESSAGE), list(SUBSCRIBER_MESSAGE), "left_anti")
                  .join(pub, ["run_id", "publisher", "pub_seq"], "left")

@@ -41,7 +41,9 @@ fi
 # /etc/containers/containers.conf is left as it is.
 if [ "${ORDEAL_CONTAINERS:-1}" != 0 ]; then
   need_ctr=()
-  for pair in podman:podman runc:runc debootstrap:debootstrap nsenter:util-linux; do
+  # catatonit: the init every server container runs as PID 1 (init=True, harness/containers/node.py); only a
+  # Recommends of podman, so --no-install-recommends leaves it out and every container create fails.
+  for pair in podman:podman runc:runc debootstrap:debootstrap nsenter:util-linux catatonit:catatonit; do
     bin="${pair%%:*}"; pkg="${pair#*:}"
     command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_ctr+=("$pkg")
   done

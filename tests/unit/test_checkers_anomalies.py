@@ -537,8 +537,7 @@ def reports(spark, runs):
 
 
 def _judged(report):
-    return {i["id"]: (i["verdict"], i.get("count"), json.dumps(i.get("witnesses"), sort_keys=True))
-            for i in report["invariants"]}
+    return {i["id"]: (i["verdict"], i["count"], json.dumps(i["witnesses"], sort_keys=True)) for i in report["invariants"]}
 
 
 def test_a_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch):
@@ -548,7 +547,15 @@ def test_a_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch):
     from spark_checkers import jobs
 
     monkeypatch.setattr(jobs, "SMALL_BYTES", 0)
+    ways, build = [], jobs.build
+
+    def spy(*args, small=False, **kwargs):
+        ways.append(small)
+        return build(*args, small=small, **kwargs)
+
+    monkeypatch.setattr(jobs, "build", spy)
     big = dict(zip(runs, check_runs(list(runs.values()), spark=spark), strict=True))
+    assert ways == [False]  # one batch, checked the big way: else this would compare the small way with itself
     assert {n: _judged(r) for n, r in big.items()} == {n: _judged(r) for n, r in reports.items()}
 
 

@@ -34,6 +34,10 @@ SQL_CONF = {
     "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "false",
     "spark.sql.ansi.enabled": "false",  # out-of-range array lookups give null, not an error
     "spark.sql.session.timeZone": "UTC",
+    # An aggregate with a digest (the latency percentiles per time bucket) keeps up to this many groups in its
+    # hash map before it falls back to sorting every input row (default 128: a 10 M event check's ~200
+    # buckets per task sorted 2.5 M rows, 7 % of its task CPU).
+    "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1024",
 }
 
 

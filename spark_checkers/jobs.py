@@ -176,7 +176,7 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
             subs = [(s.client, s.t_from, s.t_to, s.granted_qos, s.persistent)
                     for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
             if subs:
-                match_rows.append((run.run_id, topic, subs))
+                match_rows.append((run.run_id, topic, subs, sorted({s[0] for s in subs})))
     L, S, B, N = T.LongType(), T.StringType(), T.BooleanType(), T.IntegerType()
     runs_df = spark.createDataFrame(run_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("limit", N), T.StructField("ttl_us", L),
@@ -206,7 +206,9 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         T.StructField("run_id", S), T.StructField("topic", S),
         T.StructField("subs", T.ArrayType(T.StructType([
             T.StructField("client", S), T.StructField("t_from", L), T.StructField("t_to", L),
-            T.StructField("granted", N), T.StructField("persistent", B)])))]))
+            T.StructField("granted", N), T.StructField("persistent", B)]))),
+        # The distinct clients of subs: every claim on the topic is one of them.
+        T.StructField("clients", T.ArrayType(S))]))
     return runs_df, clients_df, match_df
 
 
@@ -264,9 +266,12 @@ def delivery_slots(events, clients_df, by: tuple[str, ...]):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    # The kind as a flag (the rows are deliveries and the acks the subscriber sent): a string compared on every
+    # row and neighbour, and carried through the shuffle and the sort, is a byte here.
     rows = events.filter(F.col("kind").isin(Kind.DELIVERY, Kind.DELIVERY_ACK_SENT)).select(
-        "run_id", "client", "seq", F.col("t_mono_us").alias("t"), "kind", "packet_id", "publisher", "pub_seq",
-        "body_hash", "topic", "qos", "dup", "remaining_expiry_s", "node", "protocol")
+        "run_id", "client", "seq", F.col("t_mono_us").alias("t"), (F.col("kind") == Kind.DELIVERY_ACK_SENT).alias("ack"),
+        "packet_id", "publisher", "pub_seq", "body_hash", "topic", "qos", "dup", "remaining_expiry_s", "node",
+        "protocol")
     # Why one repartition by subscriber: every later step on the delivery side (packet-id slots, per message,
     # stream order, the owed candidates and their queue ranks) is keyed by (run, subscriber, ...).  The rows
     # move once; every later window, aggregate and join only sorts within its partition.
@@ -284,33 +289,36 @@ def delivery_slots(events, clients_df, by: tuple[str, ...]):
     slot = Window.partitionBy("run_id", "client", "packet_id").orderBy("seq")
     same_identity = (F.col("prev_publisher").eqNullSafe(F.col("publisher"))
                      & F.col("prev_pub_seq").eqNullSafe(F.col("pub_seq")))
-    rows = (rows
-            .withColumn("prev_kind", F.lag("kind").over(slot))
-            .withColumn("prev_publisher", F.lag("publisher").over(slot))
-            .withColumn("prev_pub_seq", F.lag("pub_seq").over(slot))
-            .withColumn("prev_epoch", F.lag("epoch").over(slot))
-            .withColumn("prev_t", F.lag("t").over(slot))
-            .withColumn("next_kind", F.lead("kind").over(slot))
-            .withColumn("next_seq", F.lead("seq").over(slot))
-            .withColumn("next_t", F.lead("t").over(slot))
-            .withColumn("prev_conn", F.lag("conn").over(slot))
-            # The last delivery in this slot, acks in between or not: the same stored entry sent again (after a
-            # rolled-back removal, say) keeps its id; only another message takes a new one.
-            .withColumn("prev_holder", F.last(F.when(F.col("kind") == Kind.DELIVERY, F.struct(
-                F.col("publisher").alias("publisher"), F.col("pub_seq").alias("pub_seq"), F.col("epoch").alias("epoch"))),
-                ignorenulls=True).over(slot.rowsBetween(Window.unboundedPreceding, -1))))
-    slot_in_use = ((F.col("prev_kind") == Kind.DELIVERY) & (F.col("prev_epoch") == F.col("epoch"))
+    # One select, so one window operator: built column by column, the frame of prev_holder (its input computed
+    # in a projection between them) made a second one, and each copies every row of the stage once more.
+    rows = rows.select(
+        "*",
+        F.lag("ack").over(slot).alias("prev_ack"),
+        F.lag("publisher").over(slot).alias("prev_publisher"),
+        F.lag("pub_seq").over(slot).alias("prev_pub_seq"),
+        F.lag("epoch").over(slot).alias("prev_epoch"),
+        F.lag("t").over(slot).alias("prev_t"),
+        F.lead("ack").over(slot).alias("next_ack"),
+        F.lead("seq").over(slot).alias("next_seq"),
+        F.lead("t").over(slot).alias("next_t"),
+        F.lag("conn").over(slot).alias("prev_conn"),
+        # The last delivery in this slot, acks in between or not: the same stored entry sent again (after a
+        # rolled-back removal, say) keeps its id; only another message takes a new one.
+        F.last(F.when(~F.col("ack"), F.struct(
+            F.col("publisher").alias("publisher"), F.col("pub_seq").alias("pub_seq"), F.col("epoch").alias("epoch"))),
+            ignorenulls=True).over(slot.rowsBetween(Window.unboundedPreceding, -1)).alias("prev_holder"))
+    slot_in_use = (~F.col("prev_ack") & (F.col("prev_epoch") == F.col("epoch"))
                    & (F.coalesce("qos", F.lit(0)) > 0) & F.col("packet_id").isNotNull())
-    return (rows.filter(F.col("kind") == Kind.DELIVERY)
+    return (rows.filter(~F.col("ack"))
             .withColumn("resend", slot_in_use & same_identity)
             .withColumn("reused", slot_in_use & ~same_identity)
-            .withColumn("acked", F.col("next_kind") == Kind.DELIVERY_ACK_SENT)
+            .withColumn("acked", F.col("next_ack"))
             # Takes a new stored packet id: not the message the slot held last in this session.
             .withColumn("new_id", F.col("stored") & ~F.coalesce(
                 (F.col("prev_holder.epoch") == F.col("epoch")) & F.col("prev_holder.publisher").eqNullSafe(F.col("publisher"))
                 & F.col("prev_holder.pub_seq").eqNullSafe(F.col("pub_seq")), F.lit(False)))
             # Materialised next: only what later steps read (each string column costs to cache).
-            .drop("connect_seqs", "fresh_seqs", "persistent_fresh_seqs", "kind", "prev_kind", "next_kind", "prev_epoch",
+            .drop("connect_seqs", "fresh_seqs", "persistent_fresh_seqs", "ack", "prev_ack", "next_ack", "prev_epoch",
                   "prev_holder"))
 
 
@@ -323,8 +331,9 @@ def deliveries_per_message(slots):
     # One ordering serves both: the whole partition for the first ack, the row before for the previous delivery.
     ordered = Window.partitionBy(*key).orderBy("seq")
     w = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    rows = slots.withColumn("first_ack_seq", F.min(F.when(F.col("acked"), F.col("next_seq"))).over(w))
-    rows = rows.withColumn("msg_prev", F.lag(F.struct("seq", "t", "packet_id", "conn")).over(ordered))
+    # One select, one window operator (see delivery_slots).
+    rows = slots.select("*", F.min(F.when(F.col("acked"), F.col("next_seq"))).over(w).alias("first_ack_seq"),
+                        F.lag(F.struct("seq", "t", "packet_id", "conn")).over(ordered).alias("msg_prev"))
     after_ack = F.col("seq") > F.col("first_ack_seq")
     # The same message again on the connection that already delivered it, and not the resend of that very packet
     # (same id, no ack between): two distinct deliveries within one connection (connections only grow with seq,
@@ -414,7 +423,7 @@ def freeze_mode(small: bool) -> str:
     return mode
 
 
-def _freeze(df, cached: list, label: str, mode: str = "persist"):
+def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict[str, str] | None = None):
     """Materialise once (memory, spilling to disk), so every later rule and metric reads the result instead of
     recomputing it.  Eagerly (one job): measured, caching lazily inside the one final query made a 10k-event
     check 2-3x slower.
@@ -425,18 +434,29 @@ def _freeze(df, cached: list, label: str, mode: str = "persist"):
     10k events: the driver thread's CPU 2.7-3.8 s per check instead of 4.6-6.2 s; JVM CPU 6.5-12.8 s
     instead of 14.2-18.0 s).  "persist" (a big check): a plain persist, whose lost block is recomputed from its
     lineage instead of failing the check (a local checkpoint's block lost under load once failed a 10 M check,
-    session 2)."""
-    from pyspark import StorageLevel
+    session 2).
 
+    ``constant``: columns with one value in every row (``run_id`` in a one-run check), left out of what is
+    stored and put back as literals.  Stored, such a column was written, kept and read back per row, and was a
+    real key of every later sort and join instead of a literal the optimiser drops from them."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    constant = {name: value for name, value in (constant or {}).items() if name in df.columns}
+    columns = df.columns
+    df = df.drop(*constant)
     with timed(f"materialise {label}"):
         if mode == "checkpoint":
             frozen = df.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
             cached.append(frozen)
-            return frozen
-        frozen = df.persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(frozen)
-        frozen.count()
-        return _cache_leaf(frozen)
+        else:
+            frozen = df.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(frozen)
+            frozen.count()
+            frozen = _cache_leaf(frozen)
+    if not constant:
+        return frozen
+    return frozen.select(*[F.lit(constant[c]).alias(c) if c in constant else F.col(c) for c in columns])
 
 
 def _cache_leaf(frozen):
@@ -480,10 +500,15 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
         runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
     runs_b, clients_b, match_b = F.broadcast(runs_df), F.broadcast(clients_df), F.broadcast(match_df)
     mode = freeze_mode(small)
-    pub = _freeze(publishes(events), cached, "publishes", mode)
+    constant = {"run_id": runs[0].run_id} if len(runs) == 1 else {}
+
+    def freeze(df, label: str):
+        return _freeze(df, cached, label, mode, constant)
+
+    pub = freeze(publishes(events), "publishes")
     by = subscriber_partitioning(runs)
-    slots = _freeze(delivery_slots(events, clients_df, by).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
-                    cached, "slots", mode)
+    slots = freeze(delivery_slots(events, clients_df, by).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
+                   "slots")
     # Sorted by the join key within each subscriber's partition (as the aggregate leaves it), so every later join
     # with it only merges.
     per_message = deliveries_per_message(slots.drop("t_origin", "tol_us")).sortWithinPartitions(*SUBSCRIBER_MESSAGE)
@@ -493,18 +518,16 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
     # (a run's history) windows every row and materialises one table each: its cost is the driver's, per job
     # and per join, not the rows'.
     if small:
-        dsm = _freeze(with_stream_neighbour(per_message).sortWithinPartitions(*SUBSCRIBER_MESSAGE), cached,
-                      "per_message", mode)
+        dsm = freeze(with_stream_neighbour(per_message).sortWithinPartitions(*SUBSCRIBER_MESSAGE), "per_message")
         per_message = dsm
-        table = _freeze(per_subscriber_message(subscriber_rows(claims, dsm, runs_b, clients_b)), cached,
-                        "per_subscriber_message", mode)
+        table = freeze(per_subscriber_message(subscriber_rows(claims, dsm, runs_b, clients_b)), "per_subscriber_message")
     else:
-        per_message = _freeze(per_message, cached, "per_message", mode)
-        neighbours = _freeze(stream_neighbours(per_message), cached, "stream neighbours", mode)
+        per_message = freeze(per_message, "per_message")
+        neighbours = freeze(stream_neighbours(per_message), "stream neighbours")
         dsm = per_message.join(neighbours, list(SUBSCRIBER_MESSAGE), "left")
-        rows = _freeze(subscriber_rows(claims, per_message, runs_b, clients_b), cached, "per_subscriber_message", mode)
-        table = per_subscriber_message(rows, _freeze(backlog_queues(rows), cached, "backlog queues", mode))
-    gaps = _freeze(open_messages(table, clients_b), cached, "open messages", mode)
+        rows = freeze(subscriber_rows(claims, per_message, runs_b, clients_b), "per_subscriber_message")
+        table = per_subscriber_message(rows, freeze(backlog_queues(rows), "backlog queues"))
+    gaps = freeze(open_messages(table, clients_b), "open messages")
     with timed("online trims"):
         trimmed = online_trims(gaps, table).collect()
     if trimmed:  # few rows (never-delivered messages), and none in a run that lost nothing
@@ -513,8 +536,8 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
                                                          "pub_seq long, trim_peak long")
         gaps = gaps.join(F.broadcast(keys), ["run_id", "client", "publisher", "pub_seq"], "left")
         online = F.col("trim_peak").isNotNull()
-        gaps = _freeze(gaps.withColumn("legally_trimmed", F.col("legally_trimmed") | online)
-                       .withColumn("owed", F.col("owed") & ~online).drop("trim_peak"), cached, "online trims", mode)
+        gaps = freeze(gaps.withColumn("legally_trimmed", F.col("legally_trimmed") | online)
+                      .withColumn("owed", F.col("owed") & ~online).drop("trim_peak"), "online trims")
     with timed("publish lookup of deliveries"):
         dp, unmatched = delivered_messages(table, dsm, pub, runs_b, count_first=not small, counted=per_message)
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
@@ -814,14 +837,14 @@ def subscriber_claims(pub, slots, match_b, by: tuple[str, ...]):
             .select(*key, F.lit(True).alias("seen_indeterminate")))
     eligible = qos_published & (F.col("t_ack").isNotNull()
                                 | (F.col("t_indet").isNotNull() & F.coalesce("seen_indeterminate", F.lit(False))))
-    held = "x.persistent AND x.granted > 0 AND x.t_from < t_invoke AND (x.t_to IS NULL OR t_invoke < x.t_to)"
+    # Held by this client at publish time: one of its subscriptions matching the topic, persistent, granted QoS > 0.
+    held = sql("exists(subs, x -> x.client = client AND x.persistent AND x.granted > 0 AND x.t_from < t_invoke"
+               " AND (x.t_to IS NULL OR t_invoke < x.t_to))")
     claims = (published.join(match_b, ["run_id", "topic"])
-              .select("*", sql(f"array_distinct(transform(filter(subs, x -> {held}), x -> x.client))").alias("held_by"),
-                      F.explode(sql("array_distinct(transform(subs, x -> x.client))")).alias("client"))
-              .drop("subs")
+              .select("*", F.explode("clients").alias("client")).drop("clients")
               .join(F.broadcast(seen), key, "left"))
-    claims = claims.select("*", (eligible & F.array_contains("held_by", F.col("client"))).alias("is_cand"))
-    return claims.drop("held_by", "seen_indeterminate").repartition(*by)  # as the deliveries
+    claims = claims.select("*", (eligible & F.coalesce(held, F.lit(False))).alias("is_cand"))
+    return claims.drop("subs", "seen_indeterminate").repartition(*by)  # as the deliveries
 
 
 def subscriber_rows(claims, dsm, runs_b, clients_b):

@@ -409,6 +409,17 @@ def connect_latency(sizes: list[int], out: Path, repeats: int = 2, steady_rounds
     return list(rows.values())
 
 
+def _timed_check(spark, run_dir: Path) -> tuple[float, dict, dict]:
+    """(seconds, JVM CPU seconds by thread group, failed invariants' counts) of one ``check_runs``."""
+    from spark_checkers.api import check_runs
+
+    threads_before = jvm_threads(spark)
+    started = time.monotonic()
+    report = check_runs([run_dir], spark=spark)[0]
+    checked = time.monotonic() - started
+    return checked, jvm_cpu_seconds(threads_before, jvm_threads(spark)), _found(report)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, nargs="*", default=[1_000_000, 10_000_000])
@@ -446,20 +457,10 @@ def main() -> None:
         shuffle = one_shuffle_seconds(spark, run_dir)
         duck, duck_found = duckdb_seconds(run_dir)
         load_before = os.getloadavg()[0]
-        threads_before = jvm_threads(spark)
-        started = time.monotonic()
-        report = check_runs([run_dir], spark=spark)[0]
-        checked = time.monotonic() - started
-        cpu = jvm_cpu_seconds(threads_before, jvm_threads(spark))
-        found = {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
+        checked, cpu, found = _timed_check(spark, run_dir)
         # The same history once more in the same JVM: what a long-lived server pays once it has checked a
         # history of this size (its code compiled by the JIT), beside the first check's figure above.
-        threads_before = jvm_threads(spark)
-        started = time.monotonic()
-        again = check_runs([run_dir], spark=spark)[0]
-        checked_again = time.monotonic() - started
-        cpu_again = jvm_cpu_seconds(threads_before, jvm_threads(spark))
-        found_again = {i["id"]: i["count"] for i in again["invariants"] if i["verdict"] == "fail"}
+        checked_again, cpu_again, found_again = _timed_check(spark, run_dir)
         row = {"events": planted["rows"], "generate_s": round(generated, 1), "check_s": round(checked, 1),
                "check_again_s": round(checked_again, 1), "check_again_vs_duckdb": round(checked_again / duck, 1),
                "check_again_jvm_cpu_s": cpu_again, "found_again_same": found_again == found,

@@ -29,6 +29,7 @@ from spark_checkers.topics import filter_matches
 SMALL_BYTES = int(os.environ.get("ORDEAL_CHECKER_SMALL_BYTES", str(64 << 20)))
 WITNESS_CAP = 5
 BIG_SPLIT_BYTES = 32 << 20  # the most of a big check's history one scan task reads (session_settings)
+SMALL_SPLIT_BYTES = 128 << 20  # a small check's: Spark's default, set again because a shared server keeps settings
 LATENCY_ACCURACY = 1000  # percentile_approx of the latency series: 1 / rank error
 TOTAL_PART = "__total"  # a metric row holding one time bucket's share of a run total (metric_rows sums them)
 LOSS_ROWS_CAP = 200  # lost messages collected per run and invariant, to build gap witnesses
@@ -122,10 +123,10 @@ def session_settings(total_bytes: int) -> dict[str, str]:
             "spark.sql.inMemoryColumnarStorage.compressed": "true" if small else "false",
             # A big check's scans in splits of at most BIG_SPLIT_BYTES, so the cores share them evenly: a 10 M
             # history (five 45 MB files) was read by 3 tasks on 2 cores, two files each but one, and one core idled
-            # through a third of each scan stage.  Measured, warm 10 M checks alternating in one JVM: median 53.1 s
+            # through the last third of each scan stage.  Measured, warm 10 M checks alternating in one JVM: median 53.1 s
             # against 54.2 s, each run faster than its pair (docs/report.md, session 13).  A small check keeps
             # Spark's default, which packs a run's few parts into one task.
-            "spark.sql.files.maxPartitionBytes": str(134_217_728 if small else BIG_SPLIT_BYTES)}
+            "spark.sql.files.maxPartitionBytes": str(SMALL_SPLIT_BYTES if small else BIG_SPLIT_BYTES)}
 
 
 def collect_small(events) -> dict[str, list[dict]]:

@@ -7,6 +7,7 @@ import platform
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,17 +135,26 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
         # Not cached: measured, building an in-memory columnar copy of every event cost more than the three
         # extra Parquet scans it saved (each scan reads only the columns its step needs).
         events = jobs.load_events(spark, specs).drop(*jobs.UNREAD_COLUMNS)
-        with jobs.timed("scan + topics"):
-            topics, rows_read = jobs.collect_topics(events)
-        with jobs.timed("small rows"):
-            small = jobs.collect_small(events)
-        for run in inputs:
-            if rows_read.get(run.run_id, 0) != run.rows:
-                raise RuntimeError(f"{run.run_dir}: read {rows_read.get(run.run_id, 0)} rows from the history "
-                                   f"parts, their footers say {run.rows}")
-        with jobs.timed("timelines"):
-            timelines = {i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees) for i in inputs}
-        violations, metrics, parts = jobs.build(spark, specs, events, timelines, topics, cached,
+        timelines: dict[str, Timeline] = {}
+
+        def prepare():  # while the publishes are materialised (jobs.build)
+            # Two scans of the history side by side, too: each job's idle moments are the other's.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check-small") as aside:
+                collecting = aside.submit(jobs.collect_small, events)
+                with jobs.timed("scan + topics"):
+                    topics, rows_read = jobs.collect_topics(events)
+                with jobs.timed("small rows"):
+                    small = collecting.result()
+            for run in inputs:
+                if rows_read.get(run.run_id, 0) != run.rows:
+                    raise RuntimeError(f"{run.run_dir}: read {rows_read.get(run.run_id, 0)} rows from the history "
+                                       f"parts, their footers say {run.rows}")
+            with jobs.timed("timelines"):
+                timelines.update({i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees)
+                                  for i in inputs})
+            return timelines, topics
+
+        violations, metrics, parts = jobs.build(spark, specs, events, prepare, cached,
                                                 small=total_bytes < jobs.SMALL_BYTES)
         try:
             with jobs.timed("violations + metrics"):

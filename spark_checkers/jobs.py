@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import reduce
@@ -154,6 +156,22 @@ def collect_topics(events) -> tuple[dict[str, list[str]], dict[str, int]]:
     return topics, rows_read
 
 
+def local_frame(spark, rows: list[tuple], schema):
+    """A small DataFrame of the driver's rows (tuples in ``schema``'s order; a struct as a tuple), made from
+    Arrow: a local relation in the plan.
+
+    Why not ``createDataFrame(rows)``: a classic session makes a list of rows a Python RDD, so every job that
+    reads it (each broadcast of a side table, pruned to other columns for each join) ran tasks in Python
+    worker processes, forked beside the JVM, for a few rows.  From Arrow it is a local relation the JVM reads
+    itself (and a Connect session sends as Arrow either way)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    table = pa.Table.from_pylist([dict(zip(schema.names, row, strict=True)) for row in rows],
+                                 schema=to_arrow_schema(schema))
+    return spark.createDataFrame(table, schema)
+
+
 # --- Broadcast tables built from the timelines -------------------------------------------------------------
 
 
@@ -186,14 +204,14 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
             if subs:
                 match_rows.append((run.run_id, topic, subs, sorted({s[0] for s in subs})))
     L, S, B, N = T.LongType(), T.StringType(), T.BooleanType(), T.IntegerType()
-    runs_df = spark.createDataFrame(run_rows, T.StructType([
+    runs_df = local_frame(spark, run_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("limit", N), T.StructField("ttl_us", L),
         T.StructField("tol_us", L), T.StructField("fault_times", T.ArrayType(L)), T.StructField("bucket_us", L),
         T.StructField("t_origin", L), T.StructField("slack_us", L), T.StructField("policy", S),
         T.StructField("unpromised_times", T.ArrayType(L)),
         # Every fault and node event as [s, e] (e: the heal, NEVER if none; an event: s = e).
         T.StructField("fault_spans", T.ArrayType(T.StructType([T.StructField("s", L), T.StructField("e", L)])))]))
-    clients_df = spark.createDataFrame(client_rows, T.StructType([
+    clients_df = local_frame(spark, client_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("client", S), T.StructField("connect_seqs", T.ArrayType(L)),
         T.StructField("fresh_seqs", T.ArrayType(L)),
         T.StructField("disconnects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
@@ -210,7 +228,7 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         # The harness's packet-id presets (session_snapshot rows with when = "preset"): each one sets the
         # session's stored counter, so the ids after it start a new run of the sequence.
         T.StructField("preset_seqs", T.ArrayType(L))]))
-    match_df = spark.createDataFrame(match_rows, T.StructType([
+    match_df = local_frame(spark, match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", S),
         T.StructField("subs", T.ArrayType(T.StructType([
             T.StructField("client", S), T.StructField("t_from", L), T.StructField("t_to", L),
@@ -490,33 +508,53 @@ def _cache_leaf(frozen):
                      session)
 
 
-def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], topics: dict[str, list[str]],
+def build(spark, runs: list[RunSpec], events, prepare: Callable[[], tuple[dict[str, Timeline], dict[str, list[str]]]],
           cached: list, small: bool = False):
     """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows.  Every
-    DataFrame it materialises is appended to ``cached`` (the caller unpersists them).
+    DataFrame it materialises is appended to ``cached`` (the caller unpersists them).  ``prepare()`` gives the
+    runs' timelines and published topics (the caller's scans of the small rows); it runs while the publishes,
+    which need neither, are materialised.
 
     Five tables are materialised: the publishes (one row per message), the deliveries with their packet-id
     slots (moved once, by subscriber), one row per delivered (subscriber, message), one narrow row per
     (subscriber, message) that matched one of the subscriber's filters, and the never-delivered candidates
     among those (open_messages: few).  The fourth serves the owed candidates and the publish lookup of the
-    per-message rules alike; none of them moves the deliveries again.  A big check materialises two more,
-    as small as what is out of the ordinary: the stream neighbours of the reordered publishers' messages and
-    the queue values of the queued messages, each merged back into its table by the sorted join key."""
-    from pyspark.sql import functions as F
+    per-message rules alike; none of them moves the deliveries again.  A big check materialises up to two
+    more, as small as what is out of the ordinary: the stream neighbours of the reordered publishers' messages
+    and (if any subscriber was ever offline) the queue values of the queued messages, each merged back into its
+    table by the sorted join key."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check") as aside:
+        return _build(spark, runs, events, prepare, cached, small, aside)
 
-    with timed("side tables"):
-        runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
-    runs_b, clients_b, match_b = F.broadcast(runs_df), F.broadcast(clients_df), F.broadcast(match_df)
+
+def _build(spark, runs, events, prepare, cached, small, aside):
+    """``build``, with ``aside``: one thread that materialises a table while this one goes on to the next.
+
+    Why two jobs at once: each job leaves cores idle while it is planned and submitted, between its stages,
+    and at its last tasks; and the driver builds the side tables with both cores idle.  With a second job
+    submitted, Spark's scheduler gives those moments to its tasks (the first job's tasks still go first).
+    Only tables that do not read each other run side by side: the publishes beside the caller's scans of the
+    small rows, the side tables and the packet-id slots; the stream neighbours beside the per-subscriber table; the claim count beside the open
+    messages.  A failure in the aside thread is raised here by ``result()``; leaving ``build`` waits for the
+    thread, so whatever it materialised is in ``cached`` before the caller releases it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
     mode = freeze_mode(small)
     constant = {"run_id": runs[0].run_id} if len(runs) == 1 else {}
 
     def freeze(df, label: str):
         return _freeze(df, cached, label, mode, constant)
 
-    pub = freeze(publishes(events), "publishes")
+    publishing = aside.submit(freeze, publishes(events), "publishes")
+    timelines, topics = prepare()
+    with timed("side tables"):
+        runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
+    runs_b, clients_b, match_b = F.broadcast(runs_df), F.broadcast(clients_df), F.broadcast(match_df)
     by = subscriber_partitioning(runs)
     slots = freeze(delivery_slots(events, clients_df, by).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
                    "slots")
+    pub = publishing.result()
     # Sorted by the join key within each subscriber's partition (as the aggregate leaves it), so every later join
     # with it only merges.
     per_message = deliveries_per_message(slots.drop("t_origin", "tol_us")).sortWithinPartitions(*SUBSCRIBER_MESSAGE)
@@ -531,23 +569,33 @@ def build(spark, runs: list[RunSpec], events, timelines: dict[str, Timeline], to
         table = freeze(per_subscriber_message(subscriber_rows(claims, dsm, runs_b, clients_b)), "per_subscriber_message")
     else:
         per_message = freeze(per_message, "per_message")
-        neighbours = freeze(stream_neighbours(per_message), "stream neighbours")
-        dsm = per_message.join(neighbours, list(SUBSCRIBER_MESSAGE), "left")
+        neighbouring = aside.submit(freeze, stream_neighbours(per_message), "stream neighbours")
         rows = freeze(subscriber_rows(claims, per_message, runs_b, clients_b), "per_subscriber_message")
-        table = per_subscriber_message(rows, freeze(backlog_queues(rows), "backlog queues"))
+        queues = backlog_queues(rows)
+        if any(timeline.offline for timeline in timelines.values()):
+            queues = freeze(queues, "backlog queues")
+        else:  # no subscriber was ever offline: nothing is queued (no job; the join to no rows is planned away)
+            queues = queues.filter(F.lit(False))
+        table = per_subscriber_message(rows, queues)
+        dsm = per_message.join(neighbouring.result(), list(SUBSCRIBER_MESSAGE), "left")
+    # A big check counts the claimed deliveries (a scan of the table) beside the open messages: equal to the
+    # delivered messages, no delivery needs a lookup in the publishes (delivered_messages).
+    all_claimed = None if small else aside.submit(lambda: claimed_deliveries(table).count() == per_message.count())
     gaps = freeze(open_messages(table, clients_b), "open messages")
     with timed("online trims"):
         trimmed = online_trims(gaps, table).collect()
     if trimmed:  # few rows (never-delivered messages), and none in a run that lost nothing
-        keys = spark.createDataFrame([(r["run_id"], r["client"], r["publisher"], r["pub_seq"], int(r["peak"]))
-                                      for r in trimmed], "run_id string, client string, publisher string, "
-                                                         "pub_seq long, trim_peak long")
+        S, L = T.StringType(), T.LongType()
+        keys = local_frame(spark, [(r["run_id"], r["client"], r["publisher"], r["pub_seq"], int(r["peak"])) for r in trimmed],
+                           T.StructType([T.StructField("run_id", S), T.StructField("client", S),
+                                         T.StructField("publisher", S), T.StructField("pub_seq", L),
+                                         T.StructField("trim_peak", L)]))
         gaps = gaps.join(F.broadcast(keys), ["run_id", "client", "publisher", "pub_seq"], "left")
         online = F.col("trim_peak").isNotNull()
         gaps = freeze(gaps.withColumn("legally_trimmed", F.col("legally_trimmed") | online)
                       .withColumn("owed", F.col("owed") & ~online).drop("trim_peak"), "online trims")
     with timed("publish lookup of deliveries"):
-        dp, unmatched = delivered_messages(table, dsm, pub, runs_b, count_first=not small, counted=per_message)
+        dp, unmatched = delivered_messages(table, dsm, pub, runs_b, all_claimed is not None and all_claimed.result())
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
     tol = F.col("tol_us")
 
@@ -1127,18 +1175,25 @@ def online_trims(gaps, table):
         "run_id", "client", F.col("m_publisher").alias("publisher"), F.col("m_pub_seq").alias("pub_seq"), "peak")
 
 
-def delivered_messages(table, dsm, pub, runs_b, count_first: bool = True, counted=None):
+def claimed_deliveries(table):
+    """The delivered rows of the per-subscriber table: the deliveries that found their claim, with its publish."""
+    from pyspark.sql import functions as F
+
+    return table.filter(F.col("n_deliveries").isNotNull()).select(*SUBSCRIBER_MESSAGE, *PUBLISH_COLUMNS)
+
+
+def delivered_messages(table, dsm, pub, runs_b, all_claimed: bool = False):
     """(every delivered (subscriber, message) with the publish it claims to be, the unmatched part of it or
     None).  Nearly all find it in the per-subscriber table (a merge join, no rows move); a delivery no claim
     matches (never published, unreadable identity, or a topic none of the subscriber's filters match) is looked
-    up in the publishes, and only when the counts say such deliveries exist."""
+    up in the publishes.  ``all_claimed``: the counts said every delivered message found its claim (claims are
+    a subset of them), so there is nothing to look up; without it, the anti join below finds the same (nothing,
+    or the unmatched ones) in the same job."""
     from pyspark.sql import functions as F
 
-    claimed = table.filter(F.col("n_deliveries").isNotNull()).select(*SUBSCRIBER_MESSAGE, *PUBLISH_COLUMNS)
+    claimed = claimed_deliveries(table)
     matched = dsm.join(claimed, list(SUBSCRIBER_MESSAGE)).join(runs_b.drop("fault_times", "fault_spans"), "run_id")
-    # Equal counts mean every delivered message found its claim (claims are a subset of them): nothing unmatched.
-    # Without counting, the anti join below finds the same (nothing, or the unmatched ones) in the same job.
-    if count_first and claimed.count() == (dsm if counted is None else counted).count():
+    if all_claimed:
         return matched.select(*DELIVERED_COLUMNS), None
     unmatched = (dsm.join(claimed.select(*SUBSCRIBER_MESSAGE), list(SUBSCRIBER_MESSAGE), "left_anti")
                  .join(pub, ["run_id", "publisher", "pub_seq"], "left")
@@ -1300,7 +1355,7 @@ def collect_context(spark, events, windows: list[tuple], rows_each: int, margin_
     if not windows:
         return {}
     S, L = T.StringType(), T.LongType()
-    wdf = spark.createDataFrame(windows, T.StructType([
+    wdf = local_frame(spark, windows, T.StructType([
         T.StructField("run_id", S), T.StructField("wid", L), T.StructField("client", S), T.StructField("t_lo", L),
         T.StructField("t_hi", L), T.StructField("w_publisher", S), T.StructField("w_pub_seq", L)]))
     rows = events.filter(F.col("kind").isin(Kind.DELIVERY, Kind.DELIVERY_ACK_SENT)).select(

@@ -51,6 +51,12 @@ def static_conf() -> dict[str, str]:
         # code stages), so with the default every check evicted the last one's and compiled (Janino) and
         # JIT-compiled everything anew.  Big enough for a few check shapes (small/big, one run/many) at once.
         "spark.sql.codegen.cache.maxEntries": CODEGEN_CACHE_ENTRIES,
+        # PySpark wraps every DataFrame and column function to record its Python call site for error messages:
+        # in a classic session five calls into the JVM each (the active session, the setting, the origin set and
+        # cleared), for each of the ~1,600 functions that build a check's rules.  Off, a warm 10k check took
+        # 4.0-4.2 s against 5.0-5.1 s (docs/report.md, session 14).  A checker's error still names its invariant
+        # (api.py).  A static setting: a Connect client records the call site in Python alone, no calls.
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
         # $ORDEAL_SPARK_JAVA_OPTIONS adds JVM flags (the benchmark's A/B of JIT settings, e.g.
         # -XX:-DontCompileHugeMethods: docs/report.md, session 6).
         "spark.driver.extraJavaOptions": " ".join(

@@ -534,9 +534,10 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     and at its last tasks; and the driver builds the side tables with both cores idle.  With a second job
     submitted, Spark's scheduler gives those moments to its tasks (the first job's tasks still go first).
     Only tables that do not read each other run side by side: the publishes beside the caller's scans of the
-    small rows, the side tables and the packet-id slots; the stream neighbours beside the per-subscriber table; the claim count beside the open
-    messages.  A failure in the aside thread is raised here by ``result()``; leaving ``build`` waits for the
-    thread, so whatever it materialised is in ``cached`` before the caller releases it."""
+    small rows, the side tables and the packet-id slots; the stream neighbours beside the per-subscriber table;
+    the claim count beside the open messages.  A failure in the aside thread is raised here by ``result()``;
+    leaving ``build`` waits for the thread, so whatever it materialised is in ``cached`` before the caller
+    releases it."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -586,7 +587,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         trimmed = online_trims(gaps, table).collect()
     if trimmed:  # few rows (never-delivered messages), and none in a run that lost nothing
         S, L = T.StringType(), T.LongType()
-        keys = local_frame(spark, [(r["run_id"], r["client"], r["publisher"], r["pub_seq"], int(r["peak"])) for r in trimmed],
+        keys = local_frame(spark, [(r["run_id"], r["client"], r["publisher"], r["pub_seq"], int(r["peak"]))
+                                   for r in trimmed],
                            T.StructType([T.StructField("run_id", S), T.StructField("client", S),
                                          T.StructField("publisher", S), T.StructField("pub_seq", L),
                                          T.StructField("trim_peak", L)]))

@@ -519,10 +519,9 @@ def build(spark, runs: list[RunSpec], events, prepare: Callable[[], tuple[dict[s
     slots (moved once, by subscriber), one row per delivered (subscriber, message), one narrow row per
     (subscriber, message) that matched one of the subscriber's filters, and the never-delivered candidates
     among those (open_messages: few).  The fourth serves the owed candidates and the publish lookup of the
-    per-message rules alike; none of them moves the deliveries again.  A big check materialises up to two
-    more, as small as what is out of the ordinary: the stream neighbours of the reordered publishers' messages
-    and (if any subscriber was ever offline) the queue values of the queued messages, each merged back into its
-    table by the sorted join key."""
+    per-message rules alike; none of them moves the deliveries again.  A big check materialises two more,
+    as small as what is out of the ordinary: the stream neighbours of the reordered publishers' messages and
+    the queue values of the queued messages, each merged back into its table by the sorted join key."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check") as aside:
         return _build(spark, runs, events, prepare, cached, small, aside)
 
@@ -572,12 +571,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         per_message = freeze(per_message, "per_message")
         neighbouring = aside.submit(freeze, stream_neighbours(per_message), "stream neighbours")
         rows = freeze(subscriber_rows(claims, per_message, runs_b, clients_b), "per_subscriber_message")
-        queues = backlog_queues(rows)
-        if any(timeline.offline for timeline in timelines.values()):
-            queues = freeze(queues, "backlog queues")
-        else:  # no subscriber was ever offline: nothing is queued (no job; the join to no rows is planned away)
-            queues = queues.filter(F.lit(False))
-        table = per_subscriber_message(rows, queues)
+        table = per_subscriber_message(rows, freeze(backlog_queues(rows), "backlog queues"))
         dsm = per_message.join(neighbouring.result(), list(SUBSCRIBER_MESSAGE), "left")
     # A big check counts the claimed deliveries (a scan of the table) beside the open messages: equal to the
     # delivered messages, no delivery needs a lookup in the publishes (delivered_messages).

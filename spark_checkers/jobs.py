@@ -124,10 +124,10 @@ def session_settings(total_bytes: int) -> dict[str, str]:
             # 87.7 s against 89.3 and 92.7 s (docs/report.md, session 10).
             "spark.sql.inMemoryColumnarStorage.compressed": "true" if small else "false",
             # A big check's scans in splits of at most BIG_SPLIT_BYTES, so the cores share them evenly: a 10 M
-            # history (five 45 MB files) was read by 3 tasks on 2 cores, two files each but one, and one core idled
-            # through the last third of each scan stage.  Measured, warm 10 M checks alternating in one JVM: median 53.1 s
-            # against 54.2 s, each run faster than its pair (docs/report.md, session 13).  A small check keeps
-            # Spark's default, which packs a run's few parts into one task.
+            # history (five 45 MB files) was read by 3 tasks on 2 cores, two files each but one, and one core
+            # idled through the last third of each scan stage.  Measured, warm 10 M checks alternating in one
+            # JVM: median 53.1 s against 54.2 s, each run faster than its pair (docs/report.md, session 13).  A
+            # small check keeps Spark's default, which packs a run's few parts into one task.
             "spark.sql.files.maxPartitionBytes": str(SMALL_SPLIT_BYTES if small else BIG_SPLIT_BYTES)}
 
 
@@ -158,15 +158,18 @@ def collect_topics(events) -> tuple[dict[str, list[str]], dict[str, int]]:
 
 def local_frame(spark, rows: list[tuple], schema):
     """A small DataFrame of the driver's rows (tuples in ``schema``'s order; a struct as a tuple), made from
-    Arrow: a local relation in the plan.
+    Arrow: a local relation in the plan.  ``schema``: a StructType, or its DDL ("run_id string, seq long").
 
     Why not ``createDataFrame(rows)``: a classic session makes a list of rows a Python RDD, so every job that
     reads it (each broadcast of a side table, pruned to other columns for each join) ran tasks in Python
     worker processes, forked beside the JVM, for a few rows.  From Arrow it is a local relation the JVM reads
     itself (and a Connect session sends as Arrow either way)."""
     import pyarrow as pa
+    from pyspark.sql import types as T
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    if isinstance(schema, str):
+        schema = T.StructType.fromDDL(schema)
     table = pa.Table.from_pylist([dict(zip(schema.names, row, strict=True)) for row in rows],
                                  schema=to_arrow_schema(schema))
     return spark.createDataFrame(table, schema)
@@ -538,7 +541,6 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     leaving ``build`` waits for the thread, so whatever it materialised is in ``cached`` before the caller
     releases it."""
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
     mode = freeze_mode(small)
     constant = {"run_id": runs[0].run_id} if len(runs) == 1 else {}
@@ -580,12 +582,9 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     with timed("online trims"):
         trimmed = online_trims(gaps, table).collect()
     if trimmed:  # few rows (never-delivered messages), and none in a run that lost nothing
-        S, L = T.StringType(), T.LongType()
         keys = local_frame(spark, [(r["run_id"], r["client"], r["publisher"], r["pub_seq"], int(r["peak"]))
-                                   for r in trimmed],
-                           T.StructType([T.StructField("run_id", S), T.StructField("client", S),
-                                         T.StructField("publisher", S), T.StructField("pub_seq", L),
-                                         T.StructField("trim_peak", L)]))
+                                   for r in trimmed], "run_id string, client string, publisher string, "
+                                                      "pub_seq long, trim_peak long")
         gaps = gaps.join(F.broadcast(keys), ["run_id", "client", "publisher", "pub_seq"], "left")
         online = F.col("trim_peak").isNotNull()
         gaps = freeze(gaps.withColumn("legally_trimmed", F.col("legally_trimmed") | online)

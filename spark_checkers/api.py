@@ -136,13 +136,14 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
         # extra Parquet scans it saved (each scan reads only the columns its step needs).
         events = jobs.load_events(spark, specs).drop(*jobs.UNREAD_COLUMNS)
         timelines: dict[str, Timeline] = {}
+        names: list[jobs.Names] = []  # prepare()'s
 
         def prepare():  # while the publishes are materialised (jobs.build)
             # Two scans of the history side by side, too: each job's idle moments are the other's.
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check-small") as aside:
                 collecting = aside.submit(jobs.collect_small, events)
                 with jobs.timed("scan + topics"):
-                    topics, rows_read = jobs.collect_topics(events)
+                    topics, rows_read, nodes = jobs.collect_topics(events)
                 with jobs.timed("small rows"):
                     small = collecting.result()
             for run in inputs:
@@ -152,6 +153,11 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
             with jobs.timed("timelines"):
                 timelines.update({i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees)
                                   for i in inputs})
+            # The names the witnesses will carry coded (jobs.CODED): every client of the small rows, the
+            # published topics, the nodes; any other (a phantom's publisher, a body hash) is looked up later.
+            known = {row.get(c) for rows in small.values() for row in rows for c in jobs.CODED} | nodes
+            known.update(t for run_topics in topics.values() for t in run_topics)
+            names.append(jobs.Names.of(sorted(n for n in known if n is not None)))
             return timelines, topics
 
         violations, metrics, parts = jobs.build(spark, specs, events, prepare, cached,
@@ -178,15 +184,20 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) ->
                 metric_rows = jobs.metric_rows(metrics.collect())
     finally:
         _release(cached)
+    decoded = {key: [json.loads(w) for w in found] for key, found in witnesses.items()}
+    unknown = names[0].unknown([*decoded.values(), *[row["key"] for row in metric_rows]])
+    if unknown:
+        with jobs.timed("names of codes"):
+            names[0].learn(jobs.lookup_names(events, unknown))
     for run in inputs:
         outcome = outcomes[run.run_id]
         outcome.timeline = timelines[run.run_id]
         for (run_id, invariant), count in counts.items():
             if run_id == run.run_id:
                 outcome.counts[invariant] = count
-                outcome.witnesses[invariant] = [json.loads(w) for w in witnesses[(run_id, invariant)]]
+                outcome.witnesses[invariant] = names[0].decode(decoded[(run_id, invariant)])
     for row in metric_rows:
-        outcomes[row["run_id"]].metrics.append((row["metric"], row["key"], row["value"]))
+        outcomes[row["run_id"]].metrics.append((row["metric"], names[0].decode(row["key"]), row["value"]))
     try:
         with jobs.timed("witness context"):
             _contexts(spark, events, inputs, outcomes)

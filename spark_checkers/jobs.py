@@ -140,20 +140,130 @@ def collect_small(events) -> dict[str, list[dict]]:
     return out
 
 
-def collect_topics(events) -> tuple[dict[str, list[str]], dict[str, int]]:
-    """(distinct published topics per run, rows read per run) in one scan."""
+def collect_topics(events) -> tuple[dict[str, list[str]], dict[str, int], set[str]]:
+    """(distinct published topics per run, rows read per run, every node name) in one scan."""
     from pyspark.sql import functions as F
 
-    topics: dict[str, list[str]] = {}
+    topics: dict[str, set[str]] = {}
     rows_read: dict[str, int] = {}
+    nodes: set[str] = set()
     invoke = F.col("kind") == Kind.PUBLISH_INVOKE
-    grouped = events.groupBy("run_id", F.when(invoke, F.col("topic")).alias("topic")).agg(
+    grouped = events.groupBy("run_id", F.when(invoke, F.col("topic")).alias("topic"), "node").agg(
         F.count(F.lit(1)).alias("n")).collect()
     for row in grouped:
         rows_read[row["run_id"]] = rows_read.get(row["run_id"], 0) + row["n"]
         if row["topic"] is not None:
-            topics.setdefault(row["run_id"], []).append(row["topic"])
-    return topics, rows_read
+            topics.setdefault(row["run_id"], set()).add(row["topic"])
+        if row["node"] is not None:
+            nodes.add(row["node"])
+    return {run_id: sorted(names) for run_id, names in topics.items()}, rows_read, nodes
+
+
+# --- Codes: the names and body hashes the Spark side carries as numbers ------------------------------------
+# Every client, publisher, topic, node and body hash is a 64-bit code (Spark's xxhash64, seed 42) from the
+# first step on, and a witness or metric key carries it as CODE_MARK + the code, named again after the collect
+# (``Names``).  Why: Spark reads a cached table as columns only if every column is a primitive; one string made
+# every read of it build a row per cached row, and every sort and shuffle carried the strings.  Coded, the
+# delivery slots and the publishes are all numbers.  The benchmark's 10 M history, warm checks in one JVM,
+# alternating: 42.8-44.5 s against 50.6-55.6 s (docs/report.md, session 15).
+CODED = ("client", "publisher", "topic", "node", "body_hash")
+# A coded value in a witness: U+0000 cannot begin a name (MQTT forbids it in client ids and topics
+# [MQTT-1.5.4-2]; the nodes and hashes are the harness's own).
+CODE_MARK = "\x00"
+_CODE_SEED = 42  # Spark's xxhash64 seed
+
+
+def code_of(name: str | None) -> int | None:
+    """The code Spark's ``coded`` gives ``name``: xxhash64 of its UTF-8 bytes, seed 42, as a signed long."""
+    import xxhash
+
+    if name is None:
+        return None
+    code = xxhash.xxh64_intdigest(name.encode(), seed=_CODE_SEED)
+    return code - (1 << 64) if code >= 1 << 63 else code
+
+
+def coded(column):
+    """A name column as its code (null stays null: Spark's xxhash64 of null is the seed)."""
+    from pyspark.sql import functions as F
+
+    return F.when(column.isNotNull(), F.xxhash64(column))
+
+
+def named(column):
+    """A coded column as a witness or metric key carries it: CODE_MARK + the code, named after the collect."""
+    from pyspark.sql import functions as F
+
+    return F.concat(F.lit(CODE_MARK), column.cast("string"))
+
+
+def encode_events(events):
+    """The events with every column of CODED as its code."""
+    from pyspark.sql import functions as F
+
+    return events.select(*[coded(F.col(c)).alias(c) if c in CODED else F.col(c) for c in events.columns])
+
+
+def lookup_names(events, codes: set[int]) -> dict[int, str]:
+    """The names of ``codes`` that the caller does not know (a phantom's publisher, a topic never published, a
+    body hash): one scan of the coded columns."""
+    from pyspark.sql import functions as F
+
+    if not codes:
+        return {}
+    name = F.explode(F.array(*[F.col(c) for c in CODED])).alias("name")
+    found = (events.select(name).filter(F.col("name").isNotNull()).select("name", coded(F.col("name")).alias("code"))
+             .filter(F.col("code").isin(*codes)).distinct().collect())
+    return {row["code"]: row["name"] for row in found}
+
+
+@dataclass
+class Names:
+    """Code -> name for what a check's witnesses and metric keys carry coded (``named``)."""
+
+    known: dict[int, str]
+
+    @classmethod
+    def of(cls, names) -> Names:
+        """From the names the driver knows (the timelines' clients, the topics and nodes); a ValueError names
+        two of them that share a code (the check would merge them)."""
+        known: dict[int, str] = {}
+        for name in names:
+            code = code_of(name)
+            if known.setdefault(code, name) != name:
+                raise ValueError(f"the names {known[code]!r} and {name!r} have the same 64-bit code {code}: "
+                                 "the checkers cannot tell them apart")
+        return cls(known)
+
+    def unknown(self, values) -> set[int]:
+        out: set[int] = set()
+        for value in values:
+            self._walk(value, lambda code: out.add(code) if code not in self.known else None)
+        return out
+
+    def learn(self, found: dict[int, str]) -> None:
+        self.known.update(found)
+
+    def decode(self, value):
+        """``value`` (a witness, a key) with every coded string named again."""
+        if isinstance(value, str) and value.startswith(CODE_MARK):
+            code = int(value[1:])
+            return self.known.get(code, f"<code {code}>")
+        if isinstance(value, dict):
+            return {k: self.decode(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.decode(v) for v in value]
+        return value
+
+    def _walk(self, value, visit) -> None:
+        if isinstance(value, str) and value.startswith(CODE_MARK):
+            visit(int(value[1:]))
+        elif isinstance(value, dict):
+            for v in value.values():
+                self._walk(v, visit)
+        elif isinstance(value, list):
+            for v in value:
+                self._walk(v, visit)
 
 
 def local_frame(spark, rows: list[tuple], schema):
@@ -182,7 +292,7 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
     """(runs_df, clients_df, match_df): small DataFrames, broadcast to every join they meet."""
     from pyspark.sql import types as T
 
-    run_rows, client_rows, match_rows = [], [], []
+    run_rows, client_rows, match_rows = [], [], []  # every client and topic as its code (encode_events)
     for run in runs:
         timeline, g = timelines[run.run_id], run.guarantees
         run_rows.append((run.run_id, g.persisted_messages_limit, g.ttl_us, g.tolerance_us, timeline.fault_times(),
@@ -190,7 +300,7 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                          unpromised_fault_times(timeline, g), fault_spans(timeline)))
         clients = set(timeline.connect_seqs) | set(timeline.offline)
         for client in clients:
-            client_rows.append((run.run_id, client, timeline.connect_seqs.get(client, []),
+            client_rows.append((run.run_id, code_of(client), timeline.connect_seqs.get(client, []),
                                 timeline.fresh_seqs.get(client, []),
                                 [(s, t) for s, t in timeline.disconnects.get(client, [])],
                                 list(timeline.offline.get(client, [])),
@@ -202,10 +312,10 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                 [row["seq"] for row in timeline.snapshots if row.get("client") == client
                                  and detail_of(row).get("when") == "preset"]))
         for topic in topics.get(run.run_id, []):
-            subs = [(s.client, s.t_from, s.t_to, s.granted_qos, s.persistent)
+            subs = [(code_of(s.client), s.t_from, s.t_to, s.granted_qos, s.persistent)
                     for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
             if subs:
-                match_rows.append((run.run_id, topic, subs, sorted({s[0] for s in subs})))
+                match_rows.append((run.run_id, code_of(topic), subs, sorted({s[0] for s in subs})))
     L, S, B, N = T.LongType(), T.StringType(), T.BooleanType(), T.IntegerType()
     runs_df = local_frame(spark, run_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("limit", N), T.StructField("ttl_us", L),
@@ -215,7 +325,7 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         # Every fault and node event as [s, e] (e: the heal, NEVER if none; an event: s = e).
         T.StructField("fault_spans", T.ArrayType(T.StructType([T.StructField("s", L), T.StructField("e", L)])))]))
     clients_df = local_frame(spark, client_rows, T.StructType([
-        T.StructField("run_id", S), T.StructField("client", S), T.StructField("connect_seqs", T.ArrayType(L)),
+        T.StructField("run_id", S), T.StructField("client", L), T.StructField("connect_seqs", T.ArrayType(L)),
         T.StructField("fresh_seqs", T.ArrayType(L)),
         T.StructField("disconnects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
         T.StructField("offline", T.ArrayType(T.StructType([T.StructField("idx", N), T.StructField("d", L),
@@ -232,12 +342,12 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         # session's stored counter, so the ids after it start a new run of the sequence.
         T.StructField("preset_seqs", T.ArrayType(L))]))
     match_df = local_frame(spark, match_rows, T.StructType([
-        T.StructField("run_id", S), T.StructField("topic", S),
+        T.StructField("run_id", S), T.StructField("topic", L),
         T.StructField("subs", T.ArrayType(T.StructType([
-            T.StructField("client", S), T.StructField("t_from", L), T.StructField("t_to", L),
+            T.StructField("client", L), T.StructField("t_from", L), T.StructField("t_to", L),
             T.StructField("granted", N), T.StructField("persistent", B)]))),
         # The distinct clients of subs: every claim on the topic is one of them.
-        T.StructField("clients", T.ArrayType(S))]))
+        T.StructField("clients", T.ArrayType(L))]))
     return runs_df, clients_df, match_df
 
 
@@ -548,6 +658,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     def freeze(df, label: str):
         return _freeze(df, cached, label, mode, constant)
 
+    events = encode_events(events)
     publishing = aside.submit(freeze, publishes(events), "publishes")
     timelines, topics = prepare()
     with timed("side tables"):
@@ -583,7 +694,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         trimmed = online_trims(gaps, table).collect()
     if trimmed:  # few rows (never-delivered messages), and none in a run that lost nothing
         keys = local_frame(spark, [(r["run_id"], r["client"], r["publisher"], r["pub_seq"], int(r["peak"]))
-                                   for r in trimmed], "run_id string, client string, publisher string, "
+                                   for r in trimmed], "run_id string, client long, publisher long, "
                                                       "pub_seq long, trim_peak long")
         gaps = gaps.join(F.broadcast(keys), ["run_id", "client", "publisher", "pub_seq"], "left")
         online = F.col("trim_peak").isNotNull()
@@ -597,10 +708,15 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     # Per delivery: the packet-id slot rules.
     slot_rules = Rules(slots)
     rel = F.col("t") - F.col("t_origin")
-    ident = ["client", "publisher", "pub_seq", "packet_id", "dup", "qos", "t", "seq", "node", "t_origin"]
+    def name(column: str, alias: str | None = None):  # a coded column of a witness (``named``)
+        return named(F.col(column)).alias(alias or column)
+
+    client, publisher = name("client"), name("publisher")
+    ident = [client, publisher, "pub_seq", "packet_id", "dup", "qos", "t", "seq", name("node"), "t_origin"]
     invalid = qos_pos & (F.col("packet_id").isNull() | (F.col("packet_id") <= 0) | (F.col("packet_id") > 65535))
     slot_rules.add("order.packet_id_invalid", invalid, rel, *ident)
-    slot_rules.add("order.packet_id_reused", F.col("reused"), rel, *ident, "prev_publisher", "prev_pub_seq", "prev_t")
+    slot_rules.add("order.packet_id_reused", F.col("reused"), rel, *ident, name("prev_publisher"), "prev_pub_seq",
+                   "prev_t")
     slot_rules.add("order.dup_flag", F.col("resend") & ~F.coalesce("dup", F.lit(False)), rel, *ident,
                    F.lit("resend without DUP").alias("problem"))
     # MQTT 5 §4.4 [MQTT-4.4.0-1]: unacknowledged PUBLISH packets are resent only on a reconnect (Clean Start 0,
@@ -625,8 +741,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     dr = dr.select("*", phantom_reason.alias("phantom_reason"), expiry_deadline().alias("deadline"))
     t_first = F.col("first.t")
     rel_first = t_first - F.col("t_origin")
-    base = ["client", "publisher", "pub_seq", F.col("first.t").alias("t"), F.col("first.packet_id").alias("packet_id"),
-            F.col("first.node").alias("node"), "t_invoke", "t_ack", "t_origin", "topic"]
+    base = [client, publisher, "pub_seq", F.col("first.t").alias("t"), F.col("first.packet_id").alias("packet_id"),
+            name("first.node", "node"), "t_invoke", "t_ack", "t_origin", name("topic")]
     real = F.col("phantom_reason").isNull()
     msg_rules = Rules(dr)
     # DUP = 1 on the first *observed* receipt is legal when the receiving connection was established after the
@@ -637,7 +753,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     msg_rules.add("order.dup_flag", F.coalesce(F.col("first.dup"), F.lit(False)) & qos_pos & ~connected_since_publish,
                   rel_first, *base,
                   F.lit("DUP on a first delivery on a connection established before the publish").alias("problem"))
-    msg_rules.add("durability.phantom", ~real, rel_first, *base, "phantom_reason", "min_hash", "max_hash", "pub_hash")
+    msg_rules.add("durability.phantom", ~real, rel_first, *base, "phantom_reason", name("min_hash"), name("max_hash"),
+                  name("pub_hash"))
     msg_rules.add("durability.delivered_after_failed_publish", real & F.col("t_fail").isNotNull() & F.col("t_ack").isNull(),
                   rel_first, *base, "t_fail")
     subscribed = sql("exists(coalesce(subs, array()), x -> x.client = client AND x.t_from <= first.t + tol_us"
@@ -688,9 +805,9 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     from_discarded = (real & F.col("t_ack").isNotNull() & session.isNotNull()
                       & (F.col("t_ack") + F.col("slack_us") + tol < session["t"]) & ~fault_in_life & ~pub_resent)
     msg_rules.add("durability.discarded_session_delivery", from_discarded, t_last_d - F.col("t_origin"),
-                  "client", "publisher", "pub_seq", t_last_d.alias("t"), F.col("last.packet_id").alias("packet_id"),
-                  F.col("last.dup").alias("dup"), F.col("last.node").alias("node"), "t_invoke", "t_ack", "t_origin",
-                  "topic", session["t"].alias("t_session"), session["why"].alias("session_why"),
+                  client, publisher, "pub_seq", t_last_d.alias("t"), F.col("last.packet_id").alias("packet_id"),
+                  F.col("last.dup").alias("dup"), name("last.node", "node"), "t_invoke", "t_ack", "t_origin",
+                  name("topic"), session["t"].alias("t_session"), session["why"].alias("session_why"),
                   session["clean_start"].alias("session_clean_start"), held["t"].alias("t_held_since"),
                   discarded_by["t"].alias("t_discarded"), discarded_by["why"].alias("discarded_why"),
                   discarded_by["clean_start"].alias("discarded_clean_start"), "n_deliveries", "slack_us", "tol_us")
@@ -711,13 +828,13 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     cand = table.filter(F.col("is_cand"))
     lost = gaps.filter(F.col("owed"))
     carried_into = F.col("carried_into").isNotNull()
-    loss_cols = ["client", "publisher", "pub_seq", "topic", "t_invoke", "t_ack", "t_origin", "expiry_s", "in_backlog",
+    loss_cols = [client, publisher, "pub_seq", name("topic"), "t_invoke", "t_ack", "t_origin", "expiry_s", "in_backlog",
                  F.coalesce("carried_into.d", "k.d").alias("t_offline"), F.coalesce("carried_into.c", "k.c").alias("t_reconnect"),
                  F.when(carried_into, F.col("k.d")).alias("carried_from_offline"),
                  F.when(carried_into, F.col("k.c")).alias("carried_from_reconnect"),
                  F.when(~carried_into, F.col("rank")).alias("rank"),
                  F.coalesce("carried_into.n_backlog", "n_backlog").alias("n_backlog"), "limit",
-                 "prev_delivered", "next_delivered", "position", "pub_node", "policy"]
+                 "prev_delivered", "next_delivered", "position", name("pub_node"), "policy"]
     lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
                          (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
                          F.to_json(F.struct(*loss_cols)).alias("witness"))
@@ -725,14 +842,14 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     over = cand.filter(F.col("in_backlog") & (F.col("rank") == 1))
     over_rules = Rules(over)
     over_rules.add("limits.over_limit", F.col("n_settled_delivered") > F.col("limit"), F.col("k.c") - F.col("t_origin"),
-                   "client", F.col("k.c").alias("t"), F.col("k.d").alias("t_offline"),
+                   client, F.col("k.c").alias("t"), F.col("k.d").alias("t_offline"),
                    F.col("n_settled_delivered").alias("kept"), "limit", "n_backlog", "n_settled",
                    F.col("n_pipeline_w").alias("n_in_pipeline"), "slack_us", "t_origin",
                    F.lit("black box: delivered after reconnect").alias("source"))
 
     seq_rules = Rules(packet_id_gaps(slots, table, clients_b, runs_b))
     seq_rules.add("whitebox.packet_id_sequence", F.col("unexplained"), F.col("t") - F.col("t_origin"),
-                  "client", "t", "seq", "packet_id", "prev_packet_id", "prev_t", "publisher", "pub_seq", "epoch", "gap",
+                  client, "t", "seq", "packet_id", "prev_packet_id", "prev_t", publisher, "pub_seq", "epoch", "gap",
                   "skipped_total", "undelivered", "t_session", "t_origin")
 
     groups = [slot_rules, msg_rules, over_rules, seq_rules]
@@ -963,7 +1080,9 @@ def queue_windows(t):
 
     # Every window below is partitioned by is_cand too: rows that were never owed (another session's filter,
     # a failed publish) share the subscriber's partition but must not take part in its queue or stream.
-    # Why rank newest-first: while offline the broker keeps only the newest `limit` of the backlog.
+    # Why rank newest-first: while offline the broker keeps only the newest `limit` of the backlog.  Messages
+    # that arrived in the same microsecond are ranked by publisher code (jobs.CODED), then sequence: an order
+    # the history cannot give, fixed so that every check ranks them alike.
     queue = Window.partitionBy("run_id", "client", "is_cand", "backlog").orderBy(
         F.col("t_arr").desc(), F.col("publisher").desc(), F.col("pub_seq").desc())
     whole = Window.partitionBy("run_id", "client", "is_cand", "backlog")
@@ -1252,7 +1371,7 @@ def _metrics(pub, slots, delivered, cand, lost, runs_b):
     # Only ids the broker stored: the client's latest session, if persistent (a clean session's are never stored).
     last_pid = slots.filter(F.col("stored") & F.col("last_epoch")).groupBy("run_id", "client").agg(
         F.max_by("packet_id", "seq").alias("pid"))
-    parts.append(rows(last_pid, "last_packet_id", F.col("client"), F.col("pid")))
+    parts.append(rows(last_pid, "last_packet_id", named(F.col("client")), F.col("pid")))
     return reduce(lambda a, b: a.unionByName(b), parts)
 
 
@@ -1320,6 +1439,8 @@ def collect_all(violations, metrics):
 
 
 def _ranked(violations):
+    """Each violation's rank within its (run, invariant): by sort key (time), then by the witness's JSON, whose
+    names are codes here (``named``): witnesses at one time are chosen in code order, the same in every check."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 

@@ -1,5 +1,6 @@
 """How ``jobs.build`` runs its jobs: the driver's small tables are local relations (no Python worker processes),
-and a table materialised beside the main thread is handed over even when the main thread fails."""
+a table materialised beside the main thread is handed over even when the main thread fails, and the names the
+Spark side carries as codes are named again in every witness."""
 
 from __future__ import annotations
 
@@ -60,3 +61,54 @@ def test_a_failed_preparation_hands_over_the_table_materialised_beside_it(spark,
     finally:
         for df in cached:
             df.unpersist()
+
+
+ODD_NAMES = ["sub-1", "sub-10", "it's", "back\\slash", "ünïcode/топік", "", "a b", 'quo"te', "0123456789abcdef"]
+
+
+def test_python_and_spark_give_a_name_the_same_code_and_the_witness_names_it_again(spark):
+    """The side tables are coded in Python (``code_of``), the events in Spark (``coded``): the codes must agree
+    for any name, and a witness value (``named``) must come back as the name, nested or not.  A null stays null."""
+    from pyspark.sql import functions as F
+
+    from spark_checkers import jobs
+
+    frame = jobs.local_frame(spark, [(n,) for n in ODD_NAMES] + [(None,)], "name string")
+    rows = frame.select("name", jobs.coded(F.col("name")).alias("code"),
+                        jobs.named(jobs.coded(F.col("name"))).alias("carried")).collect()
+    names = jobs.Names.of(ODD_NAMES)
+    for row in rows:
+        assert row["code"] == jobs.code_of(row["name"]), row
+        assert names.decode(row["carried"]) == row["name"]
+    witness = {"client": rows[0]["carried"], "gap": [{"publisher": rows[4]["carried"]}], "t": 5, "why": "plain"}
+    assert names.decode(witness) == {"client": ODD_NAMES[0], "gap": [{"publisher": ODD_NAMES[4]}], "t": 5,
+                                     "why": "plain"}
+    assert names.unknown([witness]) == set()
+
+
+def test_a_name_the_driver_does_not_know_is_looked_up_in_the_history(spark):
+    """A coded value no small row, topic or node names (a phantom's publisher, a body hash) is found by one scan of
+    the history's coded columns, and named in the witness like any other."""
+    from pyspark.sql import functions as F
+
+    from spark_checkers import jobs
+
+    events = jobs.local_frame(spark, [("sub-1", "ghost-7", "t/1", "broker-1", "00ff00ff00ff00ff")],
+                              "client string, publisher string, topic string, node string, body_hash string")
+    names = jobs.Names.of(["sub-1", "t/1", "broker-1"])
+    carried = jobs.encode_events(events).select(*[jobs.named(F.col(c)).alias(c) for c in jobs.CODED]).first().asDict()
+    assert names.unknown([carried]) == {jobs.code_of("ghost-7"), jobs.code_of("00ff00ff00ff00ff")}
+    names.learn(jobs.lookup_names(events, names.unknown([carried])))
+    assert names.decode(carried) == {"client": "sub-1", "publisher": "ghost-7", "topic": "t/1", "node": "broker-1",
+                                     "body_hash": "00ff00ff00ff00ff"}
+
+
+def test_two_names_with_one_code_are_refused(monkeypatch):
+    """Two names with the same code would be one client, topic or stream to the checkers: refused, naming both
+    (the check's verdicts are then unknown, never a pass)."""
+    from spark_checkers import jobs
+
+    monkeypatch.setattr(jobs, "code_of", lambda name: 7)
+    with pytest.raises(ValueError, match="'sub-1' and 'sub-2' have the same 64-bit code 7"):
+        jobs.Names.of(["sub-1", "sub-2"])
+    assert jobs.Names.of(["sub-1", "sub-1"]).known == {7: "sub-1"}

@@ -236,10 +236,8 @@ class Names:
         return cls(known)
 
     def unknown(self, values) -> set[int]:
-        out: set[int] = set()
-        for value in values:
-            self._walk(value, lambda code: out.add(code) if code not in self.known else None)
-        return out
+        """The codes in ``values`` (witnesses, keys) that have no name yet."""
+        return {code for value in values for code in _codes(value) if code not in self.known}
 
     def learn(self, found: dict[int, str]) -> None:
         self.known.update(found)
@@ -255,15 +253,14 @@ class Names:
             return [self.decode(v) for v in value]
         return value
 
-    def _walk(self, value, visit) -> None:
-        if isinstance(value, str) and value.startswith(CODE_MARK):
-            visit(int(value[1:]))
-        elif isinstance(value, dict):
-            for v in value.values():
-                self._walk(v, visit)
-        elif isinstance(value, list):
-            for v in value:
-                self._walk(v, visit)
+
+def _codes(value):
+    """Every code a witness or key carries (``named``), nested or not."""
+    if isinstance(value, str) and value.startswith(CODE_MARK):
+        yield int(value[1:])
+    elif isinstance(value, dict | list):
+        for v in value.values() if isinstance(value, dict) else value:
+            yield from _codes(v)
 
 
 def local_frame(spark, rows: list[tuple], schema):

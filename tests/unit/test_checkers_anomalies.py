@@ -796,3 +796,27 @@ def test_log_witnesses_and_the_reported_count(reports):
     assert "redis-2" in unread["logs.error_lines"]["reason"]
     external = {i["id"]: i for i in reports["clean_external"]["invariants"]}
     assert external["logs.error_lines"]["verdict"] == "pass"  # judged by the Mosquitto preset (its start program)
+
+
+def test_a_witness_names_what_only_the_history_knows(spark, runs, reports, monkeypatch):
+    """The Spark side carries names and body hashes as codes (jobs.CODED).  A phantom's body hash and a publisher
+    that never connected are no name the driver knows: looked up in the history, the witness names them.  If
+    that lookup fails, the verdicts stand, those values show as codes, and a note says why."""
+    from spark_checkers import jobs
+
+    def phantom(report):
+        return next(i for i in report["invariants"] if i["id"] == "durability.phantom")
+
+    assert phantom(reports["phantom_body_hash"])["witnesses"][0]["data"]["min_hash"] == "deadbeef00000000"
+    assert phantom(reports["phantom_never_published"])["witnesses"][0]["data"]["publisher"] == "pub-9"
+
+    def unreadable(events, codes):
+        raise RuntimeError("the history moved away")
+
+    monkeypatch.setattr(jobs, "lookup_names", unreadable)
+    [report] = check_runs([runs["phantom_body_hash"]], spark=spark)
+    judged, before = phantom(report), phantom(reports["phantom_body_hash"])
+    assert (judged["verdict"], judged["count"]) == (before["verdict"], before["count"]) == ("fail", before["count"])
+    assert judged["witnesses"][0]["data"]["min_hash"].startswith("<code ")
+    assert any("could not be read back from the history: RuntimeError: the history moved away" in n
+               for n in report["notes"]), report["notes"]

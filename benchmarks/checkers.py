@@ -4,9 +4,10 @@ checkers at 1M and 10M events on local[2], side by side with (a) a raw Parquet s
 shuffle + sort of the deliveries by subscriber (the floor of any Spark plan that orders each subscriber's
 deliveries) and (c) the loss + order rules in DuckDB, single process; each history is checked twice, the
 second time in a JVM that has checked it before (``check_again_s``: a long-lived server's figure).  The warm
-latency figures check each history both ways a small check can materialise its tables ($ORDEAL_CHECKER_FREEZE: persist, the old way, and
-checkpoint, the new), interleaved, and give the new/old ratio.  Every figure of one invocation is measured in the
-same conditions: compare ratios, not seconds across runs (the machine is shared).
+latency figures check each history both ways a small check can materialise its tables
+($ORDEAL_CHECKER_FREEZE: persist, the old way, and checkpoint, the new), interleaved, and give the new/old
+ratio.  Every figure of one invocation is measured in the same conditions: compare ratios, not seconds across
+runs (the machine is shared).
 
     .venv/bin/python benchmarks/checkers.py [--latency 10000 100000 1000000] [--events 1000000 10000000]
 

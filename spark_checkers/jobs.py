@@ -164,8 +164,8 @@ def collect_topics(events) -> tuple[dict[str, list[str]], dict[str, int], set[st
 # first step on, and a witness or metric key carries it as CODE_MARK + the code, named again after the collect
 # (``Names``).  Why: Spark reads a cached table as columns only if every column is a primitive; one string made
 # every read of it build a row per cached row, and every sort and shuffle carried the strings.  Coded, the
-# delivery slots and the publishes are all numbers.  The benchmark's 10 M history, warm checks in one JVM,
-# alternating: 42.8-44.5 s against 50.6-55.6 s (docs/report.md, session 15).
+# delivery slots and the publishes are all numbers.  The benchmark's 10 M history: 66.0 s first and 46.4 s
+# again in the same JVM, against 74.9 s and 55.1 s with strings (docs/report.md, session 15).
 CODED = ("client", "publisher", "topic", "node", "body_hash")
 # A coded value in a witness: U+0000 cannot begin a name (MQTT forbids it in client ids and topics
 # [MQTT-1.5.4-2]; the nodes and hashes are the harness's own).
@@ -195,6 +195,13 @@ def named(column):
     from pyspark.sql import functions as F
 
     return F.concat(F.lit(CODE_MARK), column.cast("string"))
+
+
+def witness_name(column: str, alias: str | None = None):
+    """A coded column of a witness (``named``), under its own name or ``alias`` ("first.node" as "node")."""
+    from pyspark.sql import functions as F
+
+    return named(F.col(column)).alias(alias or column)
 
 
 def encode_events(events):
@@ -705,15 +712,12 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     # Per delivery: the packet-id slot rules.
     slot_rules = Rules(slots)
     rel = F.col("t") - F.col("t_origin")
-    def name(column: str, alias: str | None = None):  # a coded column of a witness (``named``)
-        return named(F.col(column)).alias(alias or column)
-
-    client, publisher = name("client"), name("publisher")
-    ident = [client, publisher, "pub_seq", "packet_id", "dup", "qos", "t", "seq", name("node"), "t_origin"]
+    client, publisher = witness_name("client"), witness_name("publisher")
+    ident = [client, publisher, "pub_seq", "packet_id", "dup", "qos", "t", "seq", witness_name("node"), "t_origin"]
     invalid = qos_pos & (F.col("packet_id").isNull() | (F.col("packet_id") <= 0) | (F.col("packet_id") > 65535))
     slot_rules.add("order.packet_id_invalid", invalid, rel, *ident)
-    slot_rules.add("order.packet_id_reused", F.col("reused"), rel, *ident, name("prev_publisher"), "prev_pub_seq",
-                   "prev_t")
+    slot_rules.add("order.packet_id_reused", F.col("reused"), rel, *ident, witness_name("prev_publisher"),
+                   "prev_pub_seq", "prev_t")
     slot_rules.add("order.dup_flag", F.col("resend") & ~F.coalesce("dup", F.lit(False)), rel, *ident,
                    F.lit("resend without DUP").alias("problem"))
     # MQTT 5 §4.4 [MQTT-4.4.0-1]: unacknowledged PUBLISH packets are resent only on a reconnect (Clean Start 0,
@@ -739,7 +743,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     t_first = F.col("first.t")
     rel_first = t_first - F.col("t_origin")
     base = [client, publisher, "pub_seq", F.col("first.t").alias("t"), F.col("first.packet_id").alias("packet_id"),
-            name("first.node", "node"), "t_invoke", "t_ack", "t_origin", name("topic")]
+            witness_name("first.node", "node"), "t_invoke", "t_ack", "t_origin", witness_name("topic")]
     real = F.col("phantom_reason").isNull()
     msg_rules = Rules(dr)
     # DUP = 1 on the first *observed* receipt is legal when the receiving connection was established after the
@@ -750,8 +754,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     msg_rules.add("order.dup_flag", F.coalesce(F.col("first.dup"), F.lit(False)) & qos_pos & ~connected_since_publish,
                   rel_first, *base,
                   F.lit("DUP on a first delivery on a connection established before the publish").alias("problem"))
-    msg_rules.add("durability.phantom", ~real, rel_first, *base, "phantom_reason", name("min_hash"), name("max_hash"),
-                  name("pub_hash"))
+    msg_rules.add("durability.phantom", ~real, rel_first, *base, "phantom_reason",
+                  *[witness_name(h) for h in ("min_hash", "max_hash", "pub_hash")])
     msg_rules.add("durability.delivered_after_failed_publish", real & F.col("t_fail").isNotNull() & F.col("t_ack").isNull(),
                   rel_first, *base, "t_fail")
     subscribed = sql("exists(coalesce(subs, array()), x -> x.client = client AND x.t_from <= first.t + tol_us"
@@ -803,8 +807,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
                       & (F.col("t_ack") + F.col("slack_us") + tol < session["t"]) & ~fault_in_life & ~pub_resent)
     msg_rules.add("durability.discarded_session_delivery", from_discarded, t_last_d - F.col("t_origin"),
                   client, publisher, "pub_seq", t_last_d.alias("t"), F.col("last.packet_id").alias("packet_id"),
-                  F.col("last.dup").alias("dup"), name("last.node", "node"), "t_invoke", "t_ack", "t_origin",
-                  name("topic"), session["t"].alias("t_session"), session["why"].alias("session_why"),
+                  F.col("last.dup").alias("dup"), witness_name("last.node", "node"), "t_invoke", "t_ack", "t_origin",
+                  witness_name("topic"), session["t"].alias("t_session"), session["why"].alias("session_why"),
                   session["clean_start"].alias("session_clean_start"), held["t"].alias("t_held_since"),
                   discarded_by["t"].alias("t_discarded"), discarded_by["why"].alias("discarded_why"),
                   discarded_by["clean_start"].alias("discarded_clean_start"), "n_deliveries", "slack_us", "tol_us")
@@ -825,13 +829,14 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     cand = table.filter(F.col("is_cand"))
     lost = gaps.filter(F.col("owed"))
     carried_into = F.col("carried_into").isNotNull()
-    loss_cols = [client, publisher, "pub_seq", name("topic"), "t_invoke", "t_ack", "t_origin", "expiry_s", "in_backlog",
+    loss_cols = [client, publisher, "pub_seq", witness_name("topic"), "t_invoke", "t_ack", "t_origin", "expiry_s",
+                 "in_backlog",
                  F.coalesce("carried_into.d", "k.d").alias("t_offline"), F.coalesce("carried_into.c", "k.c").alias("t_reconnect"),
                  F.when(carried_into, F.col("k.d")).alias("carried_from_offline"),
                  F.when(carried_into, F.col("k.c")).alias("carried_from_reconnect"),
                  F.when(~carried_into, F.col("rank")).alias("rank"),
                  F.coalesce("carried_into.n_backlog", "n_backlog").alias("n_backlog"), "limit",
-                 "prev_delivered", "next_delivered", "position", name("pub_node"), "policy"]
+                 "prev_delivered", "next_delivered", "position", witness_name("pub_node"), "policy"]
     lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
                          (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
                          F.to_json(F.struct(*loss_cols)).alias("witness"))

@@ -3,7 +3,8 @@ in-process session and on the shared Spark Connect server, and steady on the ser
 checkers at 1M and 10M events on local[2], side by side with (a) a raw Parquet scan of the same files, (b) one
 shuffle + sort of the deliveries by subscriber (the floor of any Spark plan that orders each subscriber's
 deliveries) and (c) the loss + order rules in DuckDB, single process; each history is checked twice, the
-second time in a JVM that has checked it before (``check_again_s``: a long-lived server's figure).  The warm
+second time in a JVM that has checked it before (``check_again_s``: a long-lived server's figure), and once
+more in a fresh JVM after the product's warm-up (``check_warmed_s``: `ordeal spark start --warm-up`).  The warm
 latency figures check each history both ways a small check can materialise its tables
 ($ORDEAL_CHECKER_FREEZE: persist, the old way, and checkpoint, the new), interleaved, and give the new/old
 ratio.  Every figure of one invocation is measured in the same conditions: compare ratios, not seconds across
@@ -21,140 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-
-from contracts.history_schema import (
-    EVENT_SCHEMA,
-    MANIFEST_NAME,
-    Kind,
-    Manifest,
-    Phase,
-    write_manifest,
-    write_part,
-)
-
-INTERVAL_US = 1_000_000  # one message per second per publisher, as in the seeds' P2P test
-ROWS_PER_MESSAGE = 4  # invoke, ack, delivery, delivery_ack_sent
-
-
-def _hex64(values: np.ndarray) -> pa.Array:
-    """uint64 -> 16 lowercase hex chars, vectorised."""
-    digits = np.frombuffer(b"0123456789abcdef", dtype="S1")
-    raw = values.astype(">u8").view(np.uint8).reshape(-1, 8)
-    chars = np.empty((len(values), 16), dtype="S1")
-    chars[:, 0::2] = digits[raw >> 4]
-    chars[:, 1::2] = digits[raw & 15]
-    return pa.array(chars.view("S16").ravel()).cast(pa.string())
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64: a stand-in for blake2b of the payload, the same on both sides."""
-    z = (x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def _names(prefix: str, indices: np.ndarray, count: int) -> pa.Array:
-    dictionary = pa.array([f"{prefix}{i}" for i in range(count)])
-    return pa.DictionaryArray.from_arrays(pa.array(indices.astype(np.int32)), dictionary).cast(pa.string())
-
-
-def generate(run_dir: Path, events: int, *, lost: int = 10, swaps: int = 5, seed: int = 7) -> dict:
-    """Write a P2P history of about ``events`` rows; return what was planted."""
-    rng = np.random.default_rng(seed)
-    pairs = max(1, int(round(events / ROWS_PER_MESSAGE / 2500)))
-    per_pub = max(2, events // ROWS_PER_MESSAGE // pairs)
-    n = pairs * per_pub
-    pub_index = np.repeat(np.arange(pairs), per_pub)
-    pub_seq = np.tile(np.arange(1, per_pub + 1), pairs).astype(np.int64)
-    t_invoke = 1_000_000 + (pub_seq - 1) * INTERVAL_US + pub_index * 997
-    hashes = _hex64(_mix(pub_index.astype(np.uint64) << np.uint64(32) | pub_seq.astype(np.uint64)))
-    first_pid = 65535 - 1000  # every subscriber wraps after 1000 messages
-    pid = ((first_pid - 1 + pub_seq - 1) % 65535 + 1).astype(np.int32)
-    keep = np.ones(n, dtype=bool)
-    lost_idx = rng.choice(np.flatnonzero((pub_seq > 1) & (pub_seq < per_pub)), size=lost, replace=False)
-    keep[lost_idx] = False
-    # swapped neighbours: the identity of message i and i+1 exchanged on the delivery side
-    deliver_seq = pub_seq.copy()
-    candidates = np.setdiff1d(np.flatnonzero((pub_seq > 1) & (pub_seq < per_pub - 1)), np.concatenate(
-        [lost_idx, lost_idx - 1, lost_idx + 1]))
-    swap_idx = rng.choice(candidates[::3], size=swaps, replace=False)
-    deliver_seq[swap_idx], deliver_seq[swap_idx + 1] = pub_seq[swap_idx + 1], pub_seq[swap_idx]
-    deliver_hash_src = pub_index.astype(np.uint64) << np.uint64(32) | deliver_seq.astype(np.uint64)
-    d = keep
-    columns: dict[str, list] = {name: [] for name in EVENT_SCHEMA.names}
-
-    def block(size: int, **values) -> None:
-        for name in EVENT_SCHEMA.names:
-            value = values.get(name)
-            if value is None:
-                columns[name].append(pa.nulls(size, EVENT_SCHEMA.field(name).type))
-            elif isinstance(value, pa.Array):
-                columns[name].append(value.cast(EVENT_SCHEMA.field(name).type))
-            elif np.isscalar(value) or isinstance(value, str | bool):
-                columns[name].append(pa.array([value] * size, EVENT_SCHEMA.field(name).type))
-            else:
-                columns[name].append(pa.array(value).cast(EVENT_SCHEMA.field(name).type))
-
-    pubs, subs = _names("pub-", pub_index, pairs), _names("sub-", pub_index, pairs)
-    topics = _names("europe/ua/kyiv/", pub_index, pairs)
-    topics = pa.array([f"{t}/0" for t in topics.to_pylist()]) if n <= 0 else pa.compute.binary_join_element_wise(
-        topics, pa.array(["/0"] * n), "")
-    block(n, t_mono_us=t_invoke, kind=Kind.PUBLISH_INVOKE, client=pubs, node="broker-1", protocol=4, topic=topics,
-          qos=1, packet_id=pid, dup=False, retain=False, payload_size=62, publisher=pubs, pub_seq=pub_seq,
-          send_wall_us=t_invoke, body_hash=hashes)
-    block(n, t_mono_us=t_invoke + 2000, kind=Kind.PUBLISH_ACK, client=pubs, node="broker-1", protocol=4, qos=1,
-          packet_id=pid, publisher=pubs, pub_seq=pub_seq, reason_code=0)
-    mask = pa.array(d)
-    nd = int(d.sum())
-    block(nd, t_mono_us=(t_invoke + 5000)[d], kind=Kind.DELIVERY, client=subs.filter(mask), node="broker-1",
-          protocol=4, topic=topics.filter(mask), qos=1, packet_id=pid[d], dup=False, retain=False, payload_size=62,
-          publisher=pubs.filter(mask), pub_seq=deliver_seq[d], send_wall_us=t_invoke[d],
-          body_hash=_hex64(_mix(deliver_hash_src[d])))
-    block(nd, t_mono_us=(t_invoke + 5300)[d], kind=Kind.DELIVERY_ACK_SENT, client=subs.filter(mask),
-          node="broker-1", protocol=4, qos=1, packet_id=pid[d])
-    small = []
-    for i in range(pairs):
-        small += [dict(t_mono_us=900_000, kind=Kind.CONNECT, client=f"sub-{i}", protocol=4, clean_start=False,
-                       session_present=False, reason_code=0),
-                  dict(t_mono_us=950_000, kind=Kind.SUBSCRIBE_ACK, client=f"sub-{i}", topic=f"europe/ua/kyiv/{i}/+",
-                       qos=1),
-                  dict(t_mono_us=900_000, kind=Kind.CONNECT, client=f"pub-{i}", protocol=4, clean_start=True,
-                       session_present=False, reason_code=0)]
-    end = int(t_invoke.max()) + 2_000_000
-    for t, phase, extra in ((0, Phase.RUN_START, {}), (end, Phase.DRAIN_START, {}),
-                            (end + 1_000_000, Phase.DRAIN_END, {"reason": "quiet"}), (end + 2_000_000, Phase.RUN_END, {})):
-        small.append(dict(t_mono_us=t, kind=Kind.PHASE, detail=json.dumps({"phase": phase, **extra})))
-    for i in range(pairs):
-        small.append(dict(t_mono_us=end + 1_500_000, kind=Kind.SESSION_SNAPSHOT, client=f"sub-{i}", zset_size=0,
-                          last_packet_id=int(pid[pub_index == i][-1]), orphan_payloads=0, dangling_refs=0))
-    small_table = pa.Table.from_pylist(small, schema=EVENT_SCHEMA.remove_metadata())
-    big = pa.Table.from_arrays([pa.chunked_array(columns[name]) for name in EVENT_SCHEMA.names],
-                               schema=EVENT_SCHEMA.remove_metadata())
-    table = pa.concat_tables([big, small_table])
-    order = pa.compute.sort_indices(table, sort_keys=[("t_mono_us", "ascending")])
-    table = table.take(order)
-    rows = table.num_rows
-    table = table.set_column(0, "seq", pa.array(np.arange(rows, dtype=np.int64)))
-    table = table.set_column(2, "t_wall_us", pa.compute.add(table["t_mono_us"], 1_790_000_000_000_000))
-    table = table.replace_schema_metadata(EVENT_SCHEMA.metadata)
-    history = run_dir / "history"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    history.mkdir(parents=True)
-    part_rows = 2_000_000
-    written = [write_part(history, index, table.slice(start, part_rows), compression="snappy")
-               for index, start in enumerate(range(0, rows, part_rows))]  # snappy: pyarrow's default, as measured
-    write_manifest(history, Manifest(run_id=run_dir.name, complete=True, parts=tuple(written), end_reason="drained",
-                                     started_wall_us=1_790_000_000_000_000, updated_wall_us=1_790_000_000_000_000,
-                                     meta={"scenario": "bench-p2p", "seed": seed}))
-    (run_dir / "scenario.json").write_text(json.dumps({"broker": {}, "checks": {}, "target": {"kind": "reference"}}))
-    return {"rows": rows, "pairs": pairs, "messages": n, "lost": lost, "swaps": swaps}
+from contracts.history_schema import MANIFEST_NAME, Kind
+from spark_checkers.bulk_history import generate
 
 
 def jvm_threads(spark) -> dict[str, tuple[str, float]]:
@@ -420,6 +292,29 @@ def _timed_check(spark, run_dir: Path) -> tuple[float, dict, dict]:
     return checked, jvm_cpu_seconds(threads_before, jvm_threads(spark)), _found(report)
 
 
+def warmed_first_check(spark, run_dir: Path) -> dict:
+    """A fresh JVM's first check of ``run_dir`` after the product's warm-up (``api.warm_up``: what `ordeal spark
+    start --warm-up` runs), with that warm-up's own time: a server started for big histories pays this."""
+    from spark_checkers.api import warm_up
+
+    started = time.monotonic()
+    warm = warm_up(spark)
+    warmed = time.monotonic() - started
+    checked, cpu, found = _timed_check(spark, run_dir)
+    return {"warm_up_s": round(warmed, 1), "warm_up_right": all(c.right for c in warm), "check_s": round(checked, 1),
+            "jvm_cpu_s": cpu, "found": found}
+
+
+def _warmed_in_child(run_dir: Path, master: str) -> dict:
+    """``warmed_first_check`` in a JVM of its own (a classic session's JVM lives as long as its process)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, __file__, "--warmed-child", str(run_dir), "--spark-master", master],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, nargs="*", default=[1_000_000, 10_000_000])
@@ -429,6 +324,7 @@ def main() -> None:
                         help="Latency: only the classic session's warm figures (old vs new), no cold starts, no Connect.")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-checkers"))
     parser.add_argument("--connect-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--warmed-child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--spark-master", default="local[2]",
                         help="The 1M/10M comparison's classic session (Spark Connect figures: the latency part).")
     args = parser.parse_args()
@@ -437,6 +333,9 @@ def main() -> None:
 
     if args.connect_child:
         print(json.dumps(connect_latency(args.latency, args.out)))
+        return
+    if args.warmed_child:
+        print(json.dumps(warmed_first_check(spark_session(args.spark_master), args.warmed_child)))
         return
     args.out.mkdir(parents=True, exist_ok=True)
     latency = per_run_latency(args.latency, args.out, warm_only=args.warm_only) if args.latency else []
@@ -461,9 +360,14 @@ def main() -> None:
         # The same history once more in the same JVM: what a long-lived server pays once it has checked a
         # history of this size (its code compiled by the JIT), beside the first check's figure above.
         checked_again, cpu_again, found_again = _timed_check(spark, run_dir)
+        # And a fresh JVM's first check after the product's warm-up (this JVM idles meanwhile).
+        warmed = _warmed_in_child(run_dir, args.spark_master)
         row = {"events": planted["rows"], "generate_s": round(generated, 1), "check_s": round(checked, 1),
                "check_again_s": round(checked_again, 1), "check_again_vs_duckdb": round(checked_again / duck, 1),
                "check_again_jvm_cpu_s": cpu_again, "found_again_same": found_again == found,
+               "check_warmed_s": warmed["check_s"], "check_warmed_vs_duckdb": round(warmed["check_s"] / duck, 1),
+               "warm_up_s": warmed["warm_up_s"], "warm_up_right": warmed["warm_up_right"],
+               "check_warmed_jvm_cpu_s": warmed["jvm_cpu_s"], "found_warmed_same": warmed["found"] == found,
                "raw_scan_s": round(scan, 1), "one_shuffle_s": round(shuffle, 1), "duckdb_s": round(duck, 1),
                "check_vs_scan": round(checked / scan, 1), "one_shuffle_vs_scan": round(shuffle / scan, 1),
                "check_vs_duckdb": round(checked / duck, 1),

@@ -54,12 +54,17 @@ def check_run(run_dir: str | Path, spark_master: str | None = None, *, spark=Non
 
 
 def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, spark=None,
-               spark_remote: str | None = None) -> list[dict[str, Any]]:
+               spark_remote: str | None = None, plan: str | None = None) -> list[dict[str, Any]]:
     """Check many stored runs in one Spark job; one report dict (the report.json content) per run.  Never
     raises for a checker failure (Spark cannot start or be reached, a job dies): those runs are unknown, with
-    the reason.  The session: ``spark``, else spark_checkers.session.spark_session(spark_master, spark_remote)."""
+    the reason.  The session: ``spark``, else spark_checkers.session.spark_session(spark_master, spark_remote).
+    ``plan`` ("small" or "big", jobs.PLANS) forces the plan's shape, which by default follows the histories'
+    size: the warm-up (``warm_up``) compiles a big check's code on a history that is not big."""
     started = time.monotonic()
-    from spark_checkers.jobs import timed
+    from spark_checkers.jobs import PLANS, timed
+
+    if plan is not None and plan not in PLANS:
+        raise ValueError(f"plan={plan!r}: expected one of {', '.join(PLANS)} or None (by the histories' size)")
 
     with timed("open runs"):
         inputs = [open_run(d, run_id=f"run{i}") for i, d in enumerate(run_dirs)]
@@ -83,15 +88,15 @@ def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, s
                 outcomes[run.run_id].fatal.append(f"checker error: {text}")
             readable = []
     if readable:
-        _evaluate_isolating(spark, readable, outcomes)
+        _evaluate_isolating(spark, readable, outcomes, plan)
     elapsed = time.monotonic() - started
     return [_report(i, outcomes[i.run_id], master, elapsed) for i in inputs]
 
 
-def _evaluate_isolating(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) -> None:
+def _evaluate_isolating(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome], plan: str | None) -> None:
     """Evaluate together; if the batch breaks, evaluate run by run so one bad history spoils only itself."""
     try:
-        _evaluate(spark, inputs, outcomes)
+        _evaluate(spark, inputs, outcomes, plan)
         return
     except Exception as error:  # noqa: BLE001 - a checker error must become an unknown verdict, never a crash
         if len(inputs) == 1:
@@ -101,7 +106,7 @@ def _evaluate_isolating(spark, inputs: list[RunInput], outcomes: dict[str, RunOu
             return
     for run in inputs:
         outcomes[run.run_id] = RunOutcome(fatal=list(run.fatal))
-        _evaluate_isolating(spark, [run], outcomes)
+        _evaluate_isolating(spark, [run], outcomes, plan)
 
 
 def _release(cached: list) -> None:
@@ -123,11 +128,12 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:500]
 
 
-def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) -> None:
+def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome], plan: str | None) -> None:
     from spark_checkers import jobs
 
     specs = [jobs.RunSpec(i.run_id, i.parts, i.guarantees) for i in inputs]
-    total_bytes = sum(Path(p).stat().st_size for i in inputs for p in i.parts if "://" not in p)
+    total_bytes = jobs.plan_bytes(sum(Path(p).stat().st_size for i in inputs for p in i.parts if "://" not in p),
+                                  plan)
     for key, value in jobs.session_settings(total_bytes).items():
         spark.conf.set(key, value)
     cached: list = []
@@ -429,3 +435,62 @@ def _series(metrics: dict[str, dict[str, float]], timeline: Timeline | None) -> 
             "delivered_per_s": [[t, v / bucket_s] for t, v in series("delivered_per_bucket")],
             "latency_p50_ms": series("latency_p50_ms"), "latency_p99_ms": series("latency_p99_ms"),
             "owed_unseen": unseen}
+
+
+# The warm-up's histories, one per plan shape (jobs.PLANS): a run's (a synthetic run with an offline window, a
+# fault, one lost and one reordered message) and the big plan's, forced on a bulk P2P history of this many events.
+# 1 M, measured (docs/report.md, session 16): a JVM's first 10 M check after it took 54.2-54.3 s, after 300 k
+# 54.1-58.5 s, after neither 69.1-72.3 s.
+WARM_UP_BIG_EVENTS = 1_000_000
+
+
+@dataclass(frozen=True)
+class WarmUpCheck:
+    """One warm-up check: its plan shape, size, time, and what it found against what was planted."""
+
+    plan: str
+    events: int
+    seconds: float
+    planted: dict[str, int]
+    found: dict[str, int]
+
+    @property
+    def right(self) -> bool:
+        return self.found == self.planted
+
+
+def warm_up(spark, work_dir: str | Path | None = None, big_events: int = WARM_UP_BIG_EVENTS) -> list[WarmUpCheck]:
+    """Check two synthetic histories, one with each plan shape, so that the first real check of either shape
+    on this Spark finds its generated code compiled (Spark's code cache) and hot in the JVM's JIT.
+
+    Why it pays: a check's plan generates a few hundred classes, and a big history's plan (adaptive execution,
+    more partitions, uncompressed caches) generates others than a run's.  A JVM's first check of a shape compiles
+    them (Janino) and then runs them interpreted until the JIT has compiled their hot loops: about 30 CPU-s of
+    JIT in a first 10 M check, against 8 in a later one.  The code depends on the plan, not on the row count,
+    so a 1 M history checked with the big plan compiles most of it.  The histories are written to a temporary
+    directory under ``work_dir`` (default: the system's), which the Spark must read at the same path (a local
+    server, not a cluster), and removed afterwards."""
+    import tempfile
+
+    from spark_checkers import bulk_history
+    from spark_checkers import synthetic as s
+
+    checks = []
+    with tempfile.TemporaryDirectory(prefix="ordeal-warm-up-", dir=work_dir) as tmp:
+        spec = s.Spec(pairs=2, messages=24, offline=(s.Offline(0, 5, 9),),
+                      faults=(s.Fault("f1", "kill", "redis-7003", 4, 6),), scenario_name="warm-up")
+        rows = s.swap_deliveries(s.drop_delivery(s.generate(spec), "sub-1", "pub-1", 12), "sub-1", "pub-1", 16, 17)
+        small = s.write_run(Path(tmp) / "small", rows, spec)
+        big = Path(tmp) / "big"
+        planted = bulk_history.generate(big, big_events)
+        for plan, run_dir, events, expected in (
+                ("small", small, len(rows), {"durability.lost": 1, "order.out_of_order": 1}),
+                ("big", big, planted["rows"], {"durability.lost": planted["lost"],
+                                               "order.out_of_order": planted["swaps"]})):
+            started = time.monotonic()
+            report = check_runs([run_dir], spark=spark, plan=plan)[0]
+            found = {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
+            if report["verdict"] == "unknown":
+                found["unknown"] = report["summary"]["unknown"]
+            checks.append(WarmUpCheck(plan, events, round(time.monotonic() - started, 1), expected, found))
+    return checks

@@ -100,6 +100,10 @@ class Paths:
     def log(self) -> Path:
         return self.root / "server.log"
 
+    @property
+    def warm_up(self) -> Path:
+        return self.root / "warm-up.json"
+
 
 def paths() -> Paths:
     root = state_dir()
@@ -290,7 +294,23 @@ def status() -> dict:
                                                "idle_timeout_s", "started_unix", "idle_since_unix", "log")})
         out["in_use"] = lease_busy(p)
         out["endpoint_here"] = local_endpoint(state) if state.get("status") == "ready" else None
+        out["warmed_up"] = warmed_up(p, state)
     return out
+
+
+def record_warm_up(p: Paths, state: dict, checks: list[dict]) -> None:
+    """Note that this server (by its start time) ran ``ordeal spark start --warm-up``'s checks."""
+    p.warm_up.write_text(json.dumps({"server_started_unix": state.get("started_unix"), "finished_unix": time.time(),
+                                     "checks": checks}, indent=2))
+
+
+def warmed_up(p: Paths, state: dict) -> dict | None:
+    """The warm-up record of the server that runs now (a record of an earlier server is not its own)."""
+    try:
+        record = json.loads(p.warm_up.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if record.get("server_started_unix") == state.get("started_unix") else None
 
 
 def lease_busy(p: Paths) -> bool:

@@ -104,6 +104,18 @@ def load_events(spark, runs: list[RunSpec]):
     return events.withColumn("run_id", lookup[F.col("_metadata.file_path")])
 
 
+PLANS = ("small", "big")  # the two shapes of a check's plan (session_settings, build's ``small``)
+
+
+def plan_bytes(total_bytes: int, plan: str | None) -> int:
+    """The history size a check plans for: its own, or one of the forced shape's (``check_runs(plan=...)``)."""
+    if plan == "big":
+        return max(total_bytes, SMALL_BYTES)
+    if plan == "small":
+        return min(total_bytes, SMALL_BYTES - 1)
+    return total_bytes
+
+
 def shuffle_partitions(total_bytes: int) -> int:
     """Few partitions for small histories (task overhead dominates), more for big ones."""
     if total_bytes < SMALL_BYTES:

@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import sys
+import time
 
 import click
 
@@ -72,7 +73,11 @@ def status() -> None:
 @click.option("--idle-timeout", type=click.FloatRange(min=1), default=None,
               help="Seconds without a client before it stops itself (default $ORDEAL_SPARK_IDLE_TIMEOUT or 600).")
 @click.option("--master", default=None, help="The server's own master (default local[2]).")
-def start(idle_timeout: float | None, master: str | None) -> None:
+@click.option("--warm-up", "warm", is_flag=True,
+              help="Then check two synthetic histories on it (a run's, and a big one's plan on 1 M events; about "
+                   "40 s on a new server), so the first real check of either size finds its code compiled. Once "
+                   "per server; for a nightly or a machine about to check big histories, not before a timed run.")
+def start(idle_timeout: float | None, master: str | None, warm: bool) -> None:
     """Start the server (if none runs) and wait until it accepts clients; print its endpoint."""
     from spark_checkers import connect_server
 
@@ -80,13 +85,46 @@ def start(idle_timeout: float | None, master: str | None) -> None:
         os.environ["ORDEAL_SPARK_IDLE_TIMEOUT"] = str(idle_timeout)
     try:
         state = connect_server.ensure_started(master=master)
+        click.echo(f"Spark Connect server ready: sc://127.0.0.1:{state['port']} (pid {state['watchdog_pid']}, "
+                   f"idle timeout {state['idle_timeout_s']:.0f} s, log {state['log']})")
+        if warm:
+            _warm_up(connect_server, state)
     except connect_server.ConnectServerError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(EXIT_UNKNOWN)
     finally:
         connect_server.release_lease()  # this command does not use it: the idle clock starts now
-    click.echo(f"Spark Connect server ready: sc://127.0.0.1:{state['port']} (pid {state['watchdog_pid']}, "
-               f"idle timeout {state['idle_timeout_s']:.0f} s, log {state['log']})")
+
+
+def _warm_up(connect_server, state: dict) -> None:
+    """``--warm-up``: the checks of ``api.warm_up`` on this server, once per server start.  A warm-up that does
+    not find exactly what its histories plant is a Spark whose verdicts cannot be trusted: exit 2."""
+    from dataclasses import asdict
+
+    from spark_checkers import session
+    from spark_checkers.api import warm_up
+
+    p = connect_server.paths()
+    done = connect_server.warmed_up(p, state)
+    if done is not None:
+        click.echo(f"already warmed up ({len(done['checks'])} checks, "
+                   f"{time.strftime('%H:%M:%S', time.localtime(done['finished_unix']))})")
+        return
+    try:
+        checks = warm_up(session.local_connect_session())
+    except session.SparkUnavailable as error:
+        raise connect_server.ConnectServerError(str(error)) from error
+    finally:
+        session.close_sessions()
+    for check in checks:
+        click.echo(f"warm-up: {check.plan} plan, {check.events} events, {check.seconds:.1f} s, found {check.found}")
+    wrong = [c for c in checks if not c.right]
+    if wrong:
+        for check in wrong:
+            click.echo(f"Error: the warm-up's {check.plan}-plan check found {check.found}, its history plants "
+                       f"{check.planted}: this Spark's verdicts cannot be trusted", err=True)
+        sys.exit(EXIT_UNKNOWN)
+    connect_server.record_warm_up(p, state, [asdict(c) for c in checks])
 
 
 @spark.command(name="stop")

@@ -112,3 +112,32 @@ def test_two_names_with_one_code_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="'sub-1' and 'sub-2' have the same 64-bit code 7"):
         jobs.Names.of(["sub-1", "sub-2"])
     assert jobs.Names.of(["sub-1", "sub-1"]).known == {7: "sub-1"}
+
+
+def test_a_forced_plan_shape_plans_as_a_history_of_that_size():
+    """``check_runs(plan=...)`` (the warm-up's) gives a small history the big plan's settings and the other way
+    round; an unknown shape is refused before anything runs."""
+    from spark_checkers import jobs
+    from spark_checkers.api import check_runs
+
+    small, big = 1_000, jobs.SMALL_BYTES * 3
+    assert jobs.plan_bytes(small, None) == small and jobs.plan_bytes(big, None) == big
+    assert jobs.session_settings(jobs.plan_bytes(small, "big"))["spark.sql.adaptive.enabled"] == "true"
+    assert jobs.session_settings(jobs.plan_bytes(big, "small"))["spark.sql.adaptive.enabled"] == "false"
+    assert jobs.plan_bytes(big, "big") == big and jobs.plan_bytes(small, "small") == small
+    with pytest.raises(ValueError, match="plan='huge': expected one of small, big"):
+        check_runs([], plan="huge")
+
+
+def test_the_warm_up_checks_both_plan_shapes_and_finds_what_it_planted(spark, tmp_path):
+    """``api.warm_up`` (`ordeal spark start --warm-up`) checks a run-sized history with the small plan and a bulk
+    one with the big plan; each finds exactly its planted anomalies, and its histories are gone afterwards."""
+    from spark_checkers.api import WarmUpCheck, warm_up
+
+    checks = warm_up(spark, tmp_path, big_events=200_000)
+    assert [c.plan for c in checks] == ["small", "big"]
+    assert all(c.right for c in checks), checks
+    assert checks[1].planted == {"durability.lost": 10, "order.out_of_order": 5}
+    assert list(tmp_path.iterdir()) == []
+    # A check that finds anything else (here: unknown) is not right.
+    assert not WarmUpCheck("big", 1, 1.0, checks[1].planted, {**checks[1].planted, "unknown": 1}).right

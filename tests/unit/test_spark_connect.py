@@ -171,6 +171,25 @@ def test_a_second_command_reuses_the_running_server(server, catalog_dirs):
 
 @pytest.mark.spark
 @pytest.mark.timeout(900)
+def test_spark_start_warms_the_running_server_up_once(server):
+    """`ordeal spark start --warm-up` on a running server: both plan shapes checked there (each finding what its
+    history plants), the record in `ordeal spark status` belongs to that server, and a second warm-up of the
+    same server is skipped."""
+    done = _run(["spark", "start", "--warm-up"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("warm-up: ")]
+    assert [line.split(",")[0] for line in lines] == ["warm-up: small plan", "warm-up: big plan"], done.stdout
+    status = json.loads(_run(["spark", "status"]).stdout)
+    record = status["warmed_up"]
+    assert record["server_started_unix"] == server["started_unix"]
+    assert [(c["plan"], c["found"] == c["planted"]) for c in record["checks"]] == [("small", True), ("big", True)]
+    again = _run(["spark", "start", "--warm-up"])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "already warmed up (2 checks" in again.stdout and "warm-up: " not in again.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
 def test_a_killed_command_leaves_no_server_it_started(tmp_path, catalog_dirs):
     """The server is meant to outlive a command, so a SIGKILLed command's server must end on its own: the
     watchdog sees no lease (the kernel dropped the dead client's flock) and stops it after the idle timeout."""

@@ -452,7 +452,8 @@ class WarmUpCheck:
     events: int
     seconds: float
     planted: dict[str, int]
-    found: dict[str, int]
+    found: dict[str, int]  # failed invariants' counts, and "unknown": how many could not be decided
+    why_unknown: str = ""  # the first undecided invariant's reason
 
     @property
     def right(self) -> bool:
@@ -490,7 +491,9 @@ def warm_up(spark, work_dir: str | Path | None = None, big_events: int = WARM_UP
             started = time.monotonic()
             report = check_runs([run_dir], spark=spark, plan=plan)[0]
             found = {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
-            if report["verdict"] == "unknown":
-                found["unknown"] = report["summary"]["unknown"]
-            checks.append(WarmUpCheck(plan, events, round(time.monotonic() - started, 1), expected, found))
+            undecided = [i for i in report["invariants"] if i["verdict"] == "unknown"]
+            if undecided:  # never right, whatever else it found
+                found["unknown"] = len(undecided)
+            checks.append(WarmUpCheck(plan, events, round(time.monotonic() - started, 1), expected, found,
+                                      f"{undecided[0]['id']}: {undecided[0]['reason']}" if undecided else ""))
     return checks

@@ -122,7 +122,8 @@ def _warm_up(connect_server, state: dict) -> None:
     if wrong:
         for check in wrong:
             click.echo(f"Error: the warm-up's {check.plan}-plan check found {check.found}, its history plants "
-                       f"{check.planted}: this Spark's verdicts cannot be trusted", err=True)
+                       f"{check.planted}: this Spark's verdicts cannot be trusted"
+                       + (f" ({check.why_unknown})" if check.why_unknown else ""), err=True)
         sys.exit(EXIT_UNKNOWN)
     connect_server.record_warm_up(p, state, [asdict(c) for c in checks])
 

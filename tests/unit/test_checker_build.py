@@ -141,3 +141,4 @@ def test_the_warm_up_checks_both_plan_shapes_and_finds_what_it_planted(spark, tm
     assert list(tmp_path.iterdir()) == []
     # A check that finds anything else (here: unknown) is not right.
     assert not WarmUpCheck("big", 1, 1.0, checks[1].planted, {**checks[1].planted, "unknown": 1}).right
+    assert all(c.why_unknown == "" for c in checks)

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
 from contracts.history_schema import EVENT_SCHEMA, Kind, Manifest, Phase, write_manifest, write_part
+from spark_checkers import synthetic
 
 INTERVAL_US = 1_000_000  # one message per second per publisher, as in the seeds' P2P test
 ROWS_PER_MESSAGE = 4  # invoke, ack, delivery, delivery_ack_sent
@@ -135,5 +136,8 @@ def generate(run_dir: Path, events: int, *, lost: int = 10, swaps: int = 5, seed
     write_manifest(history, Manifest(run_id=run_dir.name, complete=True, parts=tuple(written), end_reason="drained",
                                      started_wall_us=1_790_000_000_000_000, updated_wall_us=1_790_000_000_000_000,
                                      meta={"scenario": "bench-p2p", "seed": seed}))
+    # The one node's log, clean: a complete run, so the log oracle decides too (without it, it is unknown).
+    synthetic.write_logs(history, synthetic.Spec(log_lines=(
+        ("broker-1", "broker", "2026-09-21 12:26:41,000 broker-1 INFO reference_broker: broker-1 ready"),)))
     (run_dir / "scenario.json").write_text(json.dumps({"broker": {}, "checks": {}, "target": {"kind": "reference"}}))
     return {"rows": rows, "pairs": pairs, "messages": n, "lost": lost, "swaps": swaps}

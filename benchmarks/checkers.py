@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from contracts.history_schema import MANIFEST_NAME, Kind
+from spark_checkers.api import findings
 from spark_checkers.bulk_history import generate
 
 
@@ -127,8 +128,18 @@ print(json.dumps({"start_s": t1 - t0, "check_s": time.monotonic() - t1, "verdict
 """
 
 
-def _found(report: dict) -> dict:
-    return {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
+def _child_json(args: list[str]) -> dict | list:
+    """Run ``python ARGS`` (this script or a ``-c`` snippet) with the repository importable and its stderr passed
+    through; the JSON of its last stdout line.  A classic session's JVM lives as long as its process, and pyspark
+    refuses classic and Connect sessions in one process: a fresh JVM, or Connect, is a child."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, *args], stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    if done.returncode != 0:
+        raise RuntimeError(f"the benchmark's child {args[:2]} failed with {done.returncode} (its stderr is above)")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 FREEZE_MODES = ("persist", "checkpoint")  # the old way a small check materialised its tables, and the new
@@ -151,7 +162,7 @@ def _warm_side_by_side(spark, run_dir: Path, repeats: int) -> dict:
                 started = time.monotonic()
                 report = check_runs([run_dir], spark=spark)[0]
                 times[mode].append(time.monotonic() - started)
-                found[mode] = _found(report)
+                found[mode] = findings(report)
     finally:
         os.environ.pop("ORDEAL_CHECKER_FREEZE", None)
         if before is not None:
@@ -166,8 +177,6 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2, warm_only: bo
     and the shared Spark Connect server, cold (a fresh JVM: engine start + the first check, each measured) and
     warm (the engine has checked before; best of ``repeats`` further checks).  Side by side in one run, with the
     DuckDB loss + order rules on the same files as the yardstick."""
-    import subprocess
-    import sys
 
     from spark_checkers import session
     from spark_checkers.api import check_runs
@@ -183,9 +192,7 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2, warm_only: bo
         if warm_only:
             continue
         # Classic cold: what a command paid before the shared server (its own JVM, then the check).
-        done = subprocess.run([sys.executable, "-c", COLD_CLASSIC, str(dirs[events])], capture_output=True, text=True,
-                              check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-        cold = json.loads(done.stdout.strip().splitlines()[-1])
+        cold = _child_json(["-c", COLD_CLASSIC, str(dirs[events])])
         rows[events].update(classic_cold_start_s=round(cold["start_s"], 2), classic_cold_check_s=round(cold["check_s"], 2))
         print(json.dumps(rows[events]), flush=True)
     classic = session.spark_session("local[2]")
@@ -201,12 +208,7 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2, warm_only: bo
         return list(rows.values())
     # Spark Connect in a process of its own: pyspark refuses classic and Connect sessions in one process (a
     # Connect session switches pyspark.sql.functions to Connect columns process-wide).
-    done = subprocess.run([sys.executable, __file__, "--connect-child", "--out", str(out), "--events",
-                           "--latency", *map(str, sizes)], stdout=subprocess.PIPE, text=True,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    if done.returncode != 0:
-        raise RuntimeError("the Spark Connect latency child failed (its stderr is above)")
-    for row in json.loads(done.stdout.strip().splitlines()[-1]):
+    for row in _child_json([__file__, "--connect-child", "--out", str(out), "--events", "--latency", *map(str, sizes)]):
         rows[row["events"]].update(row)
     for row in rows.values():
         row["connect_warm_vs_classic_warm"] = round(row["connect_warm_s"] / row["classic_warm_s"], 2)
@@ -289,7 +291,7 @@ def _timed_check(spark, run_dir: Path) -> tuple[float, dict, dict]:
     started = time.monotonic()
     report = check_runs([run_dir], spark=spark)[0]
     checked = time.monotonic() - started
-    return checked, jvm_cpu_seconds(threads_before, jvm_threads(spark)), _found(report)
+    return checked, jvm_cpu_seconds(threads_before, jvm_threads(spark)), findings(report)
 
 
 def warmed_first_check(spark, run_dir: Path) -> dict:
@@ -303,16 +305,6 @@ def warmed_first_check(spark, run_dir: Path) -> dict:
     checked, cpu, found = _timed_check(spark, run_dir)
     return {"warm_up_s": round(warmed, 1), "warm_up_right": all(c.right for c in warm), "check_s": round(checked, 1),
             "jvm_cpu_s": cpu, "found": found}
-
-
-def _warmed_in_child(run_dir: Path, master: str) -> dict:
-    """``warmed_first_check`` in a JVM of its own (a classic session's JVM lives as long as its process)."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, __file__, "--warmed-child", str(run_dir), "--spark-master", master],
-                          capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -361,7 +353,7 @@ def main() -> None:
         # history of this size (its code compiled by the JIT), beside the first check's figure above.
         checked_again, cpu_again, found_again = _timed_check(spark, run_dir)
         # And a fresh JVM's first check after the product's warm-up (this JVM idles meanwhile).
-        warmed = _warmed_in_child(run_dir, args.spark_master)
+        warmed = _child_json([__file__, "--warmed-child", str(run_dir), "--spark-master", args.spark_master])
         row = {"events": planted["rows"], "generate_s": round(generated, 1), "check_s": round(checked, 1),
                "check_again_s": round(checked_again, 1), "check_again_vs_duckdb": round(checked_again / duck, 1),
                "check_again_jvm_cpu_s": cpu_again, "found_again_same": found_again == found,

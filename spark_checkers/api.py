@@ -437,6 +437,14 @@ def _series(metrics: dict[str, dict[str, float]], timeline: Timeline | None) -> 
             "owed_unseen": unseen}
 
 
+def findings(report: dict) -> dict[str, int]:
+    """What a report found, to compare with what a synthetic history plants: each failed invariant's count, and
+    under "unknown" how many invariants could not be decided (so an undecided check never equals a plant)."""
+    found = {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
+    undecided = sum(i["verdict"] == "unknown" for i in report["invariants"])
+    return {**found, "unknown": undecided} if undecided else found
+
+
 # The warm-up's histories, one per plan shape (jobs.PLANS): a run's (a synthetic run with an offline window, a
 # fault, one lost and one reordered message) and the big plan's, forced on a bulk P2P history of this many events.
 # 1 M, measured (docs/report.md, session 16): a JVM's first 10 M check after it took 54.2-54.3 s, after 300 k
@@ -490,10 +498,7 @@ def warm_up(spark, work_dir: str | Path | None = None, big_events: int = WARM_UP
                                                "order.out_of_order": planted["swaps"]})):
             started = time.monotonic()
             report = check_runs([run_dir], spark=spark, plan=plan)[0]
-            found = {i["id"]: i["count"] for i in report["invariants"] if i["verdict"] == "fail"}
             undecided = [i for i in report["invariants"] if i["verdict"] == "unknown"]
-            if undecided:  # never right, whatever else it found
-                found["unknown"] = len(undecided)
-            checks.append(WarmUpCheck(plan, events, round(time.monotonic() - started, 1), expected, found,
+            checks.append(WarmUpCheck(plan, events, round(time.monotonic() - started, 1), expected, findings(report),
                                       f"{undecided[0]['id']}: {undecided[0]['reason']}" if undecided else ""))
     return checks

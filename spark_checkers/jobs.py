@@ -386,8 +386,26 @@ def unpromised_fault_times(timeline: Timeline, g) -> list[int]:
 # --- The big tables ---------------------------------------------------------------------------------------
 
 
-def publishes(events):
-    """One row per message: what was published and how the publish ended."""
+def aggregate(df, keys: tuple[str, ...], *aggs, constant: dict[str, str] | None = None):
+    """``df.groupBy(*keys).agg(*aggs)``, with the keys that hold one value in every row (``constant``: run_id in
+    a one-run check) left out of the grouping and put back as literals in front.
+
+    Why: Spark keeps a literal grouping key (it propagates the literal into the grouping after the rule that
+    drops literal keys has run), so every row was grouped by "run0" too.  A hash aggregate hashed the string
+    per row; a sort aggregate wanted its input sorted by (literal, keys...), an order no sort by the real keys
+    gives: the per-message aggregate sorted its 2.5 M rows (10 M events) three times over, before, between and
+    after its two phases, although the window beneath it had left them in the keys' order."""
+    from pyspark.sql import functions as F
+
+    constant = {name: value for name, value in (constant or {}).items() if name in keys}
+    grouped = df.groupBy(*[k for k in keys if k not in constant]).agg(*aggs)
+    if not constant:
+        return grouped
+    return grouped.select(*[F.lit(value).alias(name) for name, value in constant.items()], "*")
+
+
+def publishes(events, constant: dict[str, str] | None = None):
+    """One row per message: what was published and how the publish ended (``constant``: see ``aggregate``)."""
     from pyspark.sql import functions as F
 
     p = events.filter(F.col("kind").isin(*PUB_KINDS)).withColumn(
@@ -397,7 +415,8 @@ def publishes(events):
     def on_invoke(name: str):
         return F.max(F.when(inv, F.col(name)))
 
-    return p.groupBy("run_id", "publisher", "pub_seq").agg(
+    return aggregate(
+        p, ("run_id", "publisher", "pub_seq"),
         F.sum(inv.cast("int")).alias("n_invoke"),
         F.min(F.when(inv, F.col("t_mono_us"))).alias("t_invoke"),
         on_invoke("topic").alias("topic"), on_invoke("qos").alias("pub_qos"),
@@ -406,7 +425,7 @@ def publishes(events):
         F.min(F.when(F.col("kind") == Kind.PUBLISH_ACK, F.col("t_mono_us"))).alias("t_ack"),
         F.min(F.when(F.col("kind") == Kind.PUBLISH_FAIL, F.col("t_mono_us"))).alias("t_fail"),
         F.min(F.when(F.col("kind") == Kind.PUBLISH_INDETERMINATE, F.col("t_mono_us"))).alias("t_indet"),
-    )
+        constant=constant)
 
 
 def subscriber_partitioning(runs: list[RunSpec]) -> tuple[str, ...]:
@@ -477,12 +496,13 @@ def delivery_slots(events, clients_df, by: tuple[str, ...]):
                   "prev_holder"))
 
 
-def deliveries_per_message(slots):
-    """One row per (subscriber, message): first and last delivery, acks, resends, redeliveries after ack."""
+def deliveries_per_message(slots, constant: dict[str, str] | None = None):
+    """One row per (subscriber, message): first and last delivery, acks, resends, redeliveries after ack
+    (``constant``: see ``aggregate``)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    key = ["run_id", "client", "publisher", "pub_seq"]
+    key = ("run_id", "client", "publisher", "pub_seq")
     # One ordering serves both: the whole partition for the first ack, the row before for the previous delivery.
     ordered = Window.partitionBy(*key).orderBy("seq")
     w = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
@@ -495,7 +515,8 @@ def deliveries_per_message(slots):
     # so the previous delivery is on this connection iff any earlier one is).
     twice = (F.col("msg_prev.conn") == F.col("conn")) & ~F.col("resend")
     first = F.struct("seq", "t", "packet_id", "dup", "conn", "node", "topic", "qos", "epoch", "stored")
-    return rows.groupBy(*key).agg(
+    return aggregate(
+        rows, key,
         F.count(F.lit(1)).alias("n_deliveries"),
         F.min_by(first, F.col("seq")).alias("first"),
         F.max_by(F.struct("seq", "t", "packet_id", "dup", "node"), F.col("seq")).alias("last"),
@@ -511,7 +532,7 @@ def deliveries_per_message(slots):
                                      F.col("msg_prev.packet_id").alias("prev_packet_id")))).alias("twice"),
         F.max(F.col("t") + F.col("remaining_expiry_s") * 1_000_000).alias("implied_deadline"),
         F.max(F.when(~F.col("acked") & (F.coalesce("qos", F.lit(0)) > 0), F.lit(1)).otherwise(F.lit(0))).alias("any_unacked"),
-    )
+        constant=constant)
 
 
 WITNESS_FIELDS = ("invariant", "sort_key", "witness")
@@ -675,7 +696,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         return _freeze(df, cached, label, mode, constant)
 
     events = encode_events(events)
-    publishing = aside.submit(freeze, publishes(events), "publishes")
+    publishing = aside.submit(freeze, publishes(events, constant), "publishes")
     timelines, topics = prepare()
     with timed("side tables"):
         runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
@@ -686,7 +707,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     pub = publishing.result()
     # Sorted by the join key within each subscriber's partition (as the aggregate leaves it), so every later join
     # with it only merges.
-    per_message = deliveries_per_message(slots.drop("t_origin", "tol_us")).sortWithinPartitions(*SUBSCRIBER_MESSAGE)
+    per_message = deliveries_per_message(slots.drop("t_origin", "tol_us"), constant).sortWithinPartitions(
+        *SUBSCRIBER_MESSAGE)
     claims = subscriber_claims(pub, slots, match_b, by)
     # Two ways to the same two tables.  A big check sorts and windows only the rows that need it (the reordered
     # publishers' messages, the queued ones) and merges the few results back, unmaterialised; a small check

@@ -103,6 +103,41 @@ def test_a_name_the_driver_does_not_know_is_looked_up_in_the_history(spark):
                                      "body_hash": "00ff00ff00ff00ff"}
 
 
+def test_a_one_run_aggregate_groups_by_the_real_keys_and_sorts_its_rows_once(spark):
+    """In a one-run check run_id is a literal in every row.  The per-message aggregate groups by the other keys
+    and puts run_id back: the window's sort is the only one (Spark kept a literal grouping key, and sorted every
+    row by it three more times), and the rows are the same as grouped with the literal."""
+    from pyspark.sql import functions as F
+
+    from spark_checkers import jobs
+
+    rows = [(client, publisher, pub_seq, seq, seq % 3 == 0)
+            for seq, (client, publisher, pub_seq) in enumerate(
+                [(c, p, q) for c in (1, 2) for p in (7, 8) for q in (1, 2, 2, 3)], start=1)]
+    slots = (spark.createDataFrame(rows, "client long, publisher long, pub_seq long, seq long, resend boolean")
+             .select(F.lit("r1").alias("run_id"), "*", (F.col("seq") * 10).alias("t"),
+                     (F.col("seq") % 5 + 1).cast("int").alias("packet_id"), F.lit(False).alias("dup"),
+                     F.lit(0).alias("conn"), F.lit(3).cast("long").alias("node"), F.lit(4).cast("long").alias("topic"),
+                     F.lit(1).alias("qos"), F.lit(1).alias("epoch"), F.lit(True).alias("stored"),
+                     F.col("pub_seq").alias("body_hash"), F.lit(None).cast("long").alias("remaining_expiry_s"),
+                     (F.col("seq") % 2 == 0).alias("acked"), (F.col("seq") + 1).alias("next_seq"),
+                     (F.col("seq") * 10 + 5).alias("next_t"))
+             .repartition("client"))
+
+    def per_message(constant):
+        return jobs.deliveries_per_message(slots, constant).sortWithinPartitions(*jobs.SUBSCRIBER_MESSAGE)
+
+    one_run, grouped_with_literal = per_message({"run_id": "r1"}), per_message(None)
+    assert one_run.columns == grouped_with_literal.columns
+    assert sorted(one_run.collect()) == sorted(grouped_with_literal.collect())
+    assert {r["run_id"] for r in one_run.collect()} == {"r1"}
+    if hasattr(one_run, "_jdf"):  # classic: the physical plan as planned
+        def sorts(df):  # in the plan as first planned (after a run, the adaptive plan shows the final one too)
+            return df._jdf.queryExecution().executedPlan().toString().split("== Initial Plan ==")[-1].count("Sort [")
+        assert sorts(one_run) == 1, one_run._jdf.queryExecution().executedPlan().toString()
+        assert sorts(grouped_with_literal) > 1  # the control: what the literal key cost
+
+
 def test_two_names_with_one_code_are_refused(monkeypatch):
     """Two names with the same code would be one client, topic or stream to the checkers: refused, naming both
     (the check's verdicts are then unknown, never a pass)."""

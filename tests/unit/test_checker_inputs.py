@@ -97,9 +97,9 @@ def test_a_spark_job_dying_mid_check_is_unknown_never_pass(spark, tmp_path, monk
 
     original = jobs.publishes
 
-    def dying(events):
+    def dying(events, constant=None):
         boom = F.when(F.col("pub_seq") > 0, F.raise_error(F.lit("injected task failure")))
-        return original(events).withColumn("boom", boom)
+        return original(events, constant).withColumn("boom", boom)
 
     run = s.write_spec(tmp_path / "run", SPEC)
     monkeypatch.setattr(jobs, "publishes", dying)

@@ -559,6 +559,30 @@ def test_a_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch):
     assert {n: _judged(r) for n, r in big.items()} == {n: _judged(r) for n, r in reports.items()}
 
 
+ONE_RUN_BIG = ("lost_backlog", "trimmed_at_limit", "trim_not_oldest", "drop_newest_but_dropped_oldest",
+               "no_limit_but_trimmed", "reject_but_trimmed", "over_limit_black_box", "dropped_early",
+               "expired_while_offline", "kill_loss_promised", "session_lost", "clean")
+
+
+def test_a_one_run_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch):
+    """A history checked alone the big way stores its per-subscriber table as primitives, with the run's columns
+    as literals and the offline window rebuilt on read (jobs.freeze_primitive): the verdicts, counts and
+    witnesses are the small way's, on the histories with offline windows, queue policies, trims and kills."""
+    from spark_checkers import jobs
+
+    monkeypatch.setattr(jobs, "SMALL_BYTES", 0)
+    stored, freeze_primitive = [], jobs.freeze_primitive
+
+    def spy(df, freeze, label, run):
+        stored.append(run is not None)
+        return freeze_primitive(df, freeze, label, run)
+
+    monkeypatch.setattr(jobs, "freeze_primitive", spy)
+    for name in ONE_RUN_BIG:
+        assert _judged(check_runs([runs[name]], spark=spark)[0]) == _judged(reports[name]), name
+    assert stored == [True] * len(ONE_RUN_BIG)  # every one was stored as primitives: else this tests nothing
+
+
 def test_a_persisted_table_is_a_leaf_that_keeps_its_partitioning(spark):
     """A big check's persisted table, in a classic session, is the cache's own relation with nothing beneath it
     (later steps are analysed without its lineage), and two tables partitioned by the same key still join

@@ -350,8 +350,8 @@ def main() -> None:
         # ratio below divides by it.  The ratios use the fastest of the three, the strictest comparison (the one
         # right after the checks was the slowest each time: the JVM beside it may still be compiling); all
         # three are reported.
-        duck, duck_found = duckdb_seconds(run_dir)
-        duck_runs = [duck]
+        first_duck, duck_found = duckdb_seconds(run_dir)
+        duck_runs = [first_duck]
         scan = raw_scan_seconds(spark, run_dir)
         shuffle = one_shuffle_seconds(spark, run_dir)
         load_before = os.getloadavg()[0]
@@ -371,7 +371,8 @@ def main() -> None:
                "warm_up_s": warmed["warm_up_s"], "warm_up_right": warmed["warm_up_right"],
                "check_warmed_jvm_cpu_s": warmed["jvm_cpu_s"], "found_warmed_same": warmed["found"] == found,
                "raw_scan_s": round(scan, 1), "one_shuffle_s": round(shuffle, 1), "duckdb_s": round(duck, 1),
-               "duckdb_runs_s": [round(x, 1) for x in duck_runs], "check_vs_scan": round(checked / scan, 1), "one_shuffle_vs_scan": round(shuffle / scan, 1),
+               "duckdb_runs_s": [round(x, 1) for x in duck_runs],
+               "check_vs_scan": round(checked / scan, 1), "one_shuffle_vs_scan": round(shuffle / scan, 1),
                "check_vs_duckdb": round(checked / duck, 1),
                "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)], "check_jvm_cpu_s": cpu,
                "planted": planted, "found": found, "duckdb_found": duck_found}

@@ -599,7 +599,7 @@ def freeze_mode(small: bool) -> str:
     return mode
 
 
-def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict[str, str] | None = None):
+def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict | None = None, flatten: bool = False):
     """Materialise once (memory, spilling to disk), so every later rule and metric reads the result instead of
     recomputing it.  Eagerly (one job): measured, caching lazily inside the one final query made a 10k-event
     check 2-3x slower.
@@ -612,15 +612,29 @@ def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict[
     lineage instead of failing the check (a local checkpoint's block lost under load once failed a 10 M check,
     session 2).
 
-    ``constant``: columns with one value in every row (``run_id`` in a one-run check), left out of what is
-    stored and put back as literals.  Stored, such a column was written, kept and read back per row, and was a
-    real key of every later sort and join instead of a literal the optimiser drops from them."""
+    ``constant``: columns with one value in every row (``run_id`` in a one-run check; the run's whole row of the
+    runs table for the per-subscriber table), left out of what is stored and put back as literals of their
+    type.  Stored, such a column was written, kept and read back per row, and was a real key of every later
+    sort and join instead of a literal the optimiser drops from them.
+
+    ``flatten``: each struct column stored as one column per field plus a null flag, rebuilt on read.  Why:
+    Spark's cache serializer reads a table as columns only if every column of it is a primitive; one struct,
+    string or array makes every read of it build a row per cached row.  The per-subscriber table held the
+    offline window (``k``), the run's queue policy and its unpromised fault times, and is read about ten times:
+    flattened, with the run's columns as constants, a warm 10 M check took a median 41.8 s against 43.4 s, task
+    CPU 60.8 against 64.7 CPU-s (one JVM, alternating; docs/report.md, session 17)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
-    constant = {name: value for name, value in (constant or {}).items() if name in df.columns}
+    types = {f.name: f.dataType for f in df.schema.fields}
     columns = df.columns
-    df = df.drop(*constant)
+    constant = {name: value for name, value in (constant or {}).items() if name in types}
+    structs = [c for c in columns if flatten and c not in constant and isinstance(types[c], T.StructType)]
+    if constant or structs:
+        df = df.select(*[c for c in columns if c not in constant and c not in structs],
+                       *[F.col(c)[f].alias(f"{c}__{f}") for c in structs for f in types[c].fieldNames()],
+                       *[F.col(c).isNull().alias(f"{c}__null") for c in structs])
     with timed(f"materialise {label}"):
         if mode == "checkpoint":
             frozen = df.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
@@ -630,43 +644,18 @@ def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict[
             cached.append(frozen)
             frozen.count()
             frozen = _cache_leaf(frozen)
-    if not constant:
+    if not (constant or structs):
         return frozen
-    return frozen.select(*[F.lit(constant[c]).alias(c) if c in constant else F.col(c) for c in columns])
-
-
-def freeze_primitive(df, freeze: Callable, label: str, run: dict | None):
-    """``freeze(df, label)``, stored as primitive columns only: each struct column as one column per field plus
-    a null flag, and the one run's columns (``run``: its row of the runs table, in a one-run check) left out;
-    read back as ``df`` (the structs rebuilt, the run's values as literals).  Without ``run`` a plain freeze.
-
-    Why: Spark's cache serializer reads a table as columns only if every column of it is a primitive; one
-    struct, string or array makes every read of it build a row per cached row.  The per-subscriber table held
-    the offline window (``k``), the run's queue policy and its unpromised fault times, and is read about ten
-    times.  Measured at 10 M events, one warm JVM, alternating: median 41.8 s against 43.4 s, task CPU 60.8
-    against 64.7 CPU-s (docs/report.md, session 17)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    if run is None:
-        return freeze(df, label)
-    types = {f.name: f.dataType for f in df.schema.fields}
-    constant = [c for c in df.columns if c in run and c != "run_id"]
-    structs = [c for c in df.columns if isinstance(types[c], T.StructType) and c not in constant]
-    stored = df.select(*[c for c in df.columns if c not in constant and c not in structs],
-                       *[F.col(c)[f].alias(f"{c}__{f}") for c in structs for f in types[c].fieldNames()],
-                       *[F.col(c).isNull().alias(f"{c}__null") for c in structs])
-    frozen = freeze(stored, label)
 
     def read_back(c: str):
         if c in constant:
-            return F.lit(run[c]).cast(types[c]).alias(c)
+            return F.lit(constant[c]).cast(types[c]).alias(c)
         if c in structs:
             fields = [F.col(f"{c}__{f}").alias(f) for f in types[c].fieldNames()]
             return F.when(~F.col(f"{c}__null"), F.struct(*fields)).alias(c)
         return F.col(c)
 
-    return frozen.select(*[read_back(c) for c in df.columns])
+    return frozen.select(*[read_back(c) for c in columns])
 
 
 def _cache_leaf(frozen):
@@ -726,8 +715,9 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     mode = freeze_mode(small)
     constant = {"run_id": runs[0].run_id} if len(runs) == 1 else {}
 
-    def freeze(df, label: str):
-        return _freeze(df, cached, label, mode, constant)
+    def freeze(df, label: str, run: dict | None = None):
+        """``run``: the one run's row of the runs table, stored as constants, the structs flattened (_freeze)."""
+        return _freeze(df, cached, label, mode, {**constant, **(run or {})}, flatten=bool(run))
 
     events = encode_events(events)
     publishing = aside.submit(freeze, publishes(events, constant), "publishes")
@@ -755,8 +745,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     else:
         per_message = freeze(per_message, "per_message")
         neighbouring = aside.submit(freeze, stream_neighbours(per_message), "stream neighbours")
-        rows = freeze_primitive(subscriber_rows(claims, per_message, runs_b, clients_b), freeze, "per_subscriber_message",
-                                runs_df.drop("fault_times", "fault_spans").first().asDict() if constant else None)
+        rows = freeze(subscriber_rows(claims, per_message, runs_b, clients_b), "per_subscriber_message",
+                      runs_df.drop("fault_times", "fault_spans").first().asDict() if constant else None)
         table = per_subscriber_message(rows, freeze(backlog_queues(rows), "backlog queues"))
         dsm = per_message.join(neighbouring.result(), list(SUBSCRIBER_MESSAGE), "left")
     # A big check counts the claimed deliveries (a scan of the table) beside the open messages: equal to the

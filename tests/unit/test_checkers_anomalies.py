@@ -566,18 +566,19 @@ ONE_RUN_BIG = ("lost_backlog", "trimmed_at_limit", "trim_not_oldest", "drop_newe
 
 def test_a_one_run_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch):
     """A history checked alone the big way stores its per-subscriber table as primitives, with the run's columns
-    as literals and the offline window rebuilt on read (jobs.freeze_primitive): the verdicts, counts and
+    as literals and the offline window rebuilt on read (jobs._freeze, flatten): the verdicts, counts and
     witnesses are the small way's, on the histories with offline windows, queue policies, trims and kills."""
     from spark_checkers import jobs
 
     monkeypatch.setattr(jobs, "SMALL_BYTES", 0)
-    stored, freeze_primitive = [], jobs.freeze_primitive
+    stored, freeze = [], jobs._freeze
 
-    def spy(df, freeze, label, run):
-        stored.append(run is not None)
-        return freeze_primitive(df, freeze, label, run)
+    def spy(df, cached, label, mode="persist", constant=None, flatten=False):
+        if label == "per_subscriber_message":
+            stored.append(flatten and "policy" in (constant or {}))
+        return freeze(df, cached, label, mode, constant, flatten)
 
-    monkeypatch.setattr(jobs, "freeze_primitive", spy)
+    monkeypatch.setattr(jobs, "_freeze", spy)
     for name in ONE_RUN_BIG:
         assert _judged(check_runs([runs[name]], spark=spark)[0]) == _judged(reports[name]), name
     assert stored == [True] * len(ONE_RUN_BIG)  # every one was stored as primitives: else this tests nothing

@@ -166,28 +166,36 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome], pl
             names.append(jobs.Names.of(sorted(n for n in known if n is not None)))
             return timelines, topics
 
-        violations, metrics, parts = jobs.build(spark, specs, events, prepare, cached,
-                                                small=total_bytes < jobs.SMALL_BYTES)
-        try:
-            with jobs.timed("violations + metrics"):
-                counts, witnesses, metric_rows = jobs.collect_all(violations, metrics)
-        except Exception as error:  # noqa: BLE001
-            counts, witnesses, metric_rows = {}, {}, None
-            # Why one by one: find which checker broke, keep the others' answers.
-            for part in parts():
-                try:
-                    c, w = jobs.collect_violations(part)
-                    counts.update(c)
-                    witnesses.update(w)
-                except Exception as part_error:  # noqa: BLE001
-                    names = [r["invariant"] for r in part.select("invariant").limit(1).collect()] or ["?"]
-                    for run in inputs:
-                        outcomes[run.run_id].errors[names[0]] = _short(part_error)
-            if not any(o.errors for o in outcomes.values()):
-                raise error
-        if metric_rows is None:
-            with jobs.timed("metrics"):
-                metric_rows = jobs.metric_rows(metrics.collect())
+        # Leaving the executor waits for its thread: whatever it materialised is in ``cached`` before the
+        # ``finally`` releases it, and a big check's early collect (Checks.early) is done.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check") as aside:
+            checks = jobs.build(spark, specs, events, prepare, cached, small=total_bytes < jobs.SMALL_BYTES,
+                                aside=aside)
+            try:
+                with jobs.timed("violations + metrics"):
+                    counts, witnesses, metric_rows = jobs.collect_all(checks.violations, checks.metrics)
+                    if checks.early is not None:
+                        early_counts, early_witnesses, early_metrics = checks.early.result()
+                        counts.update(early_counts)
+                        witnesses.update(early_witnesses)
+                        metric_rows += early_metrics
+            except Exception as error:  # noqa: BLE001
+                counts, witnesses, metric_rows = {}, {}, None
+                # Why one by one: find which checker broke, keep the others' answers.
+                for invariants, part in checks.parts():
+                    try:
+                        c, w = jobs.collect_violations(part)
+                        counts.update(c)
+                        witnesses.update(w)
+                    except Exception as part_error:  # noqa: BLE001 - named without running it again (it broke)
+                        for run in inputs:
+                            for invariant in invariants:
+                                outcomes[run.run_id].errors[invariant] = _short(part_error)
+                if not any(o.errors for o in outcomes.values()):
+                    raise error
+            if metric_rows is None:
+                with jobs.timed("metrics"):
+                    metric_rows = jobs.metric_rows(checks.all_metrics().collect())
     finally:
         _release(cached)
     decoded = {key: [json.loads(w) for w in found] for key, found in witnesses.items()}

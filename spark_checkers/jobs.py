@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
+from typing import Any
 from urllib.parse import quote
 
 from contracts.history_schema import EVENT_SCHEMA, Kind
@@ -586,8 +587,43 @@ class Rules:
 
         return hits.select("run_id", *[by_rule(i).alias(name) for i, name in enumerate(WITNESS_FIELDS)])
 
-    def separate(self) -> list:
-        return [witness(self.df.filter(cond), inv, key, *cols) for inv, cond, key, cols in self.rules]
+    def separate(self) -> list[tuple[tuple[str, ...], Any]]:
+        """(the rule's invariant, its violations) per rule."""
+        return [((inv,), witness(self.df.filter(cond), inv, key, *cols)) for inv, cond, key, cols in self.rules]
+
+
+@dataclass
+class Checks:
+    """What ``build`` hands the caller to collect (``collect_all(violations, metrics)``).
+
+    A small check: every violation and metric in those two, one job.  A big check: there, only what reads the
+    open messages (the loss rules, the owed metrics); the rest (``delivered_checks``) is collected in the aside
+    thread as soon as the per-subscriber table is materialised, ``early`` its future (counts, witnesses,
+    metric rows), which the caller merges.  Why: the open messages and the online trims are a chain of small
+    jobs with driver work between them, and the final query waited for them with the cores half idle; begun
+    beside them, its planning and its stages fill those moments.
+
+    ``parts()`` and ``all_metrics()`` are the fallback when a collect breaks: (the invariants it decides, its
+    violations) per rule, to name the rule that broke without running it again, and the metrics; both wait for
+    ``early`` first, whose rule groups they include."""
+    violations: Any = None
+    metrics: Any = None
+    lost: Any = None  # the loss rules' violations (in ``violations``)
+    early: Future | None = None
+    groups: list = field(default_factory=list)  # the rule groups of delivered_checks
+    delivery_metrics: Any = None  # a big check's metrics of delivered_checks (collected by ``early``)
+
+    def settle(self) -> None:
+        if self.early is not None:
+            wait([self.early])
+
+    def parts(self) -> list[tuple[tuple[str, ...], Any]]:
+        self.settle()
+        return [p for g in self.groups for p in g.separate()] + [(LOSS_INVARIANTS, self.lost)]
+
+    def all_metrics(self):
+        self.settle()
+        return self.metrics if self.delivery_metrics is None else self.delivery_metrics.unionByName(self.metrics)
 
 
 def freeze_mode(small: bool) -> str:
@@ -599,7 +635,8 @@ def freeze_mode(small: bool) -> str:
     return mode
 
 
-def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict | None = None, flatten: bool = False):
+def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict | None = None, flatten: bool = False,
+            counts: dict[str, int] | None = None):
     """Materialise once (memory, spilling to disk), so every later rule and metric reads the result instead of
     recomputing it.  Eagerly (one job): measured, caching lazily inside the one final query made a 10k-event
     check 2-3x slower.
@@ -622,7 +659,11 @@ def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict 
     string or array makes every read of it build a row per cached row.  The per-subscriber table held the
     offline window (``k``), the run's queue policy and its unpromised fault times, and is read about ten times:
     flattened, with the run's columns as constants, a warm 10 M check took a median 41.8 s against 43.4 s, task
-    CPU 60.8 against 64.7 CPU-s (one JVM, alternating; docs/report.md, session 17)."""
+    CPU 60.8 against 64.7 CPU-s (one JVM, alternating; docs/report.md, session 17).
+
+    ``counts``: the names of columns whose non-null values are counted ("rows": every row), filled in with the
+    numbers; a persist counts them in its materialising job, which reads every row anyway (a count asked of the
+    table later is a job more), a checkpoint in one job after."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -639,10 +680,15 @@ def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict 
         if mode == "checkpoint":
             frozen = df.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
             cached.append(frozen)
+            if counts is not None:
+                counts.update(_counted(frozen, counts))
         else:
             frozen = df.persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(frozen)
-            frozen.count()
+            if counts is None:
+                frozen.count()
+            else:
+                counts.update(_counted(frozen, counts))
             frozen = _cache_leaf(frozen)
     if not (constant or structs):
         return frozen
@@ -656,6 +702,13 @@ def _freeze(df, cached: list, label: str, mode: str = "persist", constant: dict 
         return F.col(c)
 
     return frozen.select(*[read_back(c) for c in columns])
+
+
+def _counted(df, columns) -> dict[str, int]:
+    """The number of non-null values of each of ``columns`` in ``df`` ("rows": of rows), in one job."""
+    from pyspark.sql import functions as F
+
+    return df.agg(*[(F.count(F.lit(1)) if c == "rows" else F.count(c)).alias(c) for c in columns]).first().asDict()
 
 
 def _cache_leaf(frozen):
@@ -682,9 +735,11 @@ def _cache_leaf(frozen):
 
 
 def build(spark, runs: list[RunSpec], events, prepare: Callable[[], tuple[dict[str, Timeline], dict[str, list[str]]]],
-          cached: list, small: bool = False):
-    """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows.  Every
-    DataFrame it materialises is appended to ``cached`` (the caller unpersists them).  ``prepare()`` gives the
+          cached: list, small: bool = False, aside: ThreadPoolExecutor | None = None) -> Checks:
+    """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows (``Checks``).
+    Every DataFrame it materialises is appended to ``cached`` (the caller unpersists them, after ``aside``, the
+    caller's one-thread executor for the work ``build`` begins beside its own, is done: a big check's
+    ``Checks.early`` runs there on after ``build`` returns; without one, ``build`` uses its own and waits).  ``prepare()`` gives the
     runs' timelines and published topics (the caller's scans of the small rows); it runs while the publishes,
     which need neither, are materialised.
 
@@ -695,8 +750,10 @@ def build(spark, runs: list[RunSpec], events, prepare: Callable[[], tuple[dict[s
     per-message rules alike; none of them moves the deliveries again.  A big check materialises two more,
     as small as what is out of the ordinary: the stream neighbours of the reordered publishers' messages and
     the queue values of the queued messages, each merged back into its table by the sorted join key."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check") as aside:
+    if aside is not None:
         return _build(spark, runs, events, prepare, cached, small, aside)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check") as own:
+        return _build(spark, runs, events, prepare, cached, small, own)
 
 
 def _build(spark, runs, events, prepare, cached, small, aside):
@@ -707,17 +764,19 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     submitted, Spark's scheduler gives those moments to its tasks (the first job's tasks still go first).
     Only tables that do not read each other run side by side: the publishes beside the caller's scans of the
     small rows, the side tables and the packet-id slots; the stream neighbours beside the per-subscriber table;
-    the claim count beside the open messages.  A failure in the aside thread is raised here by ``result()``;
-    leaving ``build`` waits for the thread, so whatever it materialised is in ``cached`` before the caller
-    releases it."""
+    in a big check, the claim count and the collect of every rule that reads no open message
+    (``Checks.early``) beside the open messages, the online trims and the loss rules' collect.  A failure in the
+    aside thread is raised by ``result()``, here or in the caller (``Checks.early``)."""
     from pyspark.sql import functions as F
 
     mode = freeze_mode(small)
+    checks = Checks()
     constant = {"run_id": runs[0].run_id} if len(runs) == 1 else {}
 
-    def freeze(df, label: str, run: dict | None = None):
-        """``run``: the one run's row of the runs table, stored as constants, the structs flattened (_freeze)."""
-        return _freeze(df, cached, label, mode, {**constant, **(run or {})}, flatten=bool(run))
+    def freeze(df, label: str, run: dict | None = None, counts: dict[str, int] | None = None):
+        """``run``: the one run's row of the runs table, stored as constants, the structs flattened; ``counts``:
+        filled in by the materialising job (_freeze)."""
+        return _freeze(df, cached, label, mode, {**constant, **(run or {})}, flatten=bool(run), counts=counts)
 
     events = encode_events(events)
     publishing = aside.submit(freeze, publishes(events, constant), "publishes")
@@ -742,16 +801,23 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         dsm = freeze(with_stream_neighbour(per_message).sortWithinPartitions(*SUBSCRIBER_MESSAGE), "per_message")
         per_message = dsm
         table = freeze(per_subscriber_message(subscriber_rows(claims, dsm, runs_b, clients_b)), "per_subscriber_message")
+        early = None
     else:
-        per_message = freeze(per_message, "per_message")
+        # Counted as they are materialised: a claimed delivered message for each delivered one means that no
+        # delivery needs a lookup in the publishes (delivered_messages), and two count jobs less.
+        delivered = {"rows": 0}
+        per_message = freeze(per_message, "per_message", counts=delivered)
         neighbouring = aside.submit(freeze, stream_neighbours(per_message), "stream neighbours")
+        claimed = {"n_deliveries": 0}
         rows = freeze(subscriber_rows(claims, per_message, runs_b, clients_b), "per_subscriber_message",
-                      runs_df.drop("fault_times", "fault_spans").first().asDict() if constant else None)
+                      runs_df.drop("fault_times", "fault_spans").first().asDict() if constant else None, claimed)
         table = per_subscriber_message(rows, freeze(backlog_queues(rows), "backlog queues"))
         dsm = per_message.join(neighbouring.result(), list(SUBSCRIBER_MESSAGE), "left")
-    # A big check counts the claimed deliveries (a scan of the table) beside the open messages: equal to the
-    # delivered messages, no delivery needs a lookup in the publishes (delivered_messages).
-    all_claimed = None if small else aside.submit(lambda: claimed_deliveries(table).count() == per_message.count())
+        # Every rule and metric that reads no open message is collected in the aside thread, begun now: its
+        # planning and its stages fill the moments the open messages and the online trims (small jobs, driver
+        # work between them) leave the cores idle, instead of waiting for them (Checks).
+        early = aside.submit(_early_checks, checks, table, dsm, pub, slots, runs_b, clients_b, match_b,
+                             claimed["n_deliveries"] == delivered["rows"])
     gaps = freeze(open_messages(table, clients_b), "open messages")
     with timed("online trims"):
         trimmed = online_trims(gaps, table).collect()
@@ -763,8 +829,34 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         online = F.col("trim_peak").isNotNull()
         gaps = freeze(gaps.withColumn("legally_trimmed", F.col("legally_trimmed") | online)
                       .withColumn("owed", F.col("owed") & ~online).drop("trim_peak"), "online trims")
+    checks.lost, checks.metrics = owed_checks(table, gaps)
+    checks.violations = checks.lost
+    if small:
+        violations, metrics, checks.groups = delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b,
+                                                              all_claimed=False)
+        checks.violations, checks.metrics = violations.unionByName(checks.lost), metrics.unionByName(checks.metrics)
+    checks.early = early
+    return checks
+
+
+def _early_checks(checks, table, dsm, pub, slots, runs_b, clients_b, match_b, all_claimed: bool):
+    """A big check's aside work: ``delivered_checks``, its rule groups and metrics kept in ``checks`` (for the
+    caller's fallback), collected (``collect_all``)."""
+    violations, metrics, checks.groups = delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b,
+                                                          all_claimed)
+    checks.delivery_metrics = metrics
+    with timed("violations + metrics of the deliveries"):
+        return collect_all(violations, metrics)
+
+
+def delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b, all_claimed: bool):
+    """Every rule and metric that reads no open message (open_messages): the packet-id slot rules, the
+    per-message rules, the black-box limit, the stored-id sequence, and the publish and delivery metrics.
+    (violations, metrics, the rule groups.)"""
+    from pyspark.sql import functions as F
+
     with timed("publish lookup of deliveries"):
-        dp, unmatched = delivered_messages(table, dsm, pub, runs_b, all_claimed is not None and all_claimed.result())
+        dp, unmatched = delivered_messages(table, dsm, pub, runs_b, all_claimed)
     qos_pos = F.coalesce("qos", F.lit(0)) > 0
     tol = F.col("tol_us")
 
@@ -886,19 +978,6 @@ def _build(spark, runs, events, prepare, cached, small, aside):
                   sql("exists(fault_times, x -> x >= prev_max.t AND x <= first.t)").alias("across_failover"))
 
     cand = table.filter(F.col("is_cand"))
-    lost = gaps.filter(F.col("owed"))
-    carried_into = F.col("carried_into").isNotNull()
-    loss_cols = [client, publisher, "pub_seq", witness_name("topic"), "t_invoke", "t_ack", "t_origin", "expiry_s",
-                 "in_backlog",
-                 F.coalesce("carried_into.d", "k.d").alias("t_offline"), F.coalesce("carried_into.c", "k.c").alias("t_reconnect"),
-                 F.when(carried_into, F.col("k.d")).alias("carried_from_offline"),
-                 F.when(carried_into, F.col("k.c")).alias("carried_from_reconnect"),
-                 F.when(~carried_into, F.col("rank")).alias("rank"),
-                 F.coalesce("carried_into.n_backlog", "n_backlog").alias("n_backlog"), "limit",
-                 "prev_delivered", "next_delivered", "position", witness_name("pub_node"), "policy"]
-    lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
-                         (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
-                         F.to_json(F.struct(*loss_cols)).alias("witness"))
     # Black box: more of one settled backlog (acked before reconnect - slack) delivered than the limit allows.
     over = cand.filter(F.col("in_backlog") & (F.col("rank") == 1))
     over_rules = Rules(over)
@@ -914,20 +993,40 @@ def _build(spark, runs, events, prepare, cached, small, aside):
                   "skipped_total", "undelivered", "t_session", "t_origin")
 
     groups = [slot_rules, msg_rules, over_rules, seq_rules]
-    violations = reduce(lambda a, b: a.unionByName(b), [g.combined() for g in groups] + [lost_w])
-    # Every candidate with what it owes: the delivered ones from the table, the others as open_messages settled.
-    owing = ("run_id", "owed", "legally_trimmed", "expired_legally", "undeliverable", "delivered",
-             "t_invoke", "t_first", "t_origin", "bucket_us")
-    settled = cand.filter(F.col("delivered")).select(*owing).unionByName(gaps.select(*owing))
     # The delivery metrics read what the per-subscriber table already holds of each claimed delivered message
     # (a scan of its cache), not the per-message join the rules read: that join would run a second time.
     metric_cols = ("run_id", "t_first", "t_invoke", "n_deliveries", "n_resends", "n_after_ack", "t_origin", "bucket_us")
     delivered = table.filter(F.col("n_deliveries").isNotNull()).select(*metric_cols)
     if unmatched is not None:
         delivered = delivered.unionByName(unmatched.select(*metric_cols))
-    metrics = _metrics(pub, slots, delivered, settled, lost, runs_b)
-    # One DataFrame per rule, built only if the combined query breaks (to name the rule that did).
-    return violations, metrics, lambda: [p for g in groups for p in g.separate()] + [lost_w]
+    return (reduce(lambda a, b: a.unionByName(b), [g.combined() for g in groups]),
+            _delivery_metrics(pub, slots, delivered, runs_b), groups)
+
+
+def owed_checks(table, gaps):
+    """The loss rules' violations (each owed, never-delivered message of ``gaps``, open_messages, under its
+    cause) and the owed metrics: (violations, metrics)."""
+    from pyspark.sql import functions as F
+
+    client, publisher = witness_name("client"), witness_name("publisher")
+    lost = gaps.filter(F.col("owed"))
+    carried_into = F.col("carried_into").isNotNull()
+    loss_cols = [client, publisher, "pub_seq", witness_name("topic"), "t_invoke", "t_ack", "t_origin", "expiry_s",
+                 "in_backlog",
+                 F.coalesce("carried_into.d", "k.d").alias("t_offline"), F.coalesce("carried_into.c", "k.c").alias("t_reconnect"),
+                 F.when(carried_into, F.col("k.d")).alias("carried_from_offline"),
+                 F.when(carried_into, F.col("k.c")).alias("carried_from_reconnect"),
+                 F.when(~carried_into, F.col("rank")).alias("rank"),
+                 F.coalesce("carried_into.n_backlog", "n_backlog").alias("n_backlog"), "limit",
+                 "prev_delivered", "next_delivered", "position", witness_name("pub_node"), "policy"]
+    lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
+                         (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
+                         F.to_json(F.struct(*loss_cols)).alias("witness"))
+    # Every candidate with what it owes: the delivered ones from the table, the others as open_messages settled.
+    owing = ("run_id", "owed", "legally_trimmed", "expired_legally", "undeliverable", "delivered",
+             "t_invoke", "t_first", "t_origin", "bucket_us")
+    settled = table.filter(F.col("is_cand") & F.col("delivered")).select(*owing).unionByName(gaps.select(*owing))
+    return lost_w, _owed_metrics(settled, lost)
 
 
 def packet_id_gaps(slots, table, clients_b, runs_b):
@@ -1377,23 +1476,31 @@ def delivered_messages(table, dsm, pub, runs_b, all_claimed: bool = False):
     return matched.select(*DELIVERED_COLUMNS).unionByName(unmatched.drop("t_first")), unmatched
 
 
-def _metrics(pub, slots, delivered, cand, lost, runs_b):
-    """Small metric rows: (run_id, metric, key, value) — counts, per-bucket series, loss breakdown.  Each big
-    table is aggregated once, per time bucket, and every row drawn from it (its series and its share of the
-    run totals) comes out of one explode of those few bucket rows (``_bucket_rows``).  ``delivered``: one row
-    per delivered (subscriber, message) with its first delivery (``t_first``), its publish and its counts."""
+def _bucket(col):
+    """A time's bucket of the run's series (``t_origin``, ``bucket_us``: the runs table's)."""
     from pyspark.sql import functions as F
 
-    def bucket(col):
-        return ((col - F.col("t_origin")) / F.col("bucket_us")).cast("long")
+    return ((col - F.col("t_origin")) / F.col("bucket_us")).cast("long")
 
-    def rows(df, metric: str, key, value):
-        return df.select("run_id", F.lit(metric).alias("metric"), key.cast("string").alias("key"),
-                         value.cast("double").alias("value"))
+
+def _metric(df, metric: str, key, value):
+    from pyspark.sql import functions as F
+
+    return df.select("run_id", F.lit(metric).alias("metric"), key.cast("string").alias("key"),
+                     value.cast("double").alias("value"))
+
+
+def _delivery_metrics(pub, slots, delivered, runs_b):
+    """Small metric rows (run_id, metric, key, value) of the publishes and deliveries: counts and per-bucket
+    series.  Each big table is aggregated once, per time bucket, and every row drawn from it (its series and its
+    share of the run totals) comes out of one explode of those few bucket rows (``_bucket_rows``).  ``delivered``:
+    one row per delivered (subscriber, message) with its first delivery (``t_first``), its publish and its
+    counts."""
+    from pyspark.sql import functions as F
 
     parts = []
     # Publishes: per bucket of the ack time (null: never acked), every count in the same pass.
-    by_ack = pub.join(runs_b, "run_id").groupBy("run_id", bucket(F.col("t_ack")).alias("b")).agg(
+    by_ack = pub.join(runs_b, "run_id").groupBy("run_id", _bucket(F.col("t_ack")).alias("b")).agg(
         F.count(F.lit(1)).alias("published"), F.count("t_ack").alias("acked"),
         F.sum((F.col("t_fail").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("failed"),
         F.sum((F.col("t_indet").isNotNull() & F.col("t_ack").isNull()).cast("long")).alias("indeterminate"))
@@ -1403,7 +1510,7 @@ def _metrics(pub, slots, delivered, cand, lost, runs_b):
     # Both percentiles from one digest per bucket (two digests cost twice the inserts and the shuffle), to a
     # rank error of 0.1 % (LATENCY_ACCURACY): the values of a plot.  A bucket of up to 10,000 deliveries is
     # kept whole before the digest compresses, so its percentiles are the same at any accuracy.
-    by_first = delivered.groupBy("run_id", bucket(F.col("t_first")).alias("b")).agg(
+    by_first = delivered.groupBy("run_id", _bucket(F.col("t_first")).alias("b")).agg(
         F.count(F.lit(1)).alias("delivered_messages"), F.sum("n_deliveries").alias("deliveries"),
         F.sum("n_resends").alias("inflight_resends"), F.sum("n_after_ack").alias("redeliveries_after_ack"),
         F.percentile_approx(latency_ms, [0.5, 0.99], LATENCY_ACCURACY).alias("pq"))
@@ -1413,26 +1520,36 @@ def _metrics(pub, slots, delivered, cand, lost, runs_b):
                                          "redeliveries_after_ack"),
                               {"delivered_per_bucket": "delivered_messages", "latency_p50_ms": "p50",
                                "latency_p99_ms": "p99"}))
+    # Only ids the broker stored: the client's latest session, if persistent (a clean session's are never stored).
+    last_pid = slots.filter(F.col("stored") & F.col("last_epoch")).groupBy("run_id", "client").agg(
+        F.max_by("packet_id", "seq").alias("pid"))
+    parts.append(_metric(last_pid, "last_packet_id", named(F.col("client")), F.col("pid")))
+    return reduce(lambda a, b: a.unionByName(b), parts)
+
+
+def _owed_metrics(cand, lost):
+    """Small metric rows of the owed candidates (``cand``: each with what it owes) and the lost ones: the counts
+    of what was owed, trimmed, expired, undeliverable, the owed-but-unseen series, the losses by position.
+    Every metric here is whole in these rows: ``metric_rows`` merges them with ``_delivery_metrics``' as they
+    are (no key of one is a key of the other)."""
+    from pyspark.sql import functions as F
+
     owed = cand.filter(F.col("owed"))
     # One scan of the candidates for the four counts; a zero count gives no row (as an empty group would).
     flags = ("owed", "legally_trimmed", "expired_legally", "undeliverable")
     flag_counts = cand.groupBy("run_id").agg(*[F.sum(F.col(f).cast("long")).alias(f) for f in flags])
-    parts.append(flag_counts.select("run_id", F.explode(F.map_from_arrays(
+    parts = [flag_counts.select("run_id", F.explode(F.map_from_arrays(
         F.array(*[F.lit(f) for f in flags]), F.array(*flags))).alias("key", "value"))
         .filter(F.col("value") > 0)
-        .select("run_id", F.lit("count").alias("metric"), "key", F.col("value").cast("double").alias("value")))
+        .select("run_id", F.lit("count").alias("metric"), "key", F.col("value").cast("double").alias("value"))]
     # Owed-but-unseen changes: +1 at the publish, -1 at the first delivery (one pass over the owed rows).
     change = F.explode(F.array(F.struct(F.col("t_invoke").alias("t"), F.lit(1).alias("delta")),
                                F.when(F.col("delivered"), F.struct(F.col("t_first").alias("t"), F.lit(-1).alias("delta")))))
     changes = owed.select("run_id", "t_origin", "bucket_us", change.alias("c")).filter(F.col("c").isNotNull())
-    parts.append(rows(changes.groupBy("run_id", bucket(F.col("c.t")).alias("b")).agg(F.sum("c.delta").alias("v")),
-                      "unseen_delta_per_bucket", F.col("b"), F.col("v")))
-    parts.append(rows(lost.groupBy("run_id", "cause", "position").count(), "loss_position",
-                      F.concat_ws("|", "cause", "position"), F.col("count")))
-    # Only ids the broker stored: the client's latest session, if persistent (a clean session's are never stored).
-    last_pid = slots.filter(F.col("stored") & F.col("last_epoch")).groupBy("run_id", "client").agg(
-        F.max_by("packet_id", "seq").alias("pid"))
-    parts.append(rows(last_pid, "last_packet_id", named(F.col("client")), F.col("pid")))
+    parts.append(_metric(changes.groupBy("run_id", _bucket(F.col("c.t")).alias("b")).agg(F.sum("c.delta").alias("v")),
+                         "unseen_delta_per_bucket", F.col("b"), F.col("v")))
+    parts.append(_metric(lost.groupBy("run_id", "cause", "position").count(), "loss_position",
+                         F.concat_ws("|", "cause", "position"), F.col("count")))
     return reduce(lambda a, b: a.unionByName(b), parts)
 
 

@@ -573,10 +573,10 @@ def test_a_one_run_big_check_judges_as_a_small_one(spark, runs, reports, monkeyp
     monkeypatch.setattr(jobs, "SMALL_BYTES", 0)
     stored, freeze = [], jobs._freeze
 
-    def spy(df, cached, label, mode="persist", constant=None, flatten=False):
+    def spy(df, cached, label, mode="persist", constant=None, flatten=False, counts=None):
         if label == "per_subscriber_message":
             stored.append(flatten and "policy" in (constant or {}))
-        return freeze(df, cached, label, mode, constant, flatten)
+        return freeze(df, cached, label, mode, constant, flatten, counts)
 
     monkeypatch.setattr(jobs, "_freeze", spy)
     for name in ONE_RUN_BIG:

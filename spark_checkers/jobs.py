@@ -737,9 +737,9 @@ def _cache_leaf(frozen):
 def build(spark, runs: list[RunSpec], events, prepare: Callable[[], tuple[dict[str, Timeline], dict[str, list[str]]]],
           cached: list, small: bool = False, aside: ThreadPoolExecutor | None = None) -> Checks:
     """Every Spark-side violation as (run_id, invariant, sort_key, witness JSON), plus metric rows (``Checks``).
-    Every DataFrame it materialises is appended to ``cached`` (the caller unpersists them, after ``aside``, the
-    caller's one-thread executor for the work ``build`` begins beside its own, is done: a big check's
-    ``Checks.early`` runs there on after ``build`` returns; without one, ``build`` uses its own and waits).  ``prepare()`` gives the
+    Every DataFrame it materialises is appended to ``cached``; the caller unpersists them once ``aside`` is done:
+    the caller's one-thread executor for the work ``build`` begins beside its own (a big check's ``Checks.early``
+    runs on there after ``build`` returns; without one, ``build`` uses its own and waits).  ``prepare()`` gives the
     runs' timelines and published topics (the caller's scans of the small rows); it runs while the publishes,
     which need neither, are materialised.
 
@@ -764,8 +764,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     submitted, Spark's scheduler gives those moments to its tasks (the first job's tasks still go first).
     Only tables that do not read each other run side by side: the publishes beside the caller's scans of the
     small rows, the side tables and the packet-id slots; the stream neighbours beside the per-subscriber table;
-    in a big check, the claim count and the collect of every rule that reads no open message
-    (``Checks.early``) beside the open messages, the online trims and the loss rules' collect.  A failure in the
+    in a big check, the collect of every rule that reads no open message (``Checks.early``) beside the open
+    messages, the online trims and the loss rules' collect.  A failure in the
     aside thread is raised by ``result()``, here or in the caller (``Checks.early``)."""
     from pyspark.sql import functions as F
 
@@ -801,7 +801,6 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         dsm = freeze(with_stream_neighbour(per_message).sortWithinPartitions(*SUBSCRIBER_MESSAGE), "per_message")
         per_message = dsm
         table = freeze(per_subscriber_message(subscriber_rows(claims, dsm, runs_b, clients_b)), "per_subscriber_message")
-        early = None
     else:
         # Counted as they are materialised: a claimed delivered message for each delivered one means that no
         # delivery needs a lookup in the publishes (delivered_messages), and two count jobs less.
@@ -816,8 +815,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         # Every rule and metric that reads no open message is collected in the aside thread, begun now: its
         # planning and its stages fill the moments the open messages and the online trims (small jobs, driver
         # work between them) leave the cores idle, instead of waiting for them (Checks).
-        early = aside.submit(_early_checks, checks, table, dsm, pub, slots, runs_b, clients_b, match_b,
-                             claimed["n_deliveries"] == delivered["rows"])
+        checks.early = aside.submit(_early_checks, checks, table, dsm, pub, slots, runs_b, clients_b, match_b,
+                                    claimed["n_deliveries"] == delivered["rows"])
     gaps = freeze(open_messages(table, clients_b), "open messages")
     with timed("online trims"):
         trimmed = online_trims(gaps, table).collect()
@@ -835,7 +834,6 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         violations, metrics, checks.groups = delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b,
                                                               all_claimed=False)
         checks.violations, checks.metrics = violations.unionByName(checks.lost), metrics.unionByName(checks.metrics)
-    checks.early = early
     return checks
 
 

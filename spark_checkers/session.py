@@ -63,7 +63,8 @@ def static_conf() -> dict[str, str]:
         # tier 2 (C1, counters only) while that queue is long, and profiles them once it is short.  Fresh JVMs
         # alternating, a 20k check then a 10 M one: 4 of 4 pairs faster, median ratio 0.94, JVM CPU 0.93;
         # small checks within the noise (docs/report.md, session 19).  More C2 threads instead
-        # (CICompilerCount=4) helped the 10 M check as much but slowed a fresh JVM's small checks by a fifth.
+        # (CICompilerCount=4) helped the 10 M check as much but slowed a fresh JVM's small checks by a fifth;
+        # higher tier-4 thresholds likewise (10 M first check 0.90x, 100k checks 1.13x: session 20).
         # $ORDEAL_SPARK_JAVA_OPTIONS adds JVM flags (the benchmark's A/B of JIT settings).
         "spark.driver.extraJavaOptions": " ".join(
             ["-XX:+UseParallelGC", "-XX:Tier3DelayOn=2", "-XX:Tier3DelayOff=1",

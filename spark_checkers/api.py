@@ -458,6 +458,10 @@ def findings(report: dict) -> dict[str, int]:
 # 1 M, measured (docs/report.md, session 16): a JVM's first 10 M check after it took 54.2-54.3 s, after 300 k
 # 54.1-58.5 s, after neither 69.1-72.3 s.
 WARM_UP_BIG_EVENTS = 1_000_000
+# How many times the big history is checked.  Three, measured (docs/report.md, session 21): a fresh JVM's first
+# 10 M check after the warm-up took a median 0.85x the time it took after one big check (4 alternating pairs,
+# 3 faster), its JIT 13-16 CPU-s against 23-28 in every pair; the warm-up itself takes about 30 s longer.
+WARM_UP_BIG_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -476,7 +480,8 @@ class WarmUpCheck:
         return self.found == self.planted
 
 
-def warm_up(spark, work_dir: str | Path | None = None, big_events: int = WARM_UP_BIG_EVENTS) -> list[WarmUpCheck]:
+def warm_up(spark, work_dir: str | Path | None = None, big_events: int = WARM_UP_BIG_EVENTS,
+            big_rounds: int = WARM_UP_BIG_ROUNDS) -> list[WarmUpCheck]:
     """Check two synthetic histories, one with each plan shape, so that the first real check of either shape
     on this Spark finds its generated code compiled (Spark's code cache) and hot in the JVM's JIT.
 
@@ -484,7 +489,11 @@ def warm_up(spark, work_dir: str | Path | None = None, big_events: int = WARM_UP
     more partitions, uncompressed caches) generates others than a run's.  A JVM's first check of a shape compiles
     them (Janino) and then runs them interpreted until the JIT has compiled their hot loops: about 30 CPU-s of
     JIT in a first 10 M check, against 8 in a later one.  The code depends on the plan, not on the row count,
-    so a 1 M history checked with the big plan compiles most of it.  The histories are written to a temporary
+    so a 1 M history checked with the big plan compiles most of it.  The big history is checked ``big_rounds``
+    times (one WarmUpCheck each).  Why more than once: the first check compiles the code, but much of the code
+    a check runs once per query, not per row (analysis, optimisation, planning, Janino's lookups in the code
+    cache, task serialisation), is still lukewarm after one check and reaches the JIT's last tier only in the
+    real check that follows: repeated, its JIT work is done here.  The histories are written to a temporary
     directory under ``work_dir`` (default: the system's), which the Spark must read at the same path (a local
     server, not a cluster), and removed afterwards."""
     import tempfile
@@ -492,6 +501,8 @@ def warm_up(spark, work_dir: str | Path | None = None, big_events: int = WARM_UP
     from spark_checkers import bulk_history
     from spark_checkers import synthetic as s
 
+    if big_rounds < 1:
+        raise ValueError(f"warm_up(big_rounds={big_rounds!r}): expected at least 1 check of the big history")
     checks = []
     with tempfile.TemporaryDirectory(prefix="ordeal-warm-up-", dir=work_dir) as tmp:
         spec = s.Spec(pairs=2, messages=24, offline=(s.Offline(0, 5, 9),),
@@ -500,10 +511,11 @@ def warm_up(spark, work_dir: str | Path | None = None, big_events: int = WARM_UP
         small = s.write_run(Path(tmp) / "small", rows, spec)
         big = Path(tmp) / "big"
         planted = bulk_history.generate(big, big_events)
+        big_check = ("big", big, planted["rows"], {"durability.lost": planted["lost"],
+                                                   "order.out_of_order": planted["swaps"]})
         for plan, run_dir, events, expected in (
                 ("small", small, len(rows), {"durability.lost": 1, "order.out_of_order": 1}),
-                ("big", big, planted["rows"], {"durability.lost": planted["lost"],
-                                               "order.out_of_order": planted["swaps"]})):
+                *[big_check] * big_rounds):
             started = time.monotonic()
             report = check_runs([run_dir], spark=spark, plan=plan)[0]
             undecided = [i for i in report["invariants"] if i["verdict"] == "unknown"]

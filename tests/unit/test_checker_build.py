@@ -166,11 +166,14 @@ def test_a_forced_plan_shape_plans_as_a_history_of_that_size():
 
 def test_the_warm_up_checks_both_plan_shapes_and_finds_what_it_planted(spark, tmp_path):
     """``api.warm_up`` (`ordeal spark start --warm-up`) checks a run-sized history with the small plan and a bulk
-    one with the big plan; each finds exactly its planted anomalies, and its histories are gone afterwards."""
+    one with the big plan, the bulk one ``big_rounds`` times; each check finds exactly its planted anomalies, and
+    its histories are gone afterwards.  No rounds at all is refused before anything is written."""
     from spark_checkers.api import WarmUpCheck, warm_up
 
-    checks = warm_up(spark, tmp_path, big_events=200_000)
-    assert [c.plan for c in checks] == ["small", "big"]
+    with pytest.raises(ValueError, match=r"big_rounds=0\): expected at least 1"):
+        warm_up(spark, tmp_path, big_rounds=0)
+    checks = warm_up(spark, tmp_path, big_events=200_000, big_rounds=2)
+    assert [c.plan for c in checks] == ["small", "big", "big"]
     assert all(c.right for c in checks), checks
     assert checks[1].planted == {"durability.lost": 10, "order.out_of_order": 5}
     assert list(tmp_path.iterdir()) == []

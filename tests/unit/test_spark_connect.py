@@ -19,6 +19,7 @@ import pytest
 
 from spark_checkers import connect_server
 from spark_checkers import synthetic as s
+from spark_checkers.api import WARM_UP_BIG_ROUNDS
 from spark_checkers.session import SparkChoice, choose, validate_remote
 
 ORDEAL = [sys.executable, "-m", "ordeal.cli"]
@@ -178,14 +179,15 @@ def test_spark_start_warms_the_running_server_up_once(server):
     done = _run(["spark", "start", "--warm-up"])
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("warm-up: ")]
-    assert [line.split(",")[0] for line in lines] == ["warm-up: small plan", "warm-up: big plan"], done.stdout
+    plans = ["small", *["big"] * WARM_UP_BIG_ROUNDS]
+    assert [line.split(",")[0] for line in lines] == [f"warm-up: {p} plan" for p in plans], done.stdout
     status = json.loads(_run(["spark", "status"]).stdout)
     record = status["warmed_up"]
     assert record["server_started_unix"] == server["started_unix"]
-    assert [(c["plan"], c["found"] == c["planted"]) for c in record["checks"]] == [("small", True), ("big", True)]
+    assert [(c["plan"], c["found"] == c["planted"]) for c in record["checks"]] == [(p, True) for p in plans]
     again = _run(["spark", "start", "--warm-up"])
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "already warmed up (2 checks" in again.stdout and "warm-up: " not in again.stdout
+    assert f"already warmed up ({len(plans)} checks" in again.stdout and "warm-up: " not in again.stdout
 
 
 @pytest.mark.spark

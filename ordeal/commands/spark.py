@@ -74,8 +74,8 @@ def status() -> None:
               help="Seconds without a client before it stops itself (default $ORDEAL_SPARK_IDLE_TIMEOUT or 600).")
 @click.option("--master", default=None, help="The server's own master (default local[2]).")
 @click.option("--warm-up", "warm", is_flag=True,
-              help="Then check two synthetic histories on it (a run's once, and a big one's plan on 1 M events "
-                   "three times; 70-85 s on a new server), so the first real check of either size finds its code "
+              help="Then check two synthetic histories on it (a run's once, and a bulk one with the big plan, "
+                   "repeated: 70-85 s on a new server), so the first real check of either size finds its code "
                    "compiled and hot. Once per server; for a nightly or a machine about to check big histories, not "
                    "before a timed run.")
 def start(idle_timeout: float | None, master: str | None, warm: bool) -> None:

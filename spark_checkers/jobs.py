@@ -46,8 +46,9 @@ PUB_KINDS = (Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBL
 SUBSCRIBER_MESSAGE = ("run_id", "client", "publisher", "pub_seq")
 PUBLISH_COLUMNS = ("topic", "n_invoke", "t_invoke", "pub_qos", "expiry_s", "pub_hash", "pub_node", "t_ack", "t_fail",
                    "t_indet")
-DELIVERY_COLUMNS = ("n_deliveries", "first", "last", "t_last", "min_hash", "max_hash", "qos", "first_ack_seq", "first_ack_t",
-                    "n_resends", "n_after_ack", "redelivery", "twice", "implied_deadline", "any_unacked", "prev_max")
+MESSAGE_COLUMNS = ("n_deliveries", "first", "last", "t_last", "min_hash", "max_hash", "qos", "first_ack_seq", "first_ack_t",
+                   "n_resends", "n_after_ack", "redelivery", "twice", "implied_deadline", "any_unacked")
+DELIVERY_COLUMNS = (*MESSAGE_COLUMNS, "prev_max")
 RUN_SCALARS = ("limit", "ttl_us", "tol_us", "bucket_us", "t_origin", "slack_us")
 DELIVERED_COLUMNS = (*SUBSCRIBER_MESSAGE, *PUBLISH_COLUMNS, *DELIVERY_COLUMNS, *RUN_SCALARS)
 
@@ -497,43 +498,103 @@ def delivery_slots(events, clients_df, by: tuple[str, ...]):
                   "prev_holder"))
 
 
-def deliveries_per_message(slots, constant: dict[str, str] | None = None):
-    """One row per (subscriber, message): first and last delivery, acks, resends, redeliveries after ack
-    (``constant``: see ``aggregate``)."""
+FIRST_FIELDS = ("seq", "t", "packet_id", "dup", "conn", "node", "topic", "qos", "epoch", "stored")  # ``first``
+LAST_FIELDS = ("seq", "t", "packet_id", "dup", "node")  # ``last``: a message's first and last delivery
+AFTER_ACK_COLUMNS = ("n_after_ack", "redelivery", "twice")  # what only a message's deliveries in order give
+# A big check's messages delivered more than once, up to this many, get AFTER_ACK_COLUMNS from their own rows
+# (broadcast); with more, every message's are computed the small way (message_deliveries).
+MULTI_DELIVERY_BROADCAST_ROWS = 100_000
+
+
+def _message_aggregates() -> list:
+    """What one pass over a message's deliveries gives in any order (each aggregate's buffer a primitive)."""
+    from pyspark.sql import functions as F
+
+    return [F.count(F.lit(1)).alias("n_deliveries"), F.max("t").alias("t_last"),
+            F.min("body_hash").alias("min_hash"), F.max("body_hash").alias("max_hash"), F.max("qos").alias("qos"),
+            # A delivery is acked when the next row of its packet-id slot is the subscriber's ack (delivery_slots).
+            F.min(F.when(F.col("acked"), F.col("next_seq"))).alias("first_ack_seq"),
+            F.min(F.when(F.col("acked"), F.col("next_t"))).alias("first_ack_t"),
+            F.sum(F.col("resend").cast("int")).alias("n_resends"),
+            F.max(F.col("t") + F.col("remaining_expiry_s") * 1_000_000).alias("implied_deadline"),
+            F.max(F.when(~F.col("acked") & (F.coalesce("qos", F.lit(0)) > 0), F.lit(1)).otherwise(F.lit(0))).alias(
+                "any_unacked")]
+
+
+def _in_message_order(rows):
+    """``rows`` with what AFTER_ACK_COLUMNS read of the message's other deliveries: its first ack and the
+    delivery before (one ordering serves both; one select, one window operator: see delivery_slots)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    key = ("run_id", "client", "publisher", "pub_seq")
-    # One ordering serves both: the whole partition for the first ack, the row before for the previous delivery.
-    ordered = Window.partitionBy(*key).orderBy("seq")
+    ordered = Window.partitionBy(*SUBSCRIBER_MESSAGE).orderBy("seq")
     w = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    # One select, one window operator (see delivery_slots).
-    rows = slots.select("*", F.min(F.when(F.col("acked"), F.col("next_seq"))).over(w).alias("first_ack_seq"),
-                        F.lag(F.struct("seq", "t", "packet_id", "conn")).over(ordered).alias("msg_prev"))
-    after_ack = F.col("seq") > F.col("first_ack_seq")
+    return rows.select("*", F.min(F.when(F.col("acked"), F.col("next_seq"))).over(w).alias("w_first_ack_seq"),
+                       F.lag(F.struct("seq", "t", "packet_id", "conn")).over(ordered).alias("msg_prev"))
+
+
+def _after_ack_aggregates() -> list:
+    """AFTER_ACK_COLUMNS over rows of ``_in_message_order``."""
+    from pyspark.sql import functions as F
+
+    after_ack = F.col("seq") > F.col("w_first_ack_seq")
     # The same message again on the connection that already delivered it, and not the resend of that very packet
     # (same id, no ack between): two distinct deliveries within one connection (connections only grow with seq,
     # so the previous delivery is on this connection iff any earlier one is).
     twice = (F.col("msg_prev.conn") == F.col("conn")) & ~F.col("resend")
-    first = F.struct("seq", "t", "packet_id", "dup", "conn", "node", "topic", "qos", "epoch", "stored")
+    return [F.sum(after_ack.cast("int")).alias("n_after_ack"),
+            F.min(F.when(after_ack, F.struct("seq", "t", "packet_id", "dup"))).alias("redelivery"),
+            F.min(F.when(twice, F.struct("seq", "t", "packet_id", "dup", F.col("msg_prev.t").alias("prev_t"),
+                                         F.col("msg_prev.packet_id").alias("prev_packet_id")))).alias("twice")]
+
+
+def deliveries_per_message(slots, constant: dict[str, str] | None = None):
+    """One row per (subscriber, message): first and last delivery, acks, resends, redeliveries after ack
+    (``constant``: see ``aggregate``).  Every message's deliveries in order: a small check's way (and a big
+    one's with many messages delivered more than once: message_deliveries)."""
+    from pyspark.sql import functions as F
+
     return aggregate(
-        rows, key,
-        F.count(F.lit(1)).alias("n_deliveries"),
-        F.min_by(first, F.col("seq")).alias("first"),
-        F.max_by(F.struct("seq", "t", "packet_id", "dup", "node"), F.col("seq")).alias("last"),
-        F.max("t").alias("t_last"),
-        F.min("body_hash").alias("min_hash"), F.max("body_hash").alias("max_hash"),
-        F.max("qos").alias("qos"),
-        F.first("first_ack_seq").alias("first_ack_seq"),
-        F.min(F.when(F.col("acked"), F.col("next_t"))).alias("first_ack_t"),
-        F.sum(F.col("resend").cast("int")).alias("n_resends"),
-        F.sum(after_ack.cast("int")).alias("n_after_ack"),
-        F.min(F.when(after_ack, F.struct("seq", "t", "packet_id", "dup"))).alias("redelivery"),
-        F.min(F.when(twice, F.struct("seq", "t", "packet_id", "dup", F.col("msg_prev.t").alias("prev_t"),
-                                     F.col("msg_prev.packet_id").alias("prev_packet_id")))).alias("twice"),
-        F.max(F.col("t") + F.col("remaining_expiry_s") * 1_000_000).alias("implied_deadline"),
-        F.max(F.when(~F.col("acked") & (F.coalesce("qos", F.lit(0)) > 0), F.lit(1)).otherwise(F.lit(0))).alias("any_unacked"),
-        constant=constant)
+        _in_message_order(slots), SUBSCRIBER_MESSAGE, *_message_aggregates(),
+        F.min_by(F.struct(*FIRST_FIELDS), F.col("seq")).alias("first"),
+        F.max_by(F.struct(*LAST_FIELDS), F.col("seq")).alias("last"), *_after_ack_aggregates(),
+        constant=constant).select(*SUBSCRIBER_MESSAGE, *MESSAGE_COLUMNS)
+
+
+def message_deliveries(slots, constant: dict[str, str] | None = None):
+    """``deliveries_per_message`` without AFTER_ACK_COLUMNS: one pass over the deliveries in any order.
+
+    Why: the window that puts each message's deliveries in order and the aggregate over its output (a sort
+    aggregate: its buffers hold structs, so it runs row by row, outside the generated code) cost a big check
+    twice what this aggregate does (every buffer a primitive: a hash aggregate in generated code; the first and
+    last delivery field by field).  At 10 M events nearly every message has one delivery, and for one delivery
+    AFTER_ACK_COLUMNS are known without its neighbours (``single_delivery``); ``with_after_ack`` gives the few
+    others theirs."""
+    from pyspark.sql import functions as F
+
+    firsts = [F.min_by(f, F.col("seq")).alias(f"first__{f}") for f in FIRST_FIELDS]
+    lasts = [F.max_by(f, F.col("seq")).alias(f"last__{f}") for f in LAST_FIELDS]
+    rows = aggregate(slots, SUBSCRIBER_MESSAGE, *_message_aggregates(), *firsts, *lasts, constant=constant)
+    return rows.select(
+        *[c for c in rows.columns if not c.startswith(("first__", "last__"))],
+        F.struct(*[F.col(f"first__{f}").alias(f) for f in FIRST_FIELDS]).alias("first"),
+        F.struct(*[F.col(f"last__{f}").alias(f) for f in LAST_FIELDS]).alias("last"))
+
+
+def single_delivery(column: str, schema):
+    """AFTER_ACK_COLUMNS' ``column`` for a message delivered once: no redelivery, nothing twice, and nothing
+    delivered after its ack if it was acked (as the sum over its one row gives: null if it never was).
+    ``schema``: the types (``after_ack_deliveries(...).schema``)."""
+    from pyspark.sql import functions as F
+
+    if column == "n_after_ack":
+        return F.when(F.col("first_ack_seq").isNotNull(), F.lit(0)).cast(schema[column].dataType)
+    return F.lit(None).cast(schema[column].dataType)
+
+
+def after_ack_deliveries(rows, constant: dict[str, str] | None = None):
+    """AFTER_ACK_COLUMNS per message of ``rows`` (every delivery of each message in it), sorted by the key."""
+    return aggregate(_in_message_order(rows), SUBSCRIBER_MESSAGE, *_after_ack_aggregates(), constant=constant)
 
 
 WITNESS_FIELDS = ("invariant", "sort_key", "witness")
@@ -788,16 +849,16 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     slots = freeze(delivery_slots(events, clients_df, by).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
                    "slots")
     pub = publishing.result()
-    # Sorted by the join key within each subscriber's partition (as the aggregate leaves it), so every later join
-    # with it only merges.
-    per_message = deliveries_per_message(slots.drop("t_origin", "tol_us"), constant).sortWithinPartitions(
-        *SUBSCRIBER_MESSAGE)
+    deliveries = slots.drop("t_origin", "tol_us")
     claims = subscriber_claims(pub, slots, match_b, by)
     # Two ways to the same two tables.  A big check sorts and windows only the rows that need it (the reordered
     # publishers' messages, the queued ones) and merges the few results back, unmaterialised; a small check
     # (a run's history) windows every row and materialises one table each: its cost is the driver's, per job
     # and per join, not the rows'.
     if small:
+        # Sorted by the join key within each subscriber's partition (as the aggregate leaves it), so every later
+        # join with it only merges.
+        per_message = deliveries_per_message(deliveries, constant)
         dsm = freeze(with_stream_neighbour(per_message).sortWithinPartitions(*SUBSCRIBER_MESSAGE), "per_message")
         per_message = dsm
         table = freeze(per_subscriber_message(subscriber_rows(claims, dsm, runs_b, clients_b)), "per_subscriber_message")
@@ -805,7 +866,12 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         # Counted as they are materialised: a claimed delivered message for each delivered one means that no
         # delivery needs a lookup in the publishes (delivered_messages), and two count jobs less.
         delivered = {"rows": 0}
-        per_message = freeze(per_message, "per_message", counts=delivered)
+        per_message = with_after_ack(
+            freeze(message_deliveries(deliveries, constant).sortWithinPartitions(*SUBSCRIBER_MESSAGE), "per_message",
+                   counts=delivered), deliveries, constant, freeze)
+        if per_message is None:  # many messages delivered more than once: every message's deliveries in order
+            per_message = freeze(deliveries_per_message(deliveries, constant).sortWithinPartitions(*SUBSCRIBER_MESSAGE),
+                                 "per_message", counts=delivered)
         neighbouring = aside.submit(freeze, stream_neighbours(per_message), "stream neighbours")
         claimed = {"n_deliveries": 0}
         rows = freeze(subscriber_rows(claims, per_message, runs_b, clients_b), "per_subscriber_message",
@@ -835,6 +901,29 @@ def _build(spark, runs, events, prepare, cached, small, aside):
                                                               all_claimed=False)
         checks.violations, checks.metrics = violations.unionByName(checks.lost), metrics.unionByName(checks.metrics)
     return checks
+
+
+def with_after_ack(per_message, deliveries, constant: dict[str, str], freeze):
+    """A big check's materialised ``message_deliveries`` with AFTER_ACK_COLUMNS, in its order and partitioning, or
+    None if more than MULTI_DELIVERY_BROADCAST_ROWS messages were delivered more than once.  A message delivered
+    once gets ``single_delivery``'s values; the others get theirs from their own deliveries in order
+    (``after_ack_deliveries``: materialised, few), looked up by broadcast.  ``deliveries``: the delivery slots;
+    ``freeze``: the build's."""
+    from pyspark.sql import functions as F
+
+    types = after_ack_deliveries(deliveries, constant).schema  # analysed only: the columns' types
+    once = {c: single_delivery(c, types) for c in AFTER_ACK_COLUMNS}
+    multi = per_message.filter(F.col("n_deliveries") > 1).select(*SUBSCRIBER_MESSAGE)
+    with timed("messages delivered more than once"):
+        n_multi = multi.count()
+    if n_multi > MULTI_DELIVERY_BROADCAST_ROWS:
+        return None
+    if n_multi == 0:
+        return per_message.select(*SUBSCRIBER_MESSAGE, *[once[c].alias(c) if c in once else c for c in MESSAGE_COLUMNS])
+    rows = deliveries.join(F.broadcast(multi), list(SUBSCRIBER_MESSAGE), "left_semi")
+    after_ack = freeze(after_ack_deliveries(rows, constant), "messages delivered more than once")
+    return per_message.join(F.broadcast(after_ack), list(SUBSCRIBER_MESSAGE), "left").select(
+        *SUBSCRIBER_MESSAGE, *[F.coalesce(c, once[c]).alias(c) if c in once else c for c in MESSAGE_COLUMNS])
 
 
 def _early_checks(checks, table, dsm, pub, slots, runs_b, clients_b, match_b, all_claimed: bool):

@@ -540,13 +540,30 @@ def _judged(report):
     return {i["id"]: (i["verdict"], i["count"], json.dumps(i["witnesses"], sort_keys=True)) for i in report["invariants"]}
 
 
-def test_a_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch):
+def _freezes(jobs, monkeypatch) -> list[str]:
+    """The labels of the tables a check materialises (jobs._freeze), in order."""
+    labels, freeze = [], jobs._freeze
+
+    def spy(df, cached, label, *args, **kwargs):
+        labels.append(label)
+        return freeze(df, cached, label, *args, **kwargs)
+
+    monkeypatch.setattr(jobs, "_freeze", spy)
+    return labels
+
+
+@pytest.mark.parametrize("broadcast_rows", [None, 0], ids=["few-redelivered", "many-redelivered"])
+def test_a_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch, broadcast_rows):
     """The same histories checked the way a big history is (jobs.build: the stream neighbours and the queue
     windows only where they are needed, merged back; more partitions, adaptive execution, persisted tables) give
-    the same verdicts, counts and witnesses as the small way every other test takes."""
+    the same verdicts, counts and witnesses as the small way every other test takes.  Both ways a big check
+    gives the messages delivered more than once what only their deliveries in order tell (jobs.with_after_ack):
+    looked up for the few, or every message's deliveries in order when there are many."""
     from spark_checkers import jobs
 
     monkeypatch.setattr(jobs, "SMALL_BYTES", 0)
+    if broadcast_rows is not None:
+        monkeypatch.setattr(jobs, "MULTI_DELIVERY_BROADCAST_ROWS", broadcast_rows)
     ways, build = [], jobs.build
 
     def spy(*args, small=False, **kwargs):
@@ -554,20 +571,29 @@ def test_a_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch):
         return build(*args, small=small, **kwargs)
 
     monkeypatch.setattr(jobs, "build", spy)
+    labels = _freezes(jobs, monkeypatch)
     big = dict(zip(runs, check_runs(list(runs.values()), spark=spark), strict=True))
     assert ways == [False]  # one batch, checked the big way: else this would compare the small way with itself
+    # The catalog redelivers messages: looked up (few), or the per-message table made again the small way (many).
+    if broadcast_rows is None:
+        assert "messages delivered more than once" in labels and labels.count("per_message") == 1, labels
+    else:
+        assert "messages delivered more than once" not in labels and labels.count("per_message") == 2, labels
     assert {n: _judged(r) for n, r in big.items()} == {n: _judged(r) for n, r in reports.items()}
 
 
 ONE_RUN_BIG = ("lost_backlog", "trimmed_at_limit", "trim_not_oldest", "drop_newest_but_dropped_oldest",
                "no_limit_but_trimmed", "reject_but_trimmed", "over_limit_black_box", "dropped_early",
-               "expired_while_offline", "kill_loss_promised", "session_lost", "clean")
+               "expired_while_offline", "kill_loss_promised", "session_lost", "clean",
+               # Messages delivered more than once (jobs.with_after_ack looks them up): after the ack, resent before
+               # it, twice in one connection.
+               "redelivered_after_ack", "legal_resend_with_dup", "backlog_twice_in_connection")
 
 
 def test_a_one_run_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch):
     """A history checked alone the big way stores its per-subscriber table as primitives, with the run's columns
     as literals and the offline window rebuilt on read (jobs._freeze, flatten): the verdicts, counts and
-    witnesses are the small way's, on the histories with offline windows, queue policies, trims and kills."""
+    witnesses are the small way's, on the histories with offline windows, queue policies, trims, kills and redeliveries."""
     from spark_checkers import jobs
 
     monkeypatch.setattr(jobs, "SMALL_BYTES", 0)
@@ -579,9 +605,15 @@ def test_a_one_run_big_check_judges_as_a_small_one(spark, runs, reports, monkeyp
         return freeze(df, cached, label, mode, constant, flatten, counts)
 
     monkeypatch.setattr(jobs, "_freeze", spy)
+    labels = _freezes(jobs, monkeypatch)
+    looked_up = []
     for name in ONE_RUN_BIG:
+        labels.clear()
         assert _judged(check_runs([runs[name]], spark=spark)[0]) == _judged(reports[name]), name
+        looked_up.append("messages delivered more than once" in labels)
     assert stored == [True] * len(ONE_RUN_BIG)  # every one was stored as primitives: else this tests nothing
+    # The clean run delivered every message once (jobs.single_delivery alone); the last three did not.
+    assert not looked_up[ONE_RUN_BIG.index("clean")] and all(looked_up[-3:]), looked_up
 
 
 def test_a_persisted_table_is_a_leaf_that_keeps_its_partitioning(spark):

@@ -593,7 +593,8 @@ ONE_RUN_BIG = ("lost_backlog", "trimmed_at_limit", "trim_not_oldest", "drop_newe
 def test_a_one_run_big_check_judges_as_a_small_one(spark, runs, reports, monkeypatch):
     """A history checked alone the big way stores its per-subscriber table as primitives, with the run's columns
     as literals and the offline window rebuilt on read (jobs._freeze, flatten): the verdicts, counts and
-    witnesses are the small way's, on the histories with offline windows, queue policies, trims, kills and redeliveries."""
+    witnesses are the small way's, on the histories with offline windows, queue policies, trims, kills and
+    redeliveries."""
     from spark_checkers import jobs
 
     monkeypatch.setattr(jobs, "SMALL_BYTES", 0)

@@ -808,9 +808,10 @@ def build(spark, runs: list[RunSpec], events, prepare: Callable[[], tuple[dict[s
     slots (moved once, by subscriber), one row per delivered (subscriber, message), one narrow row per
     (subscriber, message) that matched one of the subscriber's filters, and the never-delivered candidates
     among those (open_messages: few).  The fourth serves the owed candidates and the publish lookup of the
-    per-message rules alike; none of them moves the deliveries again.  A big check materialises two more,
-    as small as what is out of the ordinary: the stream neighbours of the reordered publishers' messages and
-    the queue values of the queued messages, each merged back into its table by the sorted join key."""
+    per-message rules alike; none of them moves the deliveries again.  A big check materialises up to three
+    more, as small as what is out of the ordinary: the stream neighbours of the reordered publishers' messages,
+    the queue values of the queued messages, each merged back into its table by the sorted join key, and what
+    the messages delivered more than once tell in order (with_after_ack), looked up by broadcast."""
     if aside is not None:
         return _build(spark, runs, events, prepare, cached, small, aside)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check") as own:

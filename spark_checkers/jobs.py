@@ -857,8 +857,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     # (a run's history) windows every row and materialises one table each: its cost is the driver's, per job
     # and per join, not the rows'.
     if small:
-        # Sorted by the join key within each subscriber's partition (as the aggregate leaves it), so every later
-        # join with it only merges.
+        # Sorted by the join key within each subscriber's partition, so every later join with it only merges.
         per_message = deliveries_per_message(deliveries, constant)
         dsm = freeze(with_stream_neighbour(per_message).sortWithinPartitions(*SUBSCRIBER_MESSAGE), "per_message")
         per_message = dsm
@@ -871,6 +870,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
             freeze(message_deliveries(deliveries, constant).sortWithinPartitions(*SUBSCRIBER_MESSAGE), "per_message",
                    counts=delivered), deliveries, constant, freeze)
         if per_message is None:  # many messages delivered more than once: every message's deliveries in order
+            # (the first table stays cached, unread, until the check releases it: memory, not time)
             per_message = freeze(deliveries_per_message(deliveries, constant).sortWithinPartitions(*SUBSCRIBER_MESSAGE),
                                  "per_message", counts=delivered)
         neighbouring = aside.submit(freeze, stream_neighbours(per_message), "stream neighbours")

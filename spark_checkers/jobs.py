@@ -857,8 +857,8 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     # (a run's history) windows every row and materialises one table each: its cost is the driver's, per job
     # and per join, not the rows'.
     if small:
-        # Sorted by the join key within each subscriber's partition, so every later join with it only merges.
         per_message = deliveries_per_message(deliveries, constant)
+        # Sorted by the join key within each subscriber's partition, so every later join with it only merges.
         dsm = freeze(with_stream_neighbour(per_message).sortWithinPartitions(*SUBSCRIBER_MESSAGE), "per_message")
         per_message = dsm
         table = freeze(per_subscriber_message(subscriber_rows(claims, dsm, runs_b, clients_b)), "per_subscriber_message")

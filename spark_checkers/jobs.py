@@ -555,13 +555,13 @@ def deliveries_per_message(slots, constant: dict[str, str] | None = None):
     in message order, with AFTER_ACK_COLUMNS: one definition of every column (its buffers hold structs, so
     Spark runs it as a sort aggregate).  Against the first and last delivery taken as whole structs, warm,
     8 alternating pairs: median ratio 0.98 at 10k events, 0.97 at 100k (docs/report.md, session 23)."""
-    return message_deliveries(_in_message_order(slots), constant, after_ack=True).select(*SUBSCRIBER_MESSAGE,
-                                                                                          *MESSAGE_COLUMNS)
+    return message_deliveries(slots, constant, after_ack=True).select(*SUBSCRIBER_MESSAGE, *MESSAGE_COLUMNS)
 
 
 def message_deliveries(slots, constant: dict[str, str] | None = None, after_ack: bool = False):
-    """``deliveries_per_message`` without AFTER_ACK_COLUMNS (``after_ack``: with them, ``slots`` being rows of
-    ``_in_message_order``): one pass over the deliveries in any order.
+    """One row per (subscriber, message) of ``slots``: every column of MESSAGE_COLUMNS but AFTER_ACK_COLUMNS, in
+    one pass over the deliveries in any order; with ``after_ack``, those too, each message's deliveries first
+    put in order (``_in_message_order``: ``deliveries_per_message``).
 
     Why: the window that puts each message's deliveries in order and the aggregate over its output (a sort
     aggregate: its buffers hold structs, so it runs row by row, outside the generated code) cost a big check
@@ -573,8 +573,8 @@ def message_deliveries(slots, constant: dict[str, str] | None = None, after_ack:
 
     firsts = [F.min_by(f, F.col("seq")).alias(f"first__{f}") for f in FIRST_FIELDS]
     lasts = [F.max_by(f, F.col("seq")).alias(f"last__{f}") for f in LAST_FIELDS]
-    rows = aggregate(slots, SUBSCRIBER_MESSAGE, *_message_aggregates(), *firsts, *lasts,
-                     *(_after_ack_aggregates() if after_ack else ()), constant=constant)
+    rows = aggregate(_in_message_order(slots) if after_ack else slots, SUBSCRIBER_MESSAGE, *_message_aggregates(),
+                     *firsts, *lasts, *(_after_ack_aggregates() if after_ack else ()), constant=constant)
     return rows.select(
         *[c for c in rows.columns if not c.startswith(("first__", "last__"))],
         F.struct(*[F.col(f"first__{f}").alias(f) for f in FIRST_FIELDS]).alias("first"),

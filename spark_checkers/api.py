@@ -15,6 +15,7 @@ from typing import Any
 from contracts.invariants import INVARIANTS
 from contracts.versions import REPORT_VERSION
 from spark_checkers import CHECKER_VERSION
+from spark_checkers.defaults import WARM_UP_BIG_EVENTS, WARM_UP_BIG_ROUNDS, WARM_UP_MIN_EVENTS
 from spark_checkers.explain import explain, loss_gaps
 from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
 from spark_checkers.loader import RunInput, local_run_dir, open_run
@@ -453,15 +454,6 @@ def findings(report: dict) -> dict[str, int]:
     return {**found, "unknown": undecided} if undecided else found
 
 
-# The warm-up's histories, one per plan shape (jobs.PLANS): a run's (a synthetic run with an offline window, a
-# fault, one lost and one reordered message) and the big plan's, forced on a bulk P2P history of this many events.
-# 1 M, measured (docs/report.md, session 16): a JVM's first 10 M check after it took 54.2-54.3 s, after 300 k
-# 54.1-58.5 s, after neither 69.1-72.3 s.
-WARM_UP_BIG_EVENTS = 1_000_000
-# How many times the big history is checked.  Three, measured (docs/report.md, session 21): a fresh JVM's first
-# 10 M check after the warm-up took a median 0.85x the time it took after one big check (4 alternating pairs,
-# 3 faster), its JIT 13-16 CPU-s against 23-28 in every pair; the warm-up itself takes about 30 s longer.
-WARM_UP_BIG_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -503,6 +495,9 @@ def warm_up(spark, work_dir: str | Path | None = None, big_events: int = WARM_UP
 
     if big_rounds < 1:
         raise ValueError(f"warm_up(big_rounds={big_rounds!r}): expected at least 1 check of the big history")
+    if big_events < WARM_UP_MIN_EVENTS:
+        raise ValueError(f"warm_up(big_events={big_events!r}): expected at least {WARM_UP_MIN_EVENTS:,} events, "
+                         "enough to plant the lost and reordered messages it checks for")
     checks = []
     with tempfile.TemporaryDirectory(prefix="ordeal-warm-up-", dir=work_dir) as tmp:
         spec = s.Spec(pairs=2, messages=24, offline=(s.Offline(0, 5, 9),),

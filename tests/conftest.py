@@ -30,10 +30,11 @@ if netns.in_private_netns():
 # The checks of this session's commands share one Spark Connect server of the session's own (not a user's),
 # stopped at the end; the short idle timeout ends it also if this session is killed.
 os.environ.setdefault("ORDEAL_SPARK_IDLE_TIMEOUT", "120")
+_OWN_CACHE_DIR: str | None = None  # made here, removed by this session when it passes (kept for a look otherwise)
 if "ORDEAL_CACHE_DIR" not in os.environ:
     import tempfile
 
-    os.environ["ORDEAL_CACHE_DIR"] = tempfile.mkdtemp(prefix="ordeal-test-cache-")
+    _OWN_CACHE_DIR = os.environ["ORDEAL_CACHE_DIR"] = tempfile.mkdtemp(prefix="ordeal-test-cache-")
 
 import harness.model  # noqa: E402, F401  (registers the stages into the scenario model, as ordeal's commands do)
 from harness.topology import LocalTopology  # noqa: E402  (after the namespace switch, on purpose)
@@ -48,7 +49,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _stop_shared_spark_server() -> Iterator[None]:
+def _stop_shared_spark_server(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     from spark_checkers import connect_server
     from spark_checkers.session import close_sessions
@@ -56,6 +57,11 @@ def _stop_shared_spark_server() -> Iterator[None]:
     close_sessions()
     connect_server.release_lease()
     connect_server.stop()
+    # The server's log and state are worth a look only when something failed; a green session leaves nothing.
+    if _OWN_CACHE_DIR is not None and request.session.testsfailed == 0:
+        import shutil
+
+        shutil.rmtree(_OWN_CACHE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import time
 import click
 
 from contracts.exit_codes import EXIT_UNKNOWN, EXIT_USAGE
+from spark_checkers.defaults import WARM_UP_BIG_EVENTS, WARM_UP_MIN_EVENTS
 
 
 def spark_options(command):
@@ -78,10 +79,15 @@ def status() -> None:
                    "repeated: 70-85 s on a new server), so the first real check of either size finds its code "
                    "compiled and hot. Once per server; for a nightly or a machine about to check big histories, not "
                    "before a timed run.")
-def start(idle_timeout: float | None, master: str | None, warm: bool) -> None:
+@click.option("--warm-up-events", "warm_events", type=click.IntRange(min=WARM_UP_MIN_EVENTS), default=None,
+              help=f"The bulk history's size for --warm-up (default {WARM_UP_BIG_EVENTS:,}): smaller warms up "
+                   "sooner and leaves more of the JIT's work to the first big check.")
+def start(idle_timeout: float | None, master: str | None, warm: bool, warm_events: int | None) -> None:
     """Start the server (if none runs) and wait until it accepts clients; print its endpoint."""
     from spark_checkers import connect_server
 
+    if warm_events is not None and not warm:
+        raise click.UsageError("--warm-up-events is the size of --warm-up's bulk history: give --warm-up too")
     if idle_timeout is not None:
         os.environ["ORDEAL_SPARK_IDLE_TIMEOUT"] = str(idle_timeout)
     try:
@@ -89,7 +95,7 @@ def start(idle_timeout: float | None, master: str | None, warm: bool) -> None:
         click.echo(f"Spark Connect server ready: sc://127.0.0.1:{state['port']} (pid {state['watchdog_pid']}, "
                    f"idle timeout {state['idle_timeout_s']:.0f} s, log {state['log']})")
         if warm:
-            _warm_up(connect_server, state)
+            _warm_up(connect_server, state, warm_events or WARM_UP_BIG_EVENTS)
     except connect_server.ConnectServerError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(EXIT_UNKNOWN)
@@ -97,7 +103,7 @@ def start(idle_timeout: float | None, master: str | None, warm: bool) -> None:
         connect_server.release_lease()  # this command does not use it: the idle clock starts now
 
 
-def _warm_up(connect_server, state: dict) -> None:
+def _warm_up(connect_server, state: dict, big_events: int) -> None:
     """``--warm-up``: the checks of ``api.warm_up`` on this server, once per server start.  A warm-up that does
     not find exactly what its histories plant is a Spark whose verdicts cannot be trusted: exit 2."""
     from dataclasses import asdict
@@ -112,7 +118,7 @@ def _warm_up(connect_server, state: dict) -> None:
                    f"{time.strftime('%H:%M:%S', time.localtime(done['finished_unix']))})")
         return
     try:
-        checks = warm_up(session.local_connect_session())
+        checks = warm_up(session.local_connect_session(), big_events=big_events)
     except session.SparkUnavailable as error:
         raise connect_server.ConnectServerError(str(error)) from error
     finally:

@@ -17,9 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from contracts.exit_codes import EXIT_USAGE
 from spark_checkers import connect_server
 from spark_checkers import synthetic as s
-from spark_checkers.api import WARM_UP_BIG_ROUNDS
+from spark_checkers.defaults import WARM_UP_BIG_ROUNDS, WARM_UP_MIN_EVENTS
 from spark_checkers.session import SparkChoice, choose, validate_remote
 
 ORDEAL = [sys.executable, "-m", "ordeal.cli"]
@@ -175,12 +176,18 @@ def test_a_second_command_reuses_the_running_server(server, catalog_dirs):
 def test_spark_start_warms_the_running_server_up_once(server):
     """`ordeal spark start --warm-up` on a running server: both plan shapes checked there (each finding what its
     history plants), the record in `ordeal spark status` belongs to that server, and a second warm-up of the
-    same server is skipped."""
-    done = _run(["spark", "start", "--warm-up"])
+    same server is skipped.  The bulk history at 100k events, not the default 1 M (its checks are the same
+    code; test_checker_build checks ``api.warm_up`` itself): the default took 117 s of CI here."""
+    too_small = _run(["spark", "start", "--warm-up", "--warm-up-events", str(WARM_UP_MIN_EVENTS - 1)])
+    assert too_small.returncode == EXIT_USAGE and "--warm-up-events" in too_small.stderr, too_small.stderr
+    alone = _run(["spark", "start", "--warm-up-events", "100000"])
+    assert alone.returncode == EXIT_USAGE and "give --warm-up too" in alone.stderr, alone.stderr
+    done = _run(["spark", "start", "--warm-up", "--warm-up-events", "100000"])
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("warm-up: ")]
     plans = ["small", *["big"] * WARM_UP_BIG_ROUNDS]
     assert [line.split(",")[0] for line in lines] == [f"warm-up: {p} plan" for p in plans], done.stdout
+    assert all(90_000 < int(line.split(", ")[1].split()[0]) < 110_000 for line in lines[1:]), lines  # about 100k
     status = json.loads(_run(["spark", "status"]).stdout)
     record = status["warmed_up"]
     assert record["server_started_unix"] == server["started_unix"]

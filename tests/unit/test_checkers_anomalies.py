@@ -617,10 +617,23 @@ def test_a_one_run_big_check_judges_as_a_small_one(spark, runs, reports, monkeyp
     assert not looked_up[ONE_RUN_BIG.index("clean")] and all(looked_up[-3:]), looked_up
 
 
+def _above_the_caches(plan: str) -> str:
+    """A physical plan's text without what each InMemoryRelation shows of the plan it cached (indented below it)."""
+    kept, inside = [], None
+    for line in plan.splitlines():
+        depth = len(line) - len(line.lstrip(" :+-|"))
+        if inside is not None and depth > inside:
+            continue
+        inside = depth if "InMemoryRelation" in line else None
+        kept.append(line)
+    return "\n".join(kept)
+
+
 def test_a_persisted_table_is_a_leaf_that_keeps_its_partitioning(spark):
     """A big check's persisted table, in a classic session, is the cache's own relation with nothing beneath it
     (later steps are analysed without its lineage), and two tables partitioned by the same key still join
-    without moving a row.  A Connect DataFrame is left as it is."""
+    without moving a row.  On Spark Connect each is read through a temporary view of its own, dropped with it,
+    and the two still join without an exchange."""
     from pyspark.sql import functions as F
 
     from spark_checkers import jobs
@@ -632,8 +645,17 @@ def test_a_persisted_table_is_a_leaf_that_keeps_its_partitioning(spark):
     cached: list = []
     a, b = jobs._freeze(keyed(100), cached, "a"), jobs._freeze(keyed(200), cached, "b")
     try:
-        if not hasattr(a, "_jdf"):  # Spark Connect: no leaf to make
-            assert a is cached[0]
+        if not hasattr(a, "_jdf"):  # Spark Connect: a view of each table
+            views = [table for table in cached if isinstance(table, jobs.TempView)]
+            assert len(views) == 2 and len(cached) == 4, cached
+            assert {v.name for v in views} <= {t.name for t in spark.catalog.listTables()}
+            joined = a.hint("merge").join(b, "k")
+            plan = _above_the_caches(joined._explain_string(extended=False))
+            assert plan.count("InMemoryRelation") == 2 and "Exchange" not in plan, plan
+            assert joined.count() == sum((100 // 7 + (k < 100 % 7)) * (200 // 7 + (k < 200 % 7)) for k in range(7))
+            for table in cached:
+                table.unpersist()
+            assert not {v.name for v in views} & {t.name for t in spark.catalog.listTables()}
             return
         for table in (a, b):
             plan = table._jdf.queryExecution().analyzed()

@@ -454,8 +454,6 @@ def findings(report: dict) -> dict[str, int]:
     return {**found, "unknown": undecided} if undecided else found
 
 
-
-
 @dataclass(frozen=True)
 class WarmUpCheck:
     """One warm-up check: its plan shape, size, time, and what it found against what was planted."""

@@ -17,6 +17,10 @@ runs (the machine is shared).
 The history is synthetic and columnar (numpy + pyarrow, seconds for 10M rows): the seeds' P2P pattern, every
 publisher with its own persistent subscriber, packet ids that wrap, and anomalies planted at known places
 (``--lost`` dropped deliveries, ``--swaps`` swapped neighbours) so the timing also proves the answer.
+
+With $ORDEAL_SPARK_EVENT_LOG set to a directory, every JVM writes Spark's event log there, and each timed check's
+jobs carry its label as their job group (p2p-10000000-first, -again, -steady1, -steady2, -warmed): then
+``benchmarks/stages.py LOG --group LABEL`` says where that check's task time went, job by job.
 """
 
 from __future__ import annotations
@@ -285,14 +289,20 @@ def connect_latency(sizes: list[int], out: Path, repeats: int = 2, steady_rounds
     return list(rows.values())
 
 
-def _timed_check(spark, run_dir: Path) -> tuple[float, dict, dict]:
-    """(seconds, JVM CPU seconds by thread group, failed invariants' counts) of one ``check_runs``."""
+def _timed_check(spark, run_dir: Path, label: str) -> tuple[float, dict, dict]:
+    """(seconds, JVM CPU seconds by thread group, failed invariants' counts) of one ``check_runs``.  Its jobs
+    carry the job group ``label`` in Spark's event log ($ORDEAL_SPARK_EVENT_LOG; benchmarks/stages.py --group)."""
     from spark_checkers.api import check_runs
 
-    threads_before = jvm_threads(spark)
-    started = time.monotonic()
-    report = check_runs([run_dir], spark=spark)[0]
-    checked = time.monotonic() - started
+    spark.sparkContext.setJobGroup(label, f"benchmark {label}")
+    try:
+        threads_before = jvm_threads(spark)
+        started = time.monotonic()
+        report = check_runs([run_dir], spark=spark)[0]
+        checked = time.monotonic() - started
+    finally:
+        for key in ("spark.jobGroup.id", "spark.job.description"):  # the scans timed next are no part of it
+            spark.sparkContext.setLocalProperty(key, None)
     return checked, jvm_cpu_seconds(threads_before, jvm_threads(spark)), findings(report)
 
 
@@ -304,7 +314,7 @@ def warmed_first_check(spark, run_dir: Path) -> dict:
     started = time.monotonic()
     warm = warm_up(spark)
     warmed = time.monotonic() - started
-    checked, cpu, found = _timed_check(spark, run_dir)
+    checked, cpu, found = _timed_check(spark, run_dir, f"{run_dir.name}-warmed")
     return {"warm_up_s": round(warmed, 1), "warm_up_right": all(c.right for c in warm), "check_s": round(checked, 1),
             "jvm_cpu_s": cpu, "found": found}
 
@@ -356,14 +366,14 @@ def main() -> None:
         scan = raw_scan_seconds(spark, run_dir)
         shuffle = one_shuffle_seconds(spark, run_dir)
         load_before = os.getloadavg()[0]
-        checked, cpu, found = _timed_check(spark, run_dir)
+        checked, cpu, found = _timed_check(spark, run_dir, f"{run_dir.name}-first")
         # The same history once more in the same JVM: what a long-lived server pays once it has checked a
         # history of this size (its code compiled by the JIT), beside the first check's figure above.
-        checked_again, cpu_again, found_again = _timed_check(spark, run_dir)
+        checked_again, cpu_again, found_again = _timed_check(spark, run_dir, f"{run_dir.name}-again")
         # And twice more: a long-lived server's steady figure is the fastest of its three warm checks, the
         # statistic the DuckDB figure is (the fastest of three runs).  The second check still JIT-compiles
         # (9-10 CPU-s at 10 M events; 4-6 in the third and fourth: docs/report.md, session 18).
-        steady = [_timed_check(spark, run_dir) for _ in range(2)]
+        steady = [_timed_check(spark, run_dir, f"{run_dir.name}-steady{i}") for i in (1, 2)]
         warm_runs = [checked_again, *[t for t, _, _ in steady]]
         duck_runs.append(duckdb_seconds(run_dir)[0])
         # And a fresh JVM's first check after the product's warm-up (this JVM idles meanwhile).

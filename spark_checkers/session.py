@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlparse
 
 DEFAULT_MASTER = "local[2]"
@@ -69,7 +70,29 @@ def static_conf() -> dict[str, str]:
         "spark.driver.extraJavaOptions": " ".join(
             ["-XX:+UseParallelGC", "-XX:Tier3DelayOn=2", "-XX:Tier3DelayOff=1",
              *os.environ.get("ORDEAL_SPARK_JAVA_OPTIONS", "").split()]),
+        **event_log_conf(),
     }
+
+
+EVENT_LOG_ENV = "ORDEAL_SPARK_EVENT_LOG"
+
+
+def event_log_conf() -> dict[str, str]:
+    """With $ORDEAL_SPARK_EVENT_LOG naming a directory (made if missing), every JVM started while it is set (the
+    local server, a classic session) writes Spark's event log there: one plain JSON-lines file per JVM, which
+    ``benchmarks/stages.py`` reads to say where a check's task time went, job by job (and Spark's history server
+    shows).  Unset: no event log.  A path that cannot be a directory is a ValueError naming the variable."""
+    where = os.environ.get(EVENT_LOG_ENV, "")
+    if not where:
+        return {}
+    path = Path(where).expanduser().resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"${EVENT_LOG_ENV}={where!r}: expected a directory for Spark's event log "
+                         f"({error.strerror or error})") from None
+    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": path.as_uri(),
+            "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
 
 
 def server_conf() -> dict[str, str]:

@@ -29,7 +29,7 @@ def spark_options(command):
                        "instead of Spark Connect (default: $ORDEAL_SPARK_MASTER).")
     @functools.wraps(command)
     def wrapper(*args, spark_master: str | None, spark_remote: str | None, **kwargs):
-        from spark_checkers.session import choose, prepare
+        from spark_checkers.session import choose, event_log_conf, prepare
 
         if spark_master and spark_remote:
             _usage_error("--spark-master and --spark-remote exclude each other: pick one Spark")
@@ -40,6 +40,7 @@ def spark_options(command):
         try:
             choose(spark_master, None)  # validates the URL from either source
             connect_server.idle_timeout_s()  # and $ORDEAL_SPARK_IDLE_TIMEOUT, at start-up
+            event_log_conf()  # and $ORDEAL_SPARK_EVENT_LOG
         except (ValueError, connect_server.ConnectServerError) as error:
             _usage_error(str(error))
         if kwargs.get("check", True) and not kwargs.get("rejudge") and not kwargs.get("promote_entry"):
@@ -88,6 +89,12 @@ def start(idle_timeout: float | None, master: str | None, warm: bool, warm_event
 
     if warm_events is not None and not warm:
         raise click.UsageError("--warm-up-events is the size of --warm-up's bulk history: give --warm-up too")
+    from spark_checkers.session import event_log_conf
+
+    try:
+        event_log_conf()  # $ORDEAL_SPARK_EVENT_LOG, before anything starts
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
     if idle_timeout is not None:
         os.environ["ORDEAL_SPARK_IDLE_TIMEOUT"] = str(idle_timeout)
     try:

@@ -71,7 +71,6 @@ def jobs_of(events: Iterable[dict]) -> list[Job]:
     """Every job of the log with its stages' task CPU, in submission order."""
     started: dict[int, dict] = {}
     ended: dict[int, int] = {}
-    stage_job: dict[int, int] = {}
     cpu: Counter = Counter()
     tasks: Counter = Counter()
     completed: dict[int, dict] = {}
@@ -79,8 +78,6 @@ def jobs_of(events: Iterable[dict]) -> list[Job]:
         kind = event.get("Event")
         if kind == "SparkListenerJobStart":
             started[event["Job ID"]] = event
-            for stage in event.get("Stage IDs", []):
-                stage_job[stage] = event["Job ID"]
         elif kind == "SparkListenerJobEnd":
             ended[event["Job ID"]] = event["Completion Time"]
         elif kind == "SparkListenerTaskEnd":

@@ -17,11 +17,12 @@ from spark_checkers.session import EVENT_LOG_ENV, event_log_conf
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _job(job_id: int, stages: list[int], t: int, group: str | None = None, site: str = "") -> list[dict]:
+def _job(job_id: int, stages: list[int], t: int, group: str | None = None, site: str = "",
+         wall_ms: int = 1500) -> list[dict]:
     properties = {"callSite.short": site, **({"spark.jobGroup.id": group} if group else {})}
     return [{"Event": "SparkListenerJobStart", "Job ID": job_id, "Submission Time": t, "Stage IDs": stages,
              "Properties": properties},
-            {"Event": "SparkListenerJobEnd", "Job ID": job_id, "Completion Time": t + 1500}]
+            {"Event": "SparkListenerJobEnd", "Job ID": job_id, "Completion Time": t + wall_ms}]
 
 
 def _task(stage: int, cpu_ns: int) -> dict:
@@ -37,18 +38,20 @@ def _stage_done(stage: int, rows: int, *operators: str) -> dict:
 
 
 def _log() -> list[dict]:
-    """Job 1 before the check, 2-4 the check (3 from its aside thread, without the group), 5 after it."""
+    """Job 1 before the check; 2-5 the check (3 and 4 from its aside thread, without the group; 4 small and
+    short); 6 after it."""
     return [*_job(1, [1], 1000), _task(1, 9_000_000_000),
             *_job(2, [2], 2000, "p2p-first", "collect at jobs.py:167"), _task(2, 2_000_000_000),
             _task(2, 1_500_000_000), _stage_done(2, 4_999_980, "Exchange", "Window", "Exchange"),
             *_job(3, [3, 4], 2100), _task(3, 500_000_000), _task(4, 100_000_000),
-            *_job(4, [5], 3000, "p2p-first"), _task(5, 250_000_000),
-            *_job(5, [6], 9000, "p2p-again"), _task(6, 7_000_000_000)]
+            *_job(4, [5], 2200, wall_ms=200), _task(5, 50_000_000),
+            *_job(5, [6], 3000, "p2p-first"), _task(6, 250_000_000),
+            *_job(6, [7], 9000, "p2p-again"), _task(7, 7_000_000_000)]
 
 
 def test_a_checks_jobs_are_those_between_its_groups_first_and_last():
     jobs = check_jobs(jobs_of(_log()), "p2p-first")
-    assert [j.job_id for j in jobs] == [2, 3, 4]  # the aside thread's job 3 too; not 1 (before) nor 5 (after)
+    assert [j.job_id for j in jobs] == [2, 3, 4, 5]  # the aside thread's jobs too; not 1 (before) nor 6 (after)
     first = jobs[0]
     assert first.wall_s == 1.5 and first.call_site == "collect at jobs.py:167"
     assert first.cpu_s == pytest.approx(3.502)  # executor + deserialisation CPU of both tasks
@@ -56,10 +59,11 @@ def test_a_checks_jobs_are_those_between_its_groups_first_and_last():
     assert (stage.tasks, stage.rows_out, stage.operators) == (2, 4_999_980, (("Exchange", 2), ("Window", 1)))
     assert jobs[1].cpu_s == pytest.approx(0.602)  # two stages of one job
     text = render(jobs, min_cpu=0.3)
-    assert text.startswith("3 jobs, task CPU 4.4 s")
+    assert text.startswith("4 jobs, task CPU 4.4 s")
     assert "stage 2: 3.50 s, 2 tasks, 4,999,980 rows out; Exchange×2, Window" in text
     assert "stage 4" not in text  # under --min-cpu
-    assert "\n   4    0.25    1.50" in text  # little CPU, but a second and more of wall time: listed
+    assert "\n   5    0.25    1.50" in text  # little CPU, but a second and more of wall time: listed
+    assert "\n   4 " not in text  # little CPU and a short wall time: left out
 
 
 def test_an_unknown_group_names_the_groups_there_are():

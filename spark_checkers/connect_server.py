@@ -27,6 +27,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +40,9 @@ from pathlib import Path
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 READY_TIMEOUT_S = 180.0
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+ARCHIVE_ENV = "ORDEAL_SPARK_CLASS_ARCHIVE"  # "0": no class-data sharing archive (ClassArchive)
+ARCHIVE_GRACE_S = 120.0  # a stopping JVM that writes its archive: 11-16 s measured (docs/report.md, session 25)
+STALE_PART_S = 600.0  # a temporary archive this old was left by a JVM that was killed while writing it
 
 
 class ConnectServerError(RuntimeError):
@@ -328,7 +332,7 @@ def lease_busy(p: Paths) -> bool:
         os.close(fd)
 
 
-def stop(timeout: float = 60.0) -> bool:
+def stop(timeout: float = ARCHIVE_GRACE_S + 30) -> bool:
     """Ask the watchdog to stop the server; wait until it is gone.  False when none was running."""
     p = paths()
     if not watchdog_alive(p):
@@ -358,7 +362,75 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def server_argv(port: int, master: str) -> list[str]:
+@dataclass
+class ClassArchive:
+    """The server JVM's class-data sharing archive (Java 17's dynamic CDS): the classes one server loaded, which the
+    next server's JVM maps instead of loading, linking and verifying them again.  Measured (docs/report.md, session
+    25): a new server's start plus its first 20k check, median 28.1 s against 32.9 s (six alternating pairs).
+
+    One archive per machine and setting (Java, pyspark, the JVM's flags and memory; ``$ORDEAL_JVM_CACHE_DIR``,
+    default ``~/.cache/ordeal/jvm``), shared by every state directory, so tests with their own servers use it too.
+    A server with no archive writes one when it stops (its JVM, at exit: 11-16 s, about 200 MB) under a
+    temporary name, renamed only when the JVM ended by itself: a truncated archive crashes the JVM that maps it
+    (SIGBUS, even with -XX:+VerifySharedSpaces), while one that does not match is refused with a warning.
+    ``$ORDEAL_SPARK_CLASS_ARCHIVE=0``: neither used nor written."""
+    path: Path
+    part: Path
+    using: bool
+    writing: bool
+
+    @classmethod
+    def for_server(cls) -> ClassArchive:
+        import hashlib
+
+        import pyspark
+
+        from spark_checkers.session import server_conf
+
+        conf = server_conf()
+        java = os.path.realpath(os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME")
+                                else shutil.which("java") or "java")
+        key = json.dumps([pyspark.__version__, java, conf.get("spark.driver.extraJavaOptions"),
+                          conf.get("spark.driver.memory")])
+        root = Path(os.environ.get("ORDEAL_JVM_CACHE_DIR")
+                    or os.path.join(os.path.expanduser("~"), ".cache", "ordeal", "jvm"))
+        path = root / f"spark-connect-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        if os.environ.get(ARCHIVE_ENV, "1") == "0":
+            return cls(path, part, False, False)
+        root.mkdir(parents=True, exist_ok=True)
+        for old in root.glob("*.part"):
+            with contextlib.suppress(OSError):
+                if time.time() - old.stat().st_mtime > STALE_PART_S:
+                    old.unlink()
+        using = path.exists()
+        return cls(path, part, using, not using)
+
+    def options(self) -> tuple[str, ...]:
+        if self.using:
+            return (f"-XX:SharedArchiveFile={self.path}",)
+        if self.writing:
+            return (f"-XX:ArchiveClassesAtExit={self.part}",)
+        return ()
+
+    def discard(self) -> None:
+        """The archive made the JVM fail: removed, and a new one written when this server stops."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self.using, self.writing = False, True
+
+    def settle(self, returncode: int | None) -> None:
+        """After the JVM ended: keep what it wrote if it ended by itself (0, or 143 after the SIGTERM)."""
+        if not self.writing or not self.part.exists():
+            return
+        if returncode in (0, 143):
+            os.replace(self.part, self.path)
+            print(f"class archive written: {self.path}", flush=True)
+        else:
+            self.part.unlink()
+
+
+def server_argv(port: int, master: str, java_options: tuple[str, ...] = ()) -> list[str]:
     import pyspark
 
     from spark_checkers.session import server_conf
@@ -370,6 +442,8 @@ def server_argv(port: int, master: str) -> list[str]:
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.log.level=WARN"]  # INFO logs every RPC: the log of a long-lived server would grow
     for key, value in server_conf().items():
+        if key == "spark.driver.extraJavaOptions":
+            value = " ".join([value, *java_options])
         argv += ["--conf", f"{key}={value}"]
     return [*argv, "spark-internal"]
 
@@ -404,8 +478,11 @@ def serve(idle_timeout: float, master: str) -> int:
     env.pop("SPARK_HOME", None)  # pyspark's own
     print(f"{time.strftime('%H:%M:%S')} starting the Spark Connect server on 127.0.0.1:{port} ({master}), "
           f"idle timeout {idle_timeout:.0f} s", flush=True)
-    jvm = subprocess.Popen(server_argv(port, master), stdin=subprocess.DEVNULL, env=env, process_group=0,
-                           preexec_fn=_die_with_parent)  # noqa: PLW1509 - the JVM must die with the watchdog
+    archive = ClassArchive.for_server()
+    # A JVM that crashes (a bad archive: SIGBUS) writes its report here, not into the directory it started in.
+    crash_log = f"-XX:ErrorFile={p.root / 'hs_err_pid%p.log'}"
+    jvm = subprocess.Popen(server_argv(port, master, (*archive.options(), crash_log)), stdin=subprocess.DEVNULL,
+                           env=env, process_group=0, preexec_fn=_die_with_parent)  # noqa: PLW1509 - dies with it
     state["jvm_pid"] = jvm.pid
     _write_state(p, state)
     stopping = threading.Event()
@@ -414,6 +491,18 @@ def serve(idle_timeout: float, master: str) -> int:
     try:
         ready_deadline = time.monotonic() + READY_TIMEOUT_S
         while not _port_open(port):
+            if jvm.poll() is not None and archive.using and not stopping.is_set():
+                # The JVM died while starting with the archive mapped: whatever is wrong with the archive (a
+                # truncated one crashes it with SIGBUS), a server without one is better.  Once.
+                print(f"the server JVM exited with {jvm.returncode} while starting with {archive.path}: "
+                      "starting it again without the archive (removed)", flush=True)
+                archive.discard()
+                jvm = subprocess.Popen(server_argv(port, master, (*archive.options(), crash_log)),
+                                       stdin=subprocess.DEVNULL, env=env, process_group=0,
+                                       preexec_fn=_die_with_parent)  # noqa: PLW1509
+                state["jvm_pid"] = jvm.pid
+                _write_state(p, state)
+                continue
             if jvm.poll() is not None or stopping.is_set() or time.monotonic() > ready_deadline:
                 why = (f"the server JVM exited with {jvm.returncode}" if jvm.poll() is not None
                        else "stopped while starting" if stopping.is_set()
@@ -462,7 +551,8 @@ def serve(idle_timeout: float, master: str) -> int:
             stopping.wait(1.0)
         return 0
     finally:
-        _terminate(jvm)
+        _terminate(jvm, grace=ARCHIVE_GRACE_S if archive.writing else 15)
+        archive.settle(jvm.returncode)
         with contextlib.suppress(FileNotFoundError):
             p.socket.unlink()
         with contextlib.suppress(FileNotFoundError):
@@ -473,13 +563,13 @@ def serve(idle_timeout: float, master: str) -> int:
         print(f"{time.strftime('%H:%M:%S')} stopped", flush=True)
 
 
-def _terminate(jvm: subprocess.Popen) -> None:
-    """SIGTERM the JVM's process group, SIGKILL it after 15 s."""
+def _terminate(jvm: subprocess.Popen, grace: float = 15) -> None:
+    """SIGTERM the JVM's process group, SIGKILL it after ``grace`` seconds."""
     if jvm.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(jvm.pid, signal.SIGTERM)
         try:
-            jvm.wait(15)
+            jvm.wait(grace)
         except subprocess.TimeoutExpired:
             pass
     with contextlib.suppress(ProcessLookupError):

@@ -232,3 +232,39 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_a_server_leaves_a_class_archive_the_next_one_maps(tmp_path):
+    """A stopped server leaves its JVM's class-data sharing archive (connect_server.ClassArchive); the next server's
+    JVM maps it.  A truncated one (which crashes the JVM that maps it) makes the server start again without it, and
+    write a whole one when it stops."""
+    jvm_dir = tmp_path / "jvm"
+    env = {"ORDEAL_CACHE_DIR": str(tmp_path / "cache"), "ORDEAL_JVM_CACHE_DIR": str(jvm_dir),
+           connect_server.ARCHIVE_ENV: "1"}
+    state_file = tmp_path / "cache" / "spark-connect" / "state.json"
+    log = tmp_path / "cache" / "spark-connect" / "server.log"
+
+    def start_and_stop() -> str:
+        """The JVM's memory map while it ran."""
+        try:
+            started = _run(["spark", "start"], env)
+            assert started.returncode == 0, started.stderr + log.read_text()[-3000:]
+            return Path(f"/proc/{json.loads(state_file.read_text())['jvm_pid']}/maps").read_text()
+        finally:
+            assert _run(["spark", "stop"], env).returncode == 0
+
+    start_and_stop()
+    archives = list(jvm_dir.glob("*.jsa"))
+    assert len(archives) == 1 and not list(jvm_dir.glob("*.part")), list(jvm_dir.iterdir())
+    assert str(archives[0]) in start_and_stop()  # mapped by the next JVM
+    whole = archives[0].read_bytes()
+    archives[0].chmod(0o644)
+    archives[0].write_bytes(whole[: len(whole) // 4])
+    maps = start_and_stop()
+    assert str(archives[0]) not in maps
+    assert "starting it again without the archive" in log.read_text()
+    assert archives[0].stat().st_size > len(whole) // 2  # written whole again when that server stopped
+    assert list((tmp_path / "cache" / "spark-connect").glob("hs_err_pid*.log"))  # the crash's report, kept there
+    assert not list(ROOT.glob("hs_err_pid*.log"))

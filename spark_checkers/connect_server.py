@@ -362,17 +362,41 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def cache_root() -> Path:
+    """``$ORDEAL_CACHE_DIR``, default ``~/.cache/ordeal``: the server's state, and its JVM's class archive."""
+    return Path(os.environ.get("ORDEAL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ordeal"))
+
+
+def archive_dir() -> Path | None:
+    """Where the class archive lives (``$ORDEAL_JVM_CACHE_DIR``, default ``<cache root>/jvm``); None when
+    ``$ORDEAL_SPARK_CLASS_ARCHIVE=0``.  Checked at start-up: anything else is a usage error."""
+    raw = os.environ.get(ARCHIVE_ENV, "1")
+    if raw not in ("0", "1"):
+        raise ConnectServerError(f"${ARCHIVE_ENV}={raw!r}: expected 1 (keep a class archive, the default) or 0 "
+                                 "(none)")
+    if raw == "0":
+        return None
+    root = Path(os.environ.get("ORDEAL_JVM_CACHE_DIR") or cache_root() / "jvm")
+    if root.exists() and not root.is_dir():
+        raise ConnectServerError(f"$ORDEAL_JVM_CACHE_DIR={str(root)!r} is not a directory: give a directory (made "
+                                 "if missing) for the Spark server's class archive, or set "
+                                 f"{ARCHIVE_ENV}=0")
+    return root
+
+
 @dataclass
 class ClassArchive:
     """The server JVM's class-data sharing archive (Java 17's dynamic CDS): the classes one server loaded, which the
-    next server's JVM maps instead of loading, linking and verifying them again.  Measured (docs/report.md, session
-    25): a new server's start plus its first 20k check, median 28.1 s against 32.9 s (six alternating pairs).
+    next server's JVM maps instead of loading, linking and verifying them again.  Measured (docs/report.md,
+    sessions 25 and 26): a new server's ``ordeal spark start`` 3.0-3.75 s against 5.2-6.3 s, and its start plus
+    first 20k check about 5 s faster.
 
-    One archive per machine and setting (Java, pyspark, the JVM's flags and memory; ``$ORDEAL_JVM_CACHE_DIR``,
-    default ``~/.cache/ordeal/jvm``), shared by every state directory, so tests with their own servers use it too.
-    A server with no archive writes one when it stops (its JVM, at exit: 11-16 s, about 200 MB) under a
-    temporary name, renamed only when the JVM ended by itself: a truncated archive crashes the JVM that maps it
-    (SIGBUS, even with -XX:+VerifySharedSpaces), while one that does not match is refused with a warning.
+    One archive per pyspark installation and setting (its directory and jars, Java, the JVM's flags and memory),
+    in ``archive_dir()``; a JSON file beside it names them, and archives of a pyspark installation that is gone,
+    or of an older one in the same place, are removed.  A server with no archive writes one when it stops (its
+    JVM, at exit: 11-16 s, about 220 MB) under a temporary name, renamed only when the JVM ended by itself: a
+    truncated archive crashes the JVM that maps it (SIGBUS, even with -XX:+VerifySharedSpaces), while one that
+    does not match is refused with a warning; the server then removes it, so that its successor writes a new one.
     ``$ORDEAL_SPARK_CLASS_ARCHIVE=0``: neither used nor written."""
     path: Path
     part: Path
@@ -387,30 +411,33 @@ class ClassArchive:
 
         from spark_checkers.session import server_conf
 
+        root = archive_dir()
         conf = server_conf()
         java = os.path.realpath(os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME")
                                 else shutil.which("java") or "java")
-        key = json.dumps([pyspark.__version__, java, conf.get("spark.driver.extraJavaOptions"),
-                          conf.get("spark.driver.memory")])
-        root = Path(os.environ.get("ORDEAL_JVM_CACHE_DIR")
-                    or os.path.join(os.path.expanduser("~"), ".cache", "ordeal", "jvm"))
-        path = root / f"spark-connect-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
+        home = os.path.realpath(os.path.dirname(pyspark.__file__))
+        jars = os.path.join(home, "jars")
+        key = {"pyspark": home, "version": pyspark.__version__,
+               "jars_mtime_ns": os.stat(jars).st_mtime_ns if os.path.isdir(jars) else None, "java": java,
+               "java_options": conf.get("spark.driver.extraJavaOptions"), "memory": conf.get("spark.driver.memory")}
+        name = f"spark-connect-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.jsa"
+        if root is None:
+            return cls(Path(name), Path(name), False, False)
+        path = root / name
         part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        if os.environ.get(ARCHIVE_ENV, "1") == "0":
-            return cls(path, part, False, False)
         root.mkdir(parents=True, exist_ok=True)
-        for old in root.glob("*.part"):
-            with contextlib.suppress(OSError):
-                if time.time() - old.stat().st_mtime > STALE_PART_S:
-                    old.unlink()
+        _prune_archives(root, key, path)
         using = path.exists()
+        if not using:
+            path.with_suffix(".json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n")
         return cls(path, part, using, not using)
 
     def options(self) -> tuple[str, ...]:
         if self.using:
             return (f"-XX:SharedArchiveFile={self.path}",)
         if self.writing:
-            return (f"-XX:ArchiveClassesAtExit={self.part}",)
+            # At exit the JVM warns once per class it leaves out (each class Spark generated: thousands of lines).
+            return (f"-XX:ArchiveClassesAtExit={self.part}", "-Xlog:cds=error")
         return ()
 
     def discard(self) -> None:
@@ -418,6 +445,22 @@ class ClassArchive:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         self.using, self.writing = False, True
+
+    def refused_by(self, jvm_pid: int) -> bool:
+        """True when this archive was meant to be mapped but the running JVM did not map it (it refused an archive
+        that does not match it, with a warning in the log): then it is removed, so that the next server writes one
+        that does."""
+        if not self.using:
+            return False
+        try:
+            mapped = str(self.path) in Path(f"/proc/{jvm_pid}/maps").read_text()
+        except OSError:
+            return False  # the JVM is gone: nothing to learn here
+        if not mapped:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            self.using = False
+        return not mapped
 
     def settle(self, returncode: int | None) -> None:
         """After the JVM ended: keep what it wrote if it ended by itself (0, or 143 after the SIGTERM)."""
@@ -428,6 +471,30 @@ class ClassArchive:
             print(f"class archive written: {self.path}", flush=True)
         else:
             self.part.unlink()
+
+
+def _prune_archives(root: Path, key: dict, keep: Path) -> None:
+    """Remove what no server will map again: temporary archives of a JVM killed while writing, and archives of a
+    pyspark installation that is gone, or that was replaced in the same place (its key differs)."""
+    for old in root.glob("*.part"):
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > STALE_PART_S:
+                old.unlink()
+    for described in root.glob("spark-connect-*.json"):
+        archive = described.with_suffix(".jsa")
+        if archive == keep:
+            continue
+        try:
+            theirs = json.loads(described.read_text())
+            replaced = theirs["pyspark"] == key["pyspark"] and any(theirs[k] != key[k] for k in ("version",
+                                                                                                  "jars_mtime_ns"))
+            gone = replaced or not os.path.isdir(theirs["pyspark"])
+        except (OSError, ValueError, KeyError, TypeError):
+            gone = True  # not ours to read: an archive nobody can tell the origin of is not mapped either
+        if gone:
+            for f in (archive, described):
+                with contextlib.suppress(FileNotFoundError):
+                    f.unlink()
 
 
 def server_argv(port: int, master: str, java_options: tuple[str, ...] = ()) -> list[str]:
@@ -522,6 +589,9 @@ def serve(idle_timeout: float, master: str) -> int:
         state["status"] = "ready"
         _write_state(p, state)
         print(f"{time.strftime('%H:%M:%S')} ready", flush=True)
+        if archive.refused_by(jvm.pid):
+            print(f"the server JVM did not map the class archive {archive.path} (see its warning above): removed, "
+                  "the next server writes a new one", flush=True)
         last_busy = time.monotonic()
         lease_fd = _open_lock(p.lease)
         while not stopping.is_set():

@@ -35,6 +35,9 @@ if "ORDEAL_CACHE_DIR" not in os.environ:
     import tempfile
 
     _OWN_CACHE_DIR = os.environ["ORDEAL_CACHE_DIR"] = tempfile.mkdtemp(prefix="ordeal-test-cache-")
+# Every server of this session (tests with state directories of their own too) shares one JVM class archive, in
+# the session's cache: written once by the first server that stops, never into a user's ~/.cache.
+os.environ.setdefault("ORDEAL_JVM_CACHE_DIR", os.path.join(os.environ["ORDEAL_CACHE_DIR"], "jvm"))
 
 import harness.model  # noqa: E402, F401  (registers the stages into the scenario model, as ordeal's commands do)
 from harness.topology import LocalTopology  # noqa: E402  (after the namespace switch, on purpose)

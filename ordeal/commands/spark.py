@@ -41,6 +41,7 @@ def spark_options(command):
             choose(spark_master, None)  # validates the URL from either source
             connect_server.idle_timeout_s()  # and $ORDEAL_SPARK_IDLE_TIMEOUT, at start-up
             event_log_conf()  # and $ORDEAL_SPARK_EVENT_LOG
+            connect_server.archive_dir()  # and $ORDEAL_SPARK_CLASS_ARCHIVE, $ORDEAL_JVM_CACHE_DIR
         except (ValueError, connect_server.ConnectServerError) as error:
             _usage_error(str(error))
         if kwargs.get("check", True) and not kwargs.get("rejudge") and not kwargs.get("promote_entry"):
@@ -93,7 +94,8 @@ def start(idle_timeout: float | None, master: str | None, warm: bool, warm_event
 
     try:
         event_log_conf()  # $ORDEAL_SPARK_EVENT_LOG, before anything starts
-    except ValueError as error:
+        connect_server.archive_dir()  # $ORDEAL_SPARK_CLASS_ARCHIVE, $ORDEAL_JVM_CACHE_DIR
+    except (ValueError, connect_server.ConnectServerError) as error:
         raise click.UsageError(str(error)) from None
     if idle_timeout is not None:
         os.environ["ORDEAL_SPARK_IDLE_TIMEOUT"] = str(idle_timeout)

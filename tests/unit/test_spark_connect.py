@@ -234,12 +234,81 @@ def _running(pid: int) -> bool:
         return False
 
 
+# --- The class archive (connect_server.ClassArchive) -----------------------------------------------------------
+
+def _describe(root: Path, name: str, pyspark: str, **changes) -> Path:
+    """An archive and the JSON beside it, as a server leaves them."""
+    key = {"pyspark": pyspark, "version": "4.3.0", "jars_mtime_ns": 1, "java": "/usr/bin/java",
+           "java_options": "-Xss4m", "memory": "2g", **changes}
+    (root / f"{name}.json").write_text(json.dumps(key))
+    (root / f"{name}.jsa").write_bytes(b"archive")
+    return root / f"{name}.jsa"
+
+
+def test_archives_no_server_can_map_again_are_pruned_and_the_others_kept(tmp_path):
+    ours = tmp_path / "pyspark"
+    ours.mkdir()
+    key = {"pyspark": str(ours), "version": "4.3.0", "jars_mtime_ns": 1, "java": "/usr/bin/java",
+           "java_options": "-Xss4m", "memory": "2g"}
+    keep = _describe(tmp_path, "spark-connect-ours", str(ours))
+    other_setting = _describe(tmp_path, "spark-connect-b", str(ours), java_options="-Xss8m")  # near miss: kept
+    reinstalled = _describe(tmp_path, "spark-connect-c", str(ours), jars_mtime_ns=2)
+    upgraded = _describe(tmp_path, "spark-connect-d", str(ours), version="4.2.0")
+    gone = _describe(tmp_path, "spark-connect-e", str(tmp_path / "deleted-clone"))
+    unreadable = _describe(tmp_path, "spark-connect-f", str(ours))
+    unreadable.with_suffix(".json").write_text("{not json")
+    stale, fresh = tmp_path / "x.jsa.1.part", tmp_path / "x.jsa.2.part"
+    for part in (stale, fresh):
+        part.write_bytes(b"half")
+    os.utime(stale, (time.time() - connect_server.STALE_PART_S - 60,) * 2)
+
+    connect_server._prune_archives(tmp_path, key, keep)
+
+    left = {p.name for p in tmp_path.iterdir()} - {"pyspark"}
+    assert left == {keep.name, keep.with_suffix(".json").name, other_setting.name,
+                    other_setting.with_suffix(".json").name, fresh.name}, left
+    for removed in (reinstalled, upgraded, gone, unreadable):
+        assert not removed.exists() and not removed.with_suffix(".json").exists()
+
+
+def test_the_archive_settings_are_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORDEAL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ORDEAL_JVM_CACHE_DIR", raising=False)
+    monkeypatch.setenv(connect_server.ARCHIVE_ENV, "1")
+    assert connect_server.archive_dir() == tmp_path / "cache" / "jvm"  # beside the server's state by default
+    monkeypatch.setenv(connect_server.ARCHIVE_ENV, "0")
+    assert connect_server.archive_dir() is None
+    monkeypatch.setenv(connect_server.ARCHIVE_ENV, "yes")
+    with pytest.raises(connect_server.ConnectServerError, match="expected 1 .* or 0"):
+        connect_server.archive_dir()
+    monkeypatch.setenv(connect_server.ARCHIVE_ENV, "1")
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    monkeypatch.setenv("ORDEAL_JVM_CACHE_DIR", str(a_file))
+    with pytest.raises(connect_server.ConnectServerError, match="is not a directory"):
+        connect_server.archive_dir()
+
+
+@pytest.mark.parametrize("command", [["spark", "start"], ["check", "RUN"]])
+@pytest.mark.parametrize("setting", [{connect_server.ARCHIVE_ENV: "yes"}, {"ORDEAL_JVM_CACHE_DIR": "FILE"}])
+def test_a_bad_archive_setting_is_a_usage_error_before_anything_starts(tmp_path, command, setting):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    env = {k: str(a_file) if v == "FILE" else v for k, v in setting.items()}
+    done = _run([str(tmp_path) if a == "RUN" else a for a in command],
+                {**env, "ORDEAL_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert next(iter(setting)) in done.stderr, done.stderr
+    assert not (tmp_path / "cache" / "spark-connect").exists()  # no server was started
+
+
 @pytest.mark.spark
 @pytest.mark.timeout(900)
 def test_a_server_leaves_a_class_archive_the_next_one_maps(tmp_path):
     """A stopped server leaves its JVM's class-data sharing archive (connect_server.ClassArchive); the next server's
     JVM maps it.  A truncated one (which crashes the JVM that maps it) makes the server start again without it, and
-    write a whole one when it stops."""
+    write a whole one when it stops; a damaged header (which the JVM refuses) is removed, and the next server writes
+    a new one."""
     jvm_dir = tmp_path / "jvm"
     env = {"ORDEAL_CACHE_DIR": str(tmp_path / "cache"), "ORDEAL_JVM_CACHE_DIR": str(jvm_dir),
            connect_server.ARCHIVE_ENV: "1"}
@@ -258,6 +327,8 @@ def test_a_server_leaves_a_class_archive_the_next_one_maps(tmp_path):
     start_and_stop()
     archives = list(jvm_dir.glob("*.jsa"))
     assert len(archives) == 1 and not list(jvm_dir.glob("*.part")), list(jvm_dir.iterdir())
+    assert archives[0].with_suffix(".json").exists()  # what it was made for, for pruning
+    assert "Skipping" not in log.read_text()  # the JVM's warnings per class left out are not logged
     assert str(archives[0]) in start_and_stop()  # mapped by the next JVM
     whole = archives[0].read_bytes()
     archives[0].chmod(0o644)
@@ -268,3 +339,12 @@ def test_a_server_leaves_a_class_archive_the_next_one_maps(tmp_path):
     assert archives[0].stat().st_size > len(whole) // 2  # written whole again when that server stopped
     assert list((tmp_path / "cache" / "spark-connect").glob("hs_err_pid*.log"))  # the crash's report, kept there
     assert not list(ROOT.glob("hs_err_pid*.log"))
+
+    archives[0].chmod(0o644)
+    with archives[0].open("r+b") as f:  # the header's magic number: the JVM refuses the archive and runs without
+        f.write(b"\0\0\0\0")
+    assert str(archives[0]) not in start_and_stop()
+    assert "did not map the class archive" in log.read_text()
+    assert not archives[0].exists()
+    assert str(archives[0]) not in start_and_stop()  # this one writes a new archive ...
+    assert str(archives[0]) in start_and_stop()  # ... which its successor maps

@@ -220,7 +220,9 @@ def test_a_killed_command_leaves_no_server_it_started(tmp_path, catalog_dirs):
         command.wait()
     server = [state["watchdog_pid"], state["jvm_pid"]]
     assert any(psutil.pid_exists(pid) for pid in server), "the server died with the command: not shared"
-    deadline = time.monotonic() + 120  # start (if killed while starting), 3 s idle, 15 s graceful stop
+    # start (if killed while starting), 3 s idle, 15 s graceful stop, and the class archive's writing if this is
+    # the test session's first server to stop
+    deadline = time.monotonic() + 120 + connect_server.ARCHIVE_GRACE_S
     while any(_running(pid) for pid in server) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not any(_running(pid) for pid in server), f"left behind: {server}"

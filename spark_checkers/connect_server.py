@@ -50,8 +50,7 @@ class ConnectServerError(RuntimeError):
 
 
 def state_dir() -> Path:
-    base = os.environ.get("ORDEAL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ordeal")
-    return Path(base) / "spark-connect"
+    return cache_root() / "spark-connect"
 
 
 def idle_timeout_s() -> float:

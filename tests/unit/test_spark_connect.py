@@ -1,7 +1,8 @@
 """The shared Spark Connect server (spark_checkers/connect_server.py) and the session choice
 (spark_checkers/session.py): Connect and classic give the same reports; a second command reuses a running
 server; a server whose starting command was SIGKILLed still ends (idle timeout, enforced by the watchdog); an
-unreachable --spark-remote is unknown (exit 2) naming the endpoint; a malformed one is a usage error (3)."""
+unreachable --spark-remote is unknown (exit 2) naming the endpoint; a malformed one is a usage error (3); the
+server JVM's class archive is written, mapped, survived when damaged, and pruned when no server can map it."""
 
 from __future__ import annotations
 

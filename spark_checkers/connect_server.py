@@ -411,6 +411,8 @@ class ClassArchive:
         from spark_checkers.session import server_conf
 
         root = archive_dir()
+        if root is None:
+            return cls(Path(os.devnull), Path(os.devnull), False, False)
         conf = server_conf()
         java = os.path.realpath(os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME")
                                 else shutil.which("java") or "java")
@@ -420,8 +422,6 @@ class ClassArchive:
                "jars_mtime_ns": os.stat(jars).st_mtime_ns if os.path.isdir(jars) else None, "java": java,
                "java_options": conf.get("spark.driver.extraJavaOptions"), "memory": conf.get("spark.driver.memory")}
         name = f"spark-connect-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]}.jsa"
-        if root is None:
-            return cls(Path(name), Path(name), False, False)
         path = root / name
         part = path.with_name(f"{path.name}.{os.getpid()}.part")
         root.mkdir(parents=True, exist_ok=True)
@@ -441,9 +441,13 @@ class ClassArchive:
 
     def discard(self) -> None:
         """The archive made the JVM fail: removed, and a new one written when this server stops."""
+        self._remove()
+        self.writing = True
+
+    def _remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        self.using, self.writing = False, True
+        self.using = False
 
     def refused_by(self, jvm_pid: int) -> bool:
         """True when this archive was meant to be mapped but the running JVM did not map it (it refused an archive
@@ -456,9 +460,7 @@ class ClassArchive:
         except OSError:
             return False  # the JVM is gone: nothing to learn here
         if not mapped:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            self.using = False
+            self._remove()
         return not mapped
 
     def settle(self, returncode: int | None) -> None:
@@ -547,10 +549,16 @@ def serve(idle_timeout: float, master: str) -> int:
     archive = ClassArchive.for_server()
     # A JVM that crashes (a bad archive: SIGBUS) writes its report here, not into the directory it started in.
     crash_log = f"-XX:ErrorFile={p.root / 'hs_err_pid%p.log'}"
-    jvm = subprocess.Popen(server_argv(port, master, (*archive.options(), crash_log)), stdin=subprocess.DEVNULL,
-                           env=env, process_group=0, preexec_fn=_die_with_parent)  # noqa: PLW1509 - dies with it
-    state["jvm_pid"] = jvm.pid
-    _write_state(p, state)
+
+    def launch() -> subprocess.Popen:
+        started = subprocess.Popen(server_argv(port, master, (*archive.options(), crash_log)),
+                                   stdin=subprocess.DEVNULL, env=env, process_group=0,
+                                   preexec_fn=_die_with_parent)  # noqa: PLW1509 - the JVM dies with the watchdog
+        state["jvm_pid"] = started.pid
+        _write_state(p, state)
+        return started
+
+    jvm = launch()
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stopping.set())
@@ -563,11 +571,7 @@ def serve(idle_timeout: float, master: str) -> int:
                 print(f"the server JVM exited with {jvm.returncode} while starting with {archive.path}: "
                       "starting it again without the archive (removed)", flush=True)
                 archive.discard()
-                jvm = subprocess.Popen(server_argv(port, master, (*archive.options(), crash_log)),
-                                       stdin=subprocess.DEVNULL, env=env, process_group=0,
-                                       preexec_fn=_die_with_parent)  # noqa: PLW1509
-                state["jvm_pid"] = jvm.pid
-                _write_state(p, state)
+                jvm = launch()
                 continue
             if jvm.poll() is not None or stopping.is_set() or time.monotonic() > ready_deadline:
                 why = (f"the server JVM exited with {jvm.returncode}" if jvm.poll() is not None

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,17 +180,41 @@ def ensure_started(*, wait: bool = True, timeout: float = READY_TIMEOUT_S, maste
     The caller holds a lease from here on."""
     p = paths()
     hold_lease(p)
-    if not watchdog_alive(p):
-        fd = _open_lock(p.start)
+    while True:
+        _outwait_stopping(p)
+        if not watchdog_alive(p):
+            fd = _open_lock(p.start)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # one starter at a time; the others find it alive
+                if not watchdog_alive(p):
+                    _spawn_watchdog(p, master)
+            finally:
+                os.close(fd)
+        if not wait:
+            return read_state(p) or {}
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # one starter at a time; the others find it alive
-            if not watchdog_alive(p):
-                _spawn_watchdog(p, master)
-        finally:
-            os.close(fd)
-    if not wait:
-        return read_state(p) or {}
-    return wait_ready(p, timeout)
+            return wait_ready(p, timeout)
+        except _Stopping:
+            continue  # the server began to stop (`ordeal spark stop`) just now: a new one once it has ended
+
+
+class _Stopping(Exception):
+    """The server a client waits for is stopping."""
+
+
+def _stopping(p: Paths, state: dict) -> bool:
+    """Whether the server is stopping, or asked to (its watchdog notices within a second)."""
+    return state.get("status") == "stopping" or p.stop_request.exists()
+
+
+def _outwait_stopping(p: Paths, timeout: float = ARCHIVE_GRACE_S + 30) -> None:
+    """Wait until a stopping server has ended: a client never connects to a dying one."""
+    deadline = time.monotonic() + timeout
+    while watchdog_alive(p) and _stopping(p, read_state(p) or {}):
+        if time.monotonic() > deadline:
+            raise ConnectServerError(f"the stopping Spark Connect server did not end within {timeout:.0f} s; "
+                                     f"see {p.log}")
+        time.sleep(0.1)
 
 
 def _spawn_watchdog(p: Paths, master: str | None) -> None:
@@ -220,6 +245,8 @@ def wait_ready(p: Paths, timeout: float) -> dict:
     while True:
         state = read_state(p)
         alive = watchdog_alive(p)
+        if state and alive and _stopping(p, state):
+            raise _Stopping
         if state and state.get("status") == "ready" and alive:
             return state
         if not alive:
@@ -295,6 +322,8 @@ def status() -> dict:
     if alive:
         out.update({k: state.get(k) for k in ("status", "port", "watchdog_pid", "jvm_pid", "master", "netns",
                                                "idle_timeout_s", "started_unix", "idle_since_unix", "log")})
+        if state.get("writing_archive"):
+            out["writing_archive"] = state["writing_archive"]
         out["in_use"] = lease_busy(p)
         out["endpoint_here"] = local_endpoint(state) if state.get("status") == "ready" else None
         out["warmed_up"] = warmed_up(p, state)
@@ -331,16 +360,22 @@ def lease_busy(p: Paths) -> bool:
         os.close(fd)
 
 
-def stop(timeout: float = ARCHIVE_GRACE_S + 30) -> bool:
-    """Ask the watchdog to stop the server; wait until it is gone.  False when none was running."""
+def stop(timeout: float = ARCHIVE_GRACE_S + 30, notify: Callable[[str], None] | None = None) -> bool:
+    """Ask the watchdog to stop the server; wait until it is gone.  False when none was running.  ``notify`` is
+    told once why the wait is long, when it is: the stopping JVM writes the class archive (ClassArchive)."""
     p = paths()
     if not watchdog_alive(p):
         return False
     p.stop_request.write_text(str(time.time()))
     deadline = time.monotonic() + timeout
+    told = notify is None
     while watchdog_alive(p):
         if time.monotonic() > deadline:
             raise ConnectServerError(f"the Spark Connect watchdog did not stop within {timeout:.0f} s; see {p.log}")
+        if not told and (writing := (read_state(p) or {}).get("writing_archive")):
+            notify(f"the stopping server's JVM writes its class archive {writing}: once per pyspark installation and "
+                   f"setting, 10-20 s, so that later servers start sooner (${ARCHIVE_ENV}=0 turns it off)")
+            told = True
         time.sleep(0.1)
     return True
 
@@ -624,6 +659,11 @@ def serve(idle_timeout: float, master: str) -> int:
             stopping.wait(1.0)
         return 0
     finally:
+        if state["status"] == "ready":  # what `ordeal spark stop` and `status` tell while the JVM ends
+            state["status"] = "stopping"
+            if archive.writing and jvm.poll() is None:
+                state["writing_archive"] = str(archive.path)
+            _write_state(p, state)
         _terminate(jvm, grace=ARCHIVE_GRACE_S if archive.writing else 15)
         archive.settle(jvm.returncode)
         with contextlib.suppress(FileNotFoundError):

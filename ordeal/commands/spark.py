@@ -150,7 +150,7 @@ def stop() -> None:
     from spark_checkers import connect_server
 
     try:
-        stopped = connect_server.stop()
+        stopped = connect_server.stop(notify=lambda why: click.echo(f"waiting: {why}", err=True))
     except connect_server.ConnectServerError as error:
         click.echo(f"Error: {error}", err=True)
         sys.exit(EXIT_UNKNOWN)

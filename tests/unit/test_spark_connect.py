@@ -311,28 +311,55 @@ def test_a_server_leaves_a_class_archive_the_next_one_maps(tmp_path):
     """A stopped server leaves its JVM's class-data sharing archive (connect_server.ClassArchive); the next server's
     JVM maps it.  A truncated one (which crashes the JVM that maps it) makes the server start again without it, and
     write a whole one when it stops; a damaged header (which the JVM refuses) is removed, and the next server writes
-    a new one."""
+    a new one.  While a server writes it, `spark stop` says why it waits, and a command that arrives then waits for
+    that server to end and starts a new one, never connecting to the dying one."""
     jvm_dir = tmp_path / "jvm"
     env = {"ORDEAL_CACHE_DIR": str(tmp_path / "cache"), "ORDEAL_JVM_CACHE_DIR": str(jvm_dir),
            connect_server.ARCHIVE_ENV: "1"}
     state_file = tmp_path / "cache" / "spark-connect" / "state.json"
     log = tmp_path / "cache" / "spark-connect" / "server.log"
+    said: list[str] = []  # what each `spark stop` wrote to stderr
+
+    def start() -> str:
+        """The JVM's memory map."""
+        started = _run(["spark", "start"], env)
+        assert started.returncode == 0, started.stderr + log.read_text()[-3000:]
+        return Path(f"/proc/{json.loads(state_file.read_text())['jvm_pid']}/maps").read_text()
+
+    def stop() -> None:
+        stopped = _run(["spark", "stop"], env)
+        assert stopped.returncode == 0, stopped.stderr
+        said.append(stopped.stderr)
 
     def start_and_stop() -> str:
         """The JVM's memory map while it ran."""
         try:
-            started = _run(["spark", "start"], env)
-            assert started.returncode == 0, started.stderr + log.read_text()[-3000:]
-            return Path(f"/proc/{json.loads(state_file.read_text())['jvm_pid']}/maps").read_text()
+            return start()
         finally:
-            assert _run(["spark", "stop"], env).returncode == 0
+            stop()
 
-    start_and_stop()
+    start()
+    first = json.loads(state_file.read_text())["watchdog_pid"]
+    stopping = subprocess.Popen([*ORDEAL, "spark", "stop"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT, env={**os.environ, **env})
+    try:
+        deadline = time.monotonic() + 60
+        while (connect_server.read_state(connect_server.Paths(state_file.parent)) or {}).get("status") != "stopping":
+            assert time.monotonic() < deadline and stopping.poll() is None, stopping.communicate()
+            time.sleep(0.05)
+        maps = start()  # arrives while the first server writes its archive
+    finally:
+        _, err = stopping.communicate(timeout=300)
+    assert stopping.returncode == 0, err
+    assert "writes its class archive" in err, err
+    assert json.loads(state_file.read_text())["watchdog_pid"] != first  # a new server, started once the old one ended
+    stop()
+    assert "class archive" not in said[-1]  # the near miss: a server that mapped the archive writes none
     archives = list(jvm_dir.glob("*.jsa"))
+    assert str(archives[0]) in maps
     assert len(archives) == 1 and not list(jvm_dir.glob("*.part")), list(jvm_dir.iterdir())
     assert archives[0].with_suffix(".json").exists()  # what it was made for, for pruning
     assert "Skipping" not in log.read_text()  # the JVM's warnings per class left out are not logged
-    assert str(archives[0]) in start_and_stop()  # mapped by the next JVM
     whole = archives[0].read_bytes()
     archives[0].chmod(0o644)
     archives[0].write_bytes(whole[: len(whole) // 4])

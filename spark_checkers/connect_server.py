@@ -12,6 +12,8 @@ Lifecycle (docs/report.md, "The Spark the checks run on"):
   command then died is still ended by the server side, not by the dying client.
 - ``alive.lock``: held exclusively by the watchdog while it lives (a stale state file is recognised by it).
   ``stop.request``: written by ``ordeal spark stop``; the watchdog polls it (works across PID namespaces).
+- A stopping server (``stop.request`` written, or ``status`` "stopping" in the state) takes no new client: one that
+  arrives waits until it has ended and starts a new one, never connecting to the dying JVM.
 - **Namespaces**: ``ordeal run`` runs inside a private network namespace that has only its own loopback.  The
   watchdog also serves a Unix socket bridged to the server's TCP port; a client in another network namespace
   forwards a loopback port of its own to that socket (file systems are shared, networks are not).

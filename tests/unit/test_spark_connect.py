@@ -292,6 +292,41 @@ def test_the_archive_settings_are_checked(tmp_path, monkeypatch):
         connect_server.archive_dir()
 
 
+@pytest.mark.parametrize("stopping", [{"status": "stopping"}, {"status": "ready", "stop.request": True}])
+def test_a_client_never_takes_a_stopping_server(tmp_path, monkeypatch, stopping):
+    """The client's side of a stop (the server side: the real-server archive test below).  A server whose state says
+    stopping, or that was asked to stop, is outwaited: a background start (``session.prepare``) returns at once and
+    starts nothing, and a waiting client waits until its watchdog has ended.  The near miss: a ready server."""
+    import fcntl
+    import threading
+
+    monkeypatch.setenv("ORDEAL_CACHE_DIR", str(tmp_path))
+    p = connect_server.paths()
+    spawned: list = []
+    monkeypatch.setattr(connect_server, "_spawn_watchdog", lambda *args: spawned.append(args))
+    alive = os.open(p.alive, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(alive, fcntl.LOCK_EX)  # a watchdog that lives, as far as any client can tell
+    try:
+        p.state.write_text(json.dumps({"status": "ready"}))
+        assert connect_server.ensure_started(wait=False) == {"status": "ready"}
+        assert not connect_server._stopping(p, {"status": "ready"})
+        state = {k: v for k, v in stopping.items() if k != "stop.request"}
+        p.state.write_text(json.dumps(state))
+        if stopping.get("stop.request"):
+            p.stop_request.write_text("1")
+        assert connect_server._stopping(p, state)
+        started = time.monotonic()
+        assert connect_server.ensure_started(wait=False) == state
+        assert time.monotonic() - started < 1 and not spawned
+        threading.Timer(0.5, fcntl.flock, [alive, fcntl.LOCK_UN]).start()  # the watchdog ends in half a second
+        connect_server._outwait_stopping(p, timeout=10)
+        assert time.monotonic() - started >= 0.5
+        assert not connect_server.watchdog_alive(p)
+    finally:
+        connect_server.release_lease()
+        os.close(alive)
+
+
 @pytest.mark.parametrize("command", [["spark", "start"], ["check", "RUN"]])
 @pytest.mark.parametrize("setting", [{connect_server.ARCHIVE_ENV: "yes"}, {"ORDEAL_JVM_CACHE_DIR": "FILE"}])
 def test_a_bad_archive_setting_is_a_usage_error_before_anything_starts(tmp_path, command, setting):

@@ -183,8 +183,8 @@ def ensure_started(*, wait: bool = True, timeout: float = READY_TIMEOUT_S, maste
     p = paths()
     hold_lease(p)
     while True:
-        if not wait and watchdog_alive(p) and _stopping(p, read_state(p) or {}):
-            return read_state(p) or {}  # a start begun in the background only: the waiting call outwaits it
+        if not wait and watchdog_alive(p) and _stopping(p, state := read_state(p) or {}):
+            return state  # a start begun in the background only: the waiting call outwaits it
         _outwait_stopping(p)
         if not watchdog_alive(p):
             fd = _open_lock(p.start)

@@ -391,8 +391,8 @@ def test_a_server_leaves_a_class_archive_the_next_one_maps(tmp_path):
     stop()
     assert "class archive" not in said[-1]  # the near miss: a server that mapped the archive writes none
     archives = list(jvm_dir.glob("*.jsa"))
-    assert str(archives[0]) in maps
     assert len(archives) == 1 and not list(jvm_dir.glob("*.part")), list(jvm_dir.iterdir())
+    assert str(archives[0]) in maps  # the arriving command's server mapped the archive its predecessor wrote
     assert archives[0].with_suffix(".json").exists()  # what it was made for, for pruning
     assert "Skipping" not in log.read_text()  # the JVM's warnings per class left out are not logged
     whole = archives[0].read_bytes()

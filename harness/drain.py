@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import paho.mqtt.client as mqtt
+from contracts.topics import filter_matches
 
 QUIET, OUTSTANDING_QUIET, TIMEOUT = "quiet", "outstanding_quiet", "timeout"
 OUTSTANDING_QUIET_FACTOR = 3.0
@@ -77,7 +77,7 @@ class OutstandingDeliveries:
             return
         for client_id, subscriptions in subscribers:
             if any(min(qos, sub_qos) > 0 and not topic_filter.startswith("$share/")
-                   and mqtt.topic_matches_sub(topic_filter, topic) for topic_filter, sub_qos in subscriptions):
+                   and filter_matches(topic_filter, topic) for topic_filter, sub_qos in subscriptions):
                 key = (client_id, publisher, seq)
                 if key not in self.seen:  # a delivery may overtake its publisher's PUBACK
                     self.owed.add(key)

@@ -24,6 +24,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from contracts.topics import filter_matches
 from properties.plan import CONNECT, DISCONNECT, PUBLISHER, SUBSCRIBER, Plan, PublishPlan, SubscriberAction
 
 DIMENSIONS = ("faults", "clients", "tail", "offline", "publishes")
@@ -159,17 +160,6 @@ def candidates(plan: Plan, start_chunks: dict[str, int] | None = None) -> Iterat
                            lambda drop: without_publishes(plan, drop), "publish", keep_one=True)
 
 
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """MQTT topic filter matching ('+' one level, '#' the rest)."""
-    levels, names = topic_filter.split("/"), topic.split("/")
-    for index, level in enumerate(levels):
-        if level == "#":
-            return True
-        if index >= len(names) or (level != "+" and level != names[index]):
-            return False
-    return len(levels) == len(names)
-
-
 def client_groups(plan: Plan) -> list[tuple[str, ...]]:
     """Clients that only matter together: each publisher with the subscribers whose filters match its
     topics (a subscriber matching several publishers joins the first); subscribers matching no publisher
@@ -184,7 +174,7 @@ def client_groups(plan: Plan) -> list[tuple[str, ...]]:
         members = [publisher.client_id]
         for sub in subscribers:
             if sub.client_id not in placed and any(
-                    topic_matches(s.topic_filter, t) for s in sub.subscriptions for t in topics.get(
+                    filter_matches(s.topic_filter, t) for s in sub.subscriptions for t in topics.get(
                         publisher.client_id, ())):
                 members.append(sub.client_id)
                 placed.add(sub.client_id)

@@ -25,9 +25,9 @@ from typing import Any
 from urllib.parse import quote
 
 from contracts.history_schema import EVENT_SCHEMA, Kind
+from contracts.topics import filter_matches
 from spark_checkers.guarantees import Guarantees
 from spark_checkers.timeline import NEVER, SMALL_KINDS, Timeline, detail_of
-from spark_checkers.topics import filter_matches
 
 # Below this many bytes of history (a run: 10k-100k events are 0.3-3 MB) a check is all fixed cost.
 SMALL_BYTES = int(os.environ.get("ORDEAL_CHECKER_SMALL_BYTES", str(64 << 20)))

@@ -32,6 +32,7 @@ from contracts.history_schema import (
     write_part,
 )
 from contracts.invariants import UNDECLARED_QUEUE_LIMIT, UNDECLARED_TTL_S
+from contracts.topics import filter_matches
 
 Row = dict[str, Any]
 T0_US = 1_000_000
@@ -180,7 +181,7 @@ def generate(spec: Spec) -> list[Row]:
     last_packet_ids: dict[str, int] = {}
     for index, (name, topic_filter) in enumerate(subscribers):
         windows = [w for w in spec.offline if w.subscriber == index]
-        matching = sorted(a for a in arrivals if _matches(topic_filter, a[4]))
+        matching = sorted(a for a in arrivals if filter_matches(topic_filter, a[4]))
         packet_id = spec.first_packet_id
         pending: list[tuple] = []
         busy_until = 0
@@ -250,12 +251,6 @@ def generate(spec: Spec) -> list[Row]:
     add(drain_end + 100, Kind.PHASE, detail=json.dumps({"phase": Phase.SNAPSHOT_DONE}))
     add(drain_end + 200, Kind.PHASE, detail=json.dumps({"phase": Phase.RUN_END}))
     return sort_rows(rows)
-
-
-def _matches(topic_filter: str, topic: str) -> bool:
-    from spark_checkers.topics import filter_matches
-
-    return filter_matches(topic_filter, topic)
 
 
 def _trim(backlog: list[tuple], limit: int, mode: str) -> list[tuple]:

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from contracts.invariants import BY_ID, IDS
+from contracts.topics import filter_matches
 from spark_checkers import jobs
 from spark_checkers import synthetic as s
 from spark_checkers.api import check_runs
@@ -17,7 +18,6 @@ from spark_checkers.guarantees import NO_LIMIT, Guarantees
 from spark_checkers.loader import open_run
 from spark_checkers.reports import junit_xml
 from spark_checkers.timeline import Timeline
-from spark_checkers.topics import filter_matches
 from spark_checkers.verdicts import FAIL, PASS, UNKNOWN, InvariantResult, decide, exit_code
 
 SPEC = s.Spec(pairs=1, messages=5)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from contracts.scenario import find_scenario, load_scenario
+from contracts.topics import filter_matches
 from properties.generate import make_plan, plans
 from properties.plan import CONNECT, DISCONNECT, FaultSlot, Plan
 from properties.shrink import (
@@ -18,7 +19,6 @@ from properties.shrink import (
     cut_tail,
     offline_periods,
     plan_size,
-    topic_matches,
     validate_plan,
     without_clients,
     without_faults,
@@ -163,9 +163,9 @@ def test_clients_are_dropped_by_pairs_first_and_keep_a_publisher_and_a_subscribe
     assert not [c for c in candidates(pair) if c.dimension == "clients"]
 
 
-def test_topic_matches():
-    assert topic_matches("europe/ua/kyiv/1/+", "europe/ua/kyiv/1/0")
-    assert not topic_matches("europe/ua/kyiv/1/+", "europe/ua/kyiv/2/0")
-    assert topic_matches("europe/#", "europe/ua/kyiv/2/0")
-    assert topic_matches("europe/+", "europe/ua")
-    assert not topic_matches("a/b", "a/b/c")
+def test_filter_matches():
+    assert filter_matches("europe/ua/kyiv/1/+", "europe/ua/kyiv/1/0")
+    assert not filter_matches("europe/ua/kyiv/1/+", "europe/ua/kyiv/2/0")
+    assert filter_matches("europe/#", "europe/ua/kyiv/2/0")
+    assert filter_matches("europe/+", "europe/ua")
+    assert not filter_matches("a/b", "a/b/c")

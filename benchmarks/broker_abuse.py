@@ -1,5 +1,5 @@
 """A well-behaved client's latency with and without a concurrent malformed-input flood, side by side in one
-run, against the reference broker on the local topology (issue 16 item 3).
+run, against the reference broker on the local topology.
 
 Well-behaved: ``--pairs`` persistent MQTT 3.1.1 subscribers (clean session 0) each with a clean publisher
 sending QoS 1 at ``--rate`` msg/s.  The run has two phases of ``--duration`` seconds on the same broker:
@@ -13,6 +13,7 @@ The flood runs in other processes so that it does not take the GIL from the well
 
     .venv/bin/python benchmarks/broker_abuse.py --duration 20
     .venv/bin/python benchmarks/broker_abuse.py --broker-checkout /tmp/old   # the broker code of another checkout
+    .venv/bin/python benchmarks/broker_abuse.py --duration 20 --record       # also append to docs/measurements.md
 
 Prints JSON: per phase the end-to-end (publish -> delivery) p50/p99/max of the well-behaved messages, their
 count, lost and duplicates, and the flood's connections and packets (and how each ended) and its own CPU seconds.
@@ -33,13 +34,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import record  # noqa: E402
 from benchmarks.broker_p2p import broker_setting, cpu_seconds, percentile, process_tree  # noqa: E402
 from benchmarks.s3_requests import log_size, window  # noqa: E402
+from harness.local.host_topology import LocalTopology  # noqa: E402
 from harness.node import ProcessNode  # noqa: E402
-from harness.topology import LocalTopology  # noqa: E402
+from harness.recording_client import Probe  # noqa: E402
 from harness.topology_config import TopologyConfig  # noqa: E402
 from reference_broker import codec  # noqa: E402
-from reference_broker.probe import Probe  # noqa: E402
 
 PAYLOAD_SIZE = 62
 QOS2_FLOOD = 5000  # QoS 2 PUBLISHes without PUBREL on one connection (the server's default Receive Maximum is 100)
@@ -277,10 +279,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the broker (python -m reference_broker) from this checkout instead of this one")
     parser.add_argument("--setting", action="append", default=[], type=broker_setting, metavar="KEY=VALUE",
                         help="a broker setting (JSON value), e.g. --setting max_pending_publishes=32")
+    parser.add_argument("--record", action="store_true",
+                        help="also append the figures to docs/measurements.md (benchmarks/record.py)")
     args = parser.parse_args(argv)
     if args.pairs < 1 or args.flooders < 1 or args.rate <= 0 or args.duration <= 0:
         parser.error("--pairs, --flooders, --rate and --duration must be positive")
-    print(json.dumps(run(args), indent=2))
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    if args.record:
+        record.append("benchmarks/broker_abuse.py", record.command_line(__file__, argv),
+                      record.figures(result, drop=("run_dir",)))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The seeds' P2P performance pattern at small scale, against the reference broker on the local topology.
+"""TBMQ's P2P performance pattern at small scale, against the reference broker on the local topology.
 
 N pairs: publisher ``test_pub_client_<i>_0`` publishes QoS 1, 62-byte payloads to ``europe/ua/kyiv/<i>/0``
 at ``--rate`` msg/s; subscriber ``test_sub_client_<i>_0`` is a persistent DEVICE client (clean session 0)
@@ -7,8 +7,11 @@ by the broker + Redis + Kafka (+ S3) processes, p50/p99 end-to-end and PUBACK la
 counts, and the broker's top profile entries (cProfile of broker-1).
 
     .venv/bin/python benchmarks/broker_p2p.py --pairs 20 --rate 20 --duration 20
+    .venv/bin/python benchmarks/broker_p2p.py --pairs 20 --rate 20 --duration 15 --no-profile --record
 
-TBMQ's anchor: ~8,900 msg/s per CPU core over the whole setup (1M msg/s on 5 brokers, 11 Redis, 5 Kafka).
+``--record`` also appends the figures to docs/measurements.md (benchmarks/record.py).
+
+TBMQ's anchor: ~8,900 msg/s per CPU core over the whole setup (docs/tbmq-notes.md).
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import record  # noqa: E402
 from benchmarks.s3_requests import log_size, window  # noqa: E402
+from harness.local.host_topology import LocalTopology  # noqa: E402
 from harness.node import ProcessNode  # noqa: E402
-from harness.topology import LocalTopology  # noqa: E402
+from harness.recording_client import Probe  # noqa: E402
 from harness.topology_config import TopologyConfig  # noqa: E402
-from reference_broker.probe import Probe  # noqa: E402
 
 PAYLOAD_SIZE = 62
 
@@ -253,13 +257,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the broker (python -m reference_broker) from this checkout (side-by-side runs)")
     parser.add_argument("--setting", action="append", default=[], type=broker_setting, metavar="KEY=VALUE",
                         help="a broker setting (JSON value), e.g. --setting kafka_fetch_max_wait_ms=100")
+    parser.add_argument("--record", action="store_true",
+                        help="also append the figures to docs/measurements.md (benchmarks/record.py)")
     args = parser.parse_args(argv)
     for name in ("pairs", "brokers", "partitions"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if args.rate <= 0 or args.duration <= 0:
         parser.error("--rate and --duration must be positive")
-    print(json.dumps(run(args), indent=2))
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    if args.record:
+        record.append("benchmarks/broker_p2p.py", record.command_line(__file__, argv),
+                      record.figures(result, drop=("run_dir", "top_profile_tottime")))
     return 0
 
 

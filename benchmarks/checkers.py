@@ -13,7 +13,9 @@ latency figures check each history both ways a small check can materialise its t
 ratio.  Every figure of one invocation is measured in the same conditions: compare ratios, not seconds across
 runs (the machine is shared).
 
-    .venv/bin/python benchmarks/checkers.py [--latency 10000 100000 1000000] [--events 1000000 10000000]
+    .venv/bin/python benchmarks/checkers.py [--latency 10000 100000 1000000] [--events 1000000 10000000] [--record]
+
+``--record`` also appends the figures to docs/measurements.md (benchmarks/record.py).
 
 The history is synthetic and columnar (numpy + pyarrow, seconds for 10M rows): the seeds' P2P pattern, every
 publisher with its own persistent subscriber, packet ids that wrap, and anomalies planted at known places
@@ -126,7 +128,7 @@ COLD_CLASSIC = """
 import json, sys, time
 t0 = time.monotonic()
 from spark_checkers.api import check_runs
-from spark_checkers.session import spark_session
+from spark_checkers.engine.spark_session import spark_session
 spark = spark_session("local[2]")
 spark.range(1).count()
 t1 = time.monotonic()
@@ -185,8 +187,8 @@ def per_run_latency(sizes: list[int], out: Path, repeats: int = 2, warm_only: bo
     warm (the engine has checked before; best of ``repeats`` further checks).  Side by side in one run, with the
     DuckDB loss + order rules on the same files as the yardstick."""
 
-    from spark_checkers import session
     from spark_checkers.api import check_runs
+    from spark_checkers.engine import spark_session as session
 
     dirs = {}
     for events in sizes:
@@ -238,8 +240,9 @@ def connect_latency(sizes: list[int], out: Path, repeats: int = 2, steady_rounds
     import statistics
     import sys
 
-    from spark_checkers import connect_server, session
     from spark_checkers.api import check_runs
+    from spark_checkers.engine import connect_server
+    from spark_checkers.engine import spark_session as session
 
     dirs = {events: out / f"latency-{events}" for events in sizes}
     rows = {events: {"events": events} for events in sizes}
@@ -340,9 +343,11 @@ def main() -> None:
     parser.add_argument("--warmed-child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--spark-master", default="local[2]",
                         help="The 1M/10M comparison's classic session (Spark Connect figures: the latency part).")
+    parser.add_argument("--record", action="store_true",
+                        help="also append the figures to docs/measurements.md (benchmarks/record.py)")
     args = parser.parse_args()
     from spark_checkers.api import check_runs
-    from spark_checkers.session import spark_session
+    from spark_checkers.engine.spark_session import spark_session
 
     if args.connect_child:
         print(json.dumps(connect_latency(args.latency, args.out)))
@@ -353,6 +358,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     latency = per_run_latency(args.latency, args.out, warm_only=args.warm_only) if args.latency else []
     (args.out / "latency.json").write_text(json.dumps(latency, indent=2))
+    if args.record and latency:
+        _record(latency)
     if not args.events:
         return
     spark = spark_session(args.spark_master)
@@ -381,7 +388,7 @@ def main() -> None:
         checked_again, cpu_again, found_again = _timed_check(spark, run_dir, f"{run_dir.name}-again")
         # And twice more: a long-lived server's steady figure is the fastest of its three warm checks, the
         # statistic the DuckDB figure is (the fastest of three runs).  The second check still JIT-compiles
-        # (9-10 CPU-s at 10 M events; 4-6 in the third and fourth: docs/report.md, session 18).
+        # more than the third and fourth (docs/measurements.md).
         steady = [_timed_check(spark, run_dir, f"{run_dir.name}-steady{i}") for i in (1, 2)]
         warm_runs = [checked_again, *[t for t, _, _ in steady]]
         duck_runs.append(duckdb_seconds(run_dir)[0])
@@ -407,6 +414,18 @@ def main() -> None:
         results.append(row)
         print(json.dumps(row), flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    if args.record and results:
+        _record(results)
+
+
+def _record(rows: list[dict]) -> None:
+    """``--record``: append these rows, one column per history size, to docs/measurements.md."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import record
+
+    record.append("benchmarks/checkers.py", record.command_line(__file__), record.transpose(rows, by="events"))
 
 
 if __name__ == "__main__":

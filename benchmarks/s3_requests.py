@@ -6,11 +6,21 @@ S3 engine writes per produced batch one ``records/<offset>.batch`` object and th
 nothing is deleted) and GETs the batches from the fetch offset; an offset commit PUTs one object per
 partition plus the group's ``<group>.json``.  ``requests_since`` counts them by kind, so a benchmark can
 report S3 requests per message for a window of a run.
+
+Run alone, it counts a stored run's log:
+
+    .venv/bin/python benchmarks/s3_requests.py runs/<run>/topology/logs/s3.log [--messages N] [--record]
+
+``--messages`` (the published messages of the window) adds the requests per message; ``--record`` also appends
+the figures to docs/measurements.md (benchmarks/record.py).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
+import sys
 from pathlib import Path
 
 _LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[0-9.]+" (?P<status>\d{3})')
@@ -64,3 +74,32 @@ def window(log: Path, offset: int, messages: int) -> dict[str, dict | None]:
     if not counts["total"]:
         return {"s3_requests": None, "s3_requests_per_published_message": None}
     return {"s3_requests": counts, "s3_requests_per_published_message": per_message(counts, messages)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", type=Path, help="moto's request log, e.g. <run>/topology/logs/s3.log")
+    parser.add_argument("--offset", type=int, default=0, help="count only what was logged after this byte")
+    parser.add_argument("--messages", type=int, default=0,
+                        help="published messages in the window: adds the requests per published message")
+    parser.add_argument("--record", action="store_true",
+                        help="also append the figures to docs/measurements.md (benchmarks/record.py)")
+    args = parser.parse_args(argv)
+    if not args.log.is_file():
+        parser.error(f"{args.log}: no such file")
+    if args.offset < 0 or args.messages < 0:
+        parser.error("--offset and --messages must not be negative")
+    counts = requests_since(args.log, args.offset)
+    result = {"log": str(args.log), "offset": args.offset, "s3_requests": counts,
+              "s3_requests_per_published_message": per_message(counts, args.messages) or None}
+    print(json.dumps(result, indent=2))
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from benchmarks import record
+
+        record.append("benchmarks/s3_requests.py", record.command_line(__file__, argv), record.figures(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,16 +2,17 @@
 
     ORDEAL_SPARK_EVENT_LOG=/tmp/ev .venv/bin/python benchmarks/checkers.py --events 10000000 --out OUT
     .venv/bin/python benchmarks/stages.py /tmp/ev/local-... --group check_s
+    .venv/bin/python benchmarks/stages.py /tmp/ev/local-... --group check_s --record   # also into docs/measurements.md
 
 Every JVM started while $ORDEAL_SPARK_EVENT_LOG names a directory writes its event log there, one plain JSON
-file per application (spark_checkers/session.py).  A check is found by its job group: the benchmark labels each
+file per application (spark_checkers/engine/settings.py: event_log_conf).  A check is found by its job group: the benchmark labels each
 timed check (``checkers.py``: check_s, check_again_s, ...).  A check's aside threads submit jobs of their own,
 without the label (a job group belongs to the thread that set it), so a check's jobs are every job submitted
 between the first job of its group and the end of the last: checks that ran one after another.
 
 Per job: its task CPU (executor CPU and deserialisation), wall time, the call site, and per stage with at least
 ``--min-cpu`` CPU-seconds its tasks, rows out and operators (the plan's node names, counted).  The event log
-is the measurement (docs/report.md, session 23): Java Flight Recorder slows a first check twofold.  It gives the
+is the measurement, not a profiler: Java Flight Recorder slows a first check markedly (docs/measurements.md).  It gives the
 task threads' CPU; the driver's (analysis, planning, code generation) and the JIT's are not in it
 (``checkers.py``'s ``jvm_cpu_s`` gives those, by thread).
 """
@@ -135,18 +136,35 @@ def render(jobs: list[Job], min_cpu: float = 0.3) -> str:
     return "\n".join(lines)
 
 
+def figure_rows(jobs: list[Job], min_cpu: float = 0.3) -> list[dict]:
+    """The jobs ``render`` shows, as table rows for the measurements log: all of them first, then each."""
+    rows: list[dict] = [{"job": "all", "task_cpu_s": round(sum(j.cpu_s for j in jobs), 2), "wall_s": None,
+                         "call_site": f"{len(jobs)} jobs"}]
+    rows += [{"job": j.job_id, "task_cpu_s": round(j.cpu_s, 2), "wall_s": round(j.wall_s, 2), "call_site": j.call_site}
+             for j in jobs if j.cpu_s >= min_cpu or j.wall_s >= 1.0]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", type=Path, help="an event log file (or a rolled log's directory)")
     parser.add_argument("--group", help="the check's job group (default: every job of the log)")
     parser.add_argument("--min-cpu", type=float, default=0.3, help="hide stages under this many CPU-seconds")
+    parser.add_argument("--record", action="store_true",
+                        help="also append the jobs shown to docs/measurements.md (benchmarks/record.py)")
     args = parser.parse_args(argv)
     try:
         jobs = jobs_of(read_events(args.log))
-        print(render(check_jobs(jobs, args.group) if args.group else jobs, args.min_cpu))
+        shown = check_jobs(jobs, args.group) if args.group else jobs
+        print(render(shown, args.min_cpu))
     except (OSError, ValueError) as error:
         print(f"stages: {error}", file=sys.stderr)
         return 3
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from benchmarks import record
+
+        record.append("benchmarks/stages.py", record.command_line(__file__, argv), figure_rows(shown, args.min_cpu))
     return 0
 
 

@@ -23,7 +23,7 @@ DEFAULT_PIPELINE_SLACK_MS = 2000
 # The reference broker's limit and TTL when a scenario.json carries no [broker] values (hand-written or
 # synthetic histories): TBMQ's defaults.  The reference broker's own come from its config
 # (reference_broker/config.py) through scenario.json.  They never apply to an external target: it is judged
-# only against what its [target] declares (no limit and no TTL when it declares none; issue 12).
+# only against what its [target] declares (no limit and no TTL when it declares none).
 UNDECLARED_QUEUE_LIMIT = 10000
 UNDECLARED_TTL_S = 604800
 MAX_QUEUE_LIMIT = 65535  # a larger limit would let packet ids (1..65535) collide with stored messages

@@ -487,7 +487,7 @@ def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
         raise ScenarioError(f"{source}: [topology] broker_nodes = {mapping['broker_nodes']!r}: the reference "
                             "target needs at least 1 broker node")
     try:
-        return topology_model().normalise(mapping, f"{source} [topology]")
+        return topology_model().normalise(mapping, source)
     except ValueError as error:
         raise ScenarioError(str(error)) from error
 

@@ -14,28 +14,30 @@ class Section:
     """Reads one TOML table, remembering which keys were used so unknown ones can be rejected.
 
     ``error`` is the UsageError subclass it raises (a subclass of Section sets it: ScenarioError for a
-    scenario, MatrixError for a self-test matrix, ...)."""
+    scenario, MatrixError for a self-test matrix, ...).  ``label`` is how messages name the table:
+    ``[name]`` unless given (an array of tables names its element, e.g. ``[[entry]] #2``)."""
 
     error: type[UsageError] = UsageError
 
-    def __init__(self, source: str, name: str, table: Any):
+    def __init__(self, source: str, name: str, table: Any, *, label: str | None = None):
         self.source = source
         self.name = name
+        self.label = label if label is not None else f"[{name}]"
         if table is None:
             table = {}
         if not isinstance(table, dict):
-            raise self.error(f"{source}: [{name}] must be a table, got {table!r}")
+            raise self.error(f"{source}: {self.label} must be a table, got {table!r}")
         self.table = table
         self.used: set[str] = set()
 
     def fail(self, key: str, value: Any, expected: str) -> UsageError:
-        return self.error(f"{self.source}: [{self.name}] {key} = {value!r}: {expected}")
+        return self.error(f"{self.source}: {self.label} {key} = {value!r}: {expected}")
 
     def _get(self, key: str, default: Any, required: bool) -> Any:
         self.used.add(key)
         if key not in self.table:
             if required:
-                raise self.error(f"{self.source}: [{self.name}] {key} is required")
+                raise self.error(f"{self.source}: {self.label} {key} is required")
             return default
         return self.table[key]
 
@@ -101,12 +103,16 @@ class Section:
             raise self.fail(key, value, f"must be a table of {what} = weight")
         for name, weight in value.items():
             if allowed is not None and name not in allowed:
-                known = ", ".join(allowed) if allowed else "(none available yet)"
+                known = ", ".join(allowed) if allowed else "(none)"
                 raise self.fail(f"{key}.{name}", weight, f"unknown {what} {name!r}; allowed: {known}")
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
                     math.isfinite(weight) and weight >= 0):
                 raise self.fail(f"{key}.{name}", weight, "weight must be a number >= 0")
         return {name: float(weight) for name, weight in value.items()}
+
+    def allow(self, *keys: str) -> None:
+        """Keys that are valid here though this reader did not read them (one of two alternatives)."""
+        self.used.update(keys)
 
     def raw_table(self, key: str) -> dict[str, Any]:
         value = self._get(key, {}, False)
@@ -118,7 +124,7 @@ class Section:
         unknown = sorted(set(self.table) - self.used)
         if unknown:
             raise self.error(
-                f"{self.source}: [{self.name}] unknown key {unknown[0]!r}; allowed keys: "
+                f"{self.source}: {self.label} unknown key {unknown[0]!r}; allowed keys: "
                 f"{', '.join(sorted(self.used))}")
 
 

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from contracts.errors import UsageError
 from contracts.history_schema import SCHEMA_VERSION as MANIFEST_VERSION
 
 REPORT_VERSION = 1  # report.json (spark_checkers)
@@ -27,7 +28,7 @@ KNOWN: dict[str, tuple[int, ...]] = {
 }
 
 
-class SchemaVersionError(ValueError):
+class SchemaVersionError(UsageError):
     """A document of a schema version this reader does not know."""
 
 

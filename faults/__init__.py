@@ -1,0 +1,2 @@
+"""The nemesis: fault kinds (process, Redis, network, client, failure paths), their selectors of nodes and
+network groups, Redis Cluster's view of itself as faults read it, and the runner that plays a schedule."""

@@ -17,6 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from contracts.errors import UsageError
+from contracts.topology import Topology
+
 CATEGORIES = ("process", "redis", "network", "client")
 
 
@@ -24,8 +27,9 @@ class FaultError(Exception):
     """Base of the nemesis' own errors."""
 
 
-class FaultSpecError(FaultError, ValueError):
-    """A fault description is invalid (unknown kind, bad parameter, bad target selector)."""
+class FaultSpecError(FaultError, UsageError):
+    """A fault description is invalid (unknown kind, bad parameter, bad target selector): input that cannot
+    be used, found when the scenario or plan is validated."""
 
 
 class FaultNotApplicable(FaultError):
@@ -137,13 +141,13 @@ class Param:
 class FaultContext:
     """What a fault needs at run time.
 
-    ``topology`` is a LocalTopology (docs/architecture.md) or anything with the same attributes:
-    ``redis_nodes``, ``kafka``, ``storage``, ``brokers`` (node handles) and optionally ``client_hosts``
-    (the source addresses the clients bind).  ``seed`` makes random target choices reproducible;
-    ``record(kind, **columns)`` writes a history row (may be None in tests).
+    ``topology``: the nodes faults act on (contracts.topology.Topology: ``redis_nodes``, ``kafka``,
+    ``storage``, ``brokers`` as node handles, ``client_hosts``, ...; a test's stand-in may hold only the
+    members its faults read).  ``seed`` makes random target choices reproducible; ``record(kind,
+    **columns)`` writes a history row (may be None in tests).
     """
 
-    topology: Any
+    topology: Topology
     seed: int = 0
     record: Callable[..., None] | None = None
     # How long faults wait for an effect to show (a replica promotion, a failover, a port to close).

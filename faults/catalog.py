@@ -23,7 +23,7 @@ from faults.base import (
     normalise_params,
     registered_kinds,
 )
-from faults.targets import SELECTOR_HELP, kafka_role_of, parse_selector
+from faults.selectors import SELECTOR_HELP, kafka_role_of, parse_selector
 
 __all__ = ["FAULT_KINDS", "validate_spec", "build_fault", "is_client_fault", "kinds_by_category",
            "PROVIDER_GAPS", "provider_supports", "unsupported_faults"]
@@ -135,7 +135,7 @@ EXTERNAL_GROUPS = ("client", "broker")
 def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mapping[str, Any]], name: str) -> str:
     """Why a fault of ``kind`` cannot apply to an external target named ``name`` ("<key>: <why>"), or ''.
     A black box is one broker process and its clients: no Redis Cluster, no Kafka, no storage server."""
-    from faults.targets import ROLE_GROUPS, parse_group
+    from faults.selectors import ROLE_GROUPS, parse_group
 
     def node_problem(text: str) -> str:
         selector = parse_selector(text)

@@ -1,4 +1,4 @@
-"""Faults that reach the broker's failure paths (issue 17): a write stall on one Redis master while reads
+"""Faults that reach the broker's failure paths: a write stall on one Redis master while reads
 still work, a Redis outage longer than the broker's retry budget, a Kafka outage while a save is in flight.
 
 The shipped Redis faults (kill, pause, failover: 2-4 s) end before a broker gives up retrying, and a kill
@@ -35,6 +35,7 @@ from typing import Any
 import redis
 from redis.crc import key_slot
 
+from contracts.topology import Topology
 from faults import probes
 from faults.base import (
     Check,
@@ -46,10 +47,10 @@ from faults.base import (
     Param,
     register,
 )
-from faults.redis_cluster import ClusterEntry, ClusterView, connect, query, wait_until
-from faults.targets import resolve_node
+from faults.redis_cluster_view import ClusterEntry, ClusterView, connect, query, wait_until
+from faults.selectors import resolve_node
 
-# The reference broker's log lines on its failure paths (reference_broker/pipeline.py, session.py).
+# The reference broker's log lines on its failure paths (reference_broker/kafka_path.py, connection.py).
 BROKER_FAILURE_PATTERNS: dict[str, str] = {
     "processing_failed": r"processing failed \(attempt (\d+)\)",
     "gave_up": r"giving up on \d+ records after \d+ attempts",
@@ -72,7 +73,7 @@ MAX_SAMPLE_LINES = 5
 class BrokerLogWatch:
     """Offsets of every broker node's log at the start; ``since()`` counts the failure lines written after."""
 
-    def __init__(self, topology: Any) -> None:
+    def __init__(self, topology: Topology) -> None:
         self.offsets: dict[str, tuple[Path, int]] = {}
         for node in getattr(topology, "brokers", []) or []:
             path = getattr(node, "log_path", None)
@@ -174,7 +175,7 @@ def _paused_writers(node: Any) -> list[str]:
             if "b" in str(row.get("flags", "")) and str(row.get("cmd", "")).split("|")[0] in ("evalsha", "eval", "fcall")]
 
 
-def release_client_pauses(topology: Any) -> list[str]:
+def release_client_pauses(topology: Topology) -> list[str]:
     """heal_all: CLIENT UNPAUSE on every running Redis node (a write stall whose heal never ran would
     otherwise hold writes until its own max_ms).  Best effort; returns the nodes that answered OK."""
     released = []
@@ -402,7 +403,7 @@ class KafkaOutageDuringSave:
 
 def _selector_error(value: Any) -> str | None:
     from faults.base import FaultSpecError
-    from faults.targets import SELECTOR_HELP, parse_selector
+    from faults.selectors import SELECTOR_HELP, parse_selector
 
     try:
         parse_selector(value)

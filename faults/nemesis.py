@@ -37,7 +37,7 @@ from faults.base import Evidence, Fault, FaultContext, FaultNotApplicable, Fault
 from faults.catalog import build_fault, is_client_fault, validate_spec
 from faults.failure_paths import release_client_pauses
 from faults.network import heal_all_network
-from faults.targets import all_nodes
+from faults.selectors import all_nodes
 
 ClientPlayer = Callable[[FaultSpec, str], Evidence]
 
@@ -240,6 +240,10 @@ class Nemesis:
         for worker in self._workers:
             worker.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not any(worker.is_alive() for worker in self._workers)
+
+    def cancel(self) -> None:
+        """Stop every waiting fault worker now (a broken or interrupted run); heals nothing."""
+        self._cancel.set()
 
     def heal_all(self, join_timeout_s: float | None = None) -> dict[str, Any]:
         """Heal everything, bring every node back, wait until ready.  Never raises; returns a summary."""

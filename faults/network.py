@@ -22,10 +22,10 @@ import shutil
 import subprocess
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 
+from contracts.topology import Topology
 from faults.base import (
     Check,
     Evidence,
@@ -36,7 +36,7 @@ from faults.base import (
     Param,
     register,
 )
-from faults.targets import all_nodes, group_error, resolve_group, resolve_node
+from faults.selectors import all_nodes, group_error, resolve_group, resolve_node
 
 TABLE = "ordeal_chaos"
 NETNS_MARKER = "ORDEAL_NETNS"  # same name and value as harness/netns.py MARKER (faults may not import harness)
@@ -102,7 +102,7 @@ LOCAL_PLACE = NftPlace()
 BRIDGE_PLACE = NftPlace(family="bridge", hooks=("forward", "input", "output"), allowed_interfaces=("podman", "veth"))
 
 
-def place_of(topology: Any) -> NftPlace:
+def place_of(topology: Topology) -> NftPlace:
     """The topology's ``network_fault_place``: "bridge" (containers) or absent (local)."""
     return {"bridge": BRIDGE_PLACE}.get(getattr(topology, "network_fault_place", None) or "", LOCAL_PLACE)
 
@@ -236,7 +236,7 @@ class DropFault:
         )
 
 
-def misrouted_connections(topology: Any, side: dict[str, str], other: dict[str, str] | None) -> list[dict]:
+def misrouted_connections(topology: Topology, side: dict[str, str], other: dict[str, str] | None) -> list[dict]:
     """TCP connections a node of ``side`` opened towards ``other`` (None: anywhere) from an address that is
     not its side's: rules keyed on addresses cannot see that traffic.  (A process that does not bind its
     outgoing sockets leaves from 127.0.0.1 whatever address it listens on.)"""
@@ -267,7 +267,7 @@ def misrouted_connections(topology: Any, side: dict[str, str], other: dict[str, 
     return found
 
 
-def traffic_check(topology: Any, a: dict[str, str], b: dict[str, str] | None) -> Check:
+def traffic_check(topology: Topology, a: dict[str, str], b: dict[str, str] | None) -> Check:
     misrouted = misrouted_connections(topology, a, b) + (misrouted_connections(topology, b, a) if b else [])
     return Check("traffic between the sides uses the nodes' addresses",
                  {"misrouted": misrouted[:20], "misrouted_count": len(misrouted)}, not misrouted)

@@ -26,8 +26,8 @@ from faults.base import (
     Param,
     register,
 )
-from faults.redis_cluster import ClusterView, wait_until
-from faults.targets import resolve_node
+from faults.redis_cluster_view import ClusterView, wait_until
+from faults.selectors import resolve_node
 
 
 def _redis_role(ctx: FaultContext, node: Any) -> tuple[str | None, list[str]]:
@@ -217,7 +217,7 @@ class PauseFault(_NodeFault):
 
 
 def _answers_ping(node: Any, timeout_s: float) -> Check:
-    from faults.redis_cluster import query
+    from faults.redis_cluster_view import query
 
     def pong() -> tuple[bool, dict]:
         try:

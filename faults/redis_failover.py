@@ -22,8 +22,8 @@ from faults.base import (
     Param,
     register,
 )
-from faults.redis_cluster import ClusterView, query, read_cluster_nodes, wait_until
-from faults.targets import resolve_node
+from faults.redis_cluster_view import ClusterView, query, read_cluster_nodes, wait_until
+from faults.selectors import resolve_node
 
 
 class FailoverFault:

@@ -57,7 +57,7 @@ class ExecutorSettings:
     housekeeping_s: float = 0.25
     max_wait_s: float = 0.1  # longest single selector wait (keeps stop requests responsive)
     # Source address of every client connection; network faults match client packets on it
-    # (faults/targets.py client_hosts: with distinct node addresses 127.0.0.1 is the clients').
+    # (faults/selectors.py client_hosts: with distinct node addresses 127.0.0.1 is the clients').
     client_bind_address: str = ""
     client_fault_timeout_s: float = 10.0  # sockets closed / reconnect CONNACK within this, else no evidence
 

@@ -1,5 +1,5 @@
 """Health of a started topology, as ``ordeal up --check`` reports it: Redis Cluster ready by the full
-definition (harness/redis_cluster.py) and a Kafka produce → consume → commit round trip."""
+definition (harness/running_redis_cluster.py) and a Kafka produce → consume → commit round trip."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import time
 import uuid
 
+from contracts.topology import ServiceTopology
 from harness.node import port_accepts
-from harness.topology import LocalTopology
 
 
 async def kafka_round_trip(bootstrap: str, timeout_s: float = 20.0) -> dict:
@@ -55,7 +55,7 @@ async def kafka_round_trip(bootstrap: str, timeout_s: float = 20.0) -> dict:
             "value_matches": record.value == value, **{k: round(v, 3) for k, v in timings.items()}}
 
 
-def check(topology: LocalTopology) -> dict:
+def check(topology: ServiceTopology) -> dict:
     """A JSON-able summary; ``healthy`` is True only when every part answered correctly."""
     summary: dict = {"timings": dict(topology.timings)}
     began = time.monotonic()

@@ -1,4 +1,6 @@
-"""One run: scenario + seed → plan → target → execute → drain → snapshot → history → summary.
+"""One run: scenario + seed → plan → target → execute → drain → snapshot → history → summary, as a chain of
+phases (``run_scenario``: prepare, start the target, connect, play, heal, drain, read storage, tear down,
+summarise).
 
 The run stage stops here, once the history and summary.json are written: checking and reporting are the
 next stages, joined to this one by ordeal/pipeline.py (no import of spark_checkers from here).
@@ -29,11 +31,16 @@ import harness.model  # noqa: F401  (registers the stages into the scenario mode
 from contracts.exit_codes import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN  # noqa: F401  (re-exported for callers)
 from contracts.history_schema import Kind, Phase
 from contracts.scenario import Scenario, load_scenario
+from contracts.topology import ServiceTopology, Target
 from contracts.versions import SUMMARY_VERSION
+from faults.base import FaultContext
+from faults.nemesis import Nemesis, schedule_from_slots
+from faults.network import heal_all_network
 from harness.drain import PIPELINE_EMPTY, pipeline_wait_decision
 from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
-from harness.targets import make_target
+from harness.providers import make_target
+from harness.reference_target import TopologyLender
 from properties.generate import make_plan
 from properties.plan import Plan
 
@@ -75,9 +82,6 @@ def default_replay_command(scenario_path: Path | str, seed: int, out: Path | str
     return shlex.join(["ordeal", "run", str(scenario_path), "--seed", str(seed), "--out", str(out)])
 
 
-replay_command = default_replay_command  # the older name, kept for callers
-
-
 def resolve_replay_command(template: str | None, scenario_path: Path, seed: int, out: Path, run_dir: Path) -> str:
     """The command that reproduces this run: the caller's (``{run_dir}`` replaced by the shell-quoted run
     directory, e.g. ``ordeal replay {run_dir}`` for a run of a stored plan), else ``ordeal run ... --seed``."""
@@ -101,11 +105,46 @@ def write_inputs(run_dir: Path, scenario_path: Path, scenario: Scenario, plan: P
     (run_dir / "plan.json").write_text(plan.to_json())
 
 
+@dataclass(frozen=True)
+class RunInputs:
+    """What the prepare phase settled before anything starts: the scenario, its plan, where the run lives
+    and how to reproduce it."""
+
+    scenario_path: Path
+    scenario: Scenario
+    plan: Plan
+    out: Path
+    run_dir: Path
+    replay: str
+
+    @property
+    def seed(self) -> int:
+        return self.plan.seed
+
+
+@dataclass
+class LiveRun:
+    """A run in progress: what its phases have started (the teardown stops all of it) and what they measured
+    (``timings``) and found (``outcome``: drain, error, notes, kafka_reads, topology_reuse)."""
+
+    inputs: RunInputs
+    recorder: HistoryRecorder
+    reporter: Reporter
+    stop: threading.Event
+    began: float
+    outcome: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+    target: Target | None = None
+    executor: Executor | None = None
+    nemesis: Nemesis | None = None
+    healed_all: bool = False
+
+
 def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs", *,
                  reporter: Reporter | None = None, check: bool = False,
                  stop: threading.Event | None = None, plan: Plan | None = None,
                  replay_command: str | None = None, provider: str | None = None,
-                 keeper: Any = None) -> RunResult:
+                 keeper: TopologyLender | None = None) -> RunResult:
     """Run one scenario with one seed.  Invalid scenarios raise ScenarioError before anything starts; a run
     that breaks later (a node that will not start, no client can connect, ...) returns exit code 2 with
     the error in summary.json and the traceback in logs/harness-error.log.
@@ -115,10 +154,57 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     run_start row (``{run_dir}`` is replaced by the run directory); default ``ordeal run SCENARIO --seed N``.
     Never checks (ordeal/pipeline.py does): ``check`` only says whether a check follows, for summary.json
     ("skipped (--no-check)" when it does not; ordeal.pipeline.record_check writes the verdict).
-    ``keeper``: a harness.keeper.TopologyKeeper lending a kept local topology, reset and verified between
-    runs (ordeal explore); summary.json then says under "topology_reuse" whether it was kept or fresh, and
-    timings_s.topology_reset_s what the reset after this run took."""
+    ``keeper``: a harness.local.keeper.TopologyKeeper lending a kept local topology, reset and verified
+    between runs (ordeal explore); summary.json then says under "topology_reuse" whether it was kept or
+    fresh, and timings_s.topology_reset_s what the reset after this run took.
+
+    The phases, in order: prepare (inputs written), start the target, connect the clients, play the
+    workload (faults alongside), heal every fault, drain, read the target's storage; then, whatever
+    happened, tear down (stop everything, collect the nodes' logs, close the history) and summarise."""
     reporter = reporter or SilentReporter()
+    inputs = prepare(scenario_path, seed, out, plan=plan, provider=provider, replay_command=replay_command)
+    reporter.message(f"seed {inputs.seed}  run dir {inputs.run_dir}\nreplay: {inputs.replay}")
+    from properties.generate import plan_notes
+
+    outcome_notes = plan_notes(inputs.scenario, inputs.plan)
+    for note in outcome_notes:
+        reporter.message(f"note: {note}")
+
+    stop = stop or threading.Event()
+    recorder = HistoryRecorder(inputs.run_dir / "history", run_id=inputs.run_dir.name,
+                               meta={"scenario": inputs.scenario.name, "seed": inputs.seed})
+    live = LiveRun(inputs, recorder, reporter, stop, began=time.monotonic(),
+                   outcome={"drain": None, "error": None, "notes": list(outcome_notes)})
+    previous_handlers = _install_signal_handlers(stop)
+    close_reason = ""
+    try:
+        recorder.phase(Phase.RUN_START, scenario=inputs.scenario.name, seed=inputs.seed, replay=inputs.replay,
+                       plan=inputs.plan.summary())
+        start_target(live, keeper)
+        connect_clients(live)
+        play_workload(live)
+        heal_faults(live)
+        drain(live)
+        read_storage(live)
+    except KeyboardInterrupt:
+        close_reason = "the run was interrupted (SIGINT/SIGTERM) before it finished"
+        live.outcome["error"] = close_reason
+    except Exception as error:
+        close_reason = f"the run broke: {type(error).__name__}: {error}"
+        live.outcome["error"] = close_reason
+        recorder_safe_note(recorder, close_reason)
+        _write_traceback(inputs.run_dir)
+        reporter.message(f"{close_reason}\n(traceback in {inputs.run_dir / 'logs' / 'harness-error.log'})")
+    finally:
+        complete = tear_down(live, close_reason)
+        _restore_signal_handlers(previous_handlers)
+    return summarise(live, complete, check)
+
+
+def prepare(scenario_path: str | Path, seed: int, out: str | Path, *, plan: Plan | None, provider: str | None,
+            replay_command: str | None) -> RunInputs:
+    """Load and validate the scenario (a bad file starts nothing), plan it (or take the stored plan), make
+    the run directory and write scenario.toml, scenario.json and plan.json into it."""
     scenario_path = Path(scenario_path)
     scenario = load_scenario(scenario_path)  # validation first: a bad file starts nothing
     if provider is not None:  # --provider: the same scenario (and plan) on another topology provider
@@ -129,142 +215,147 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         plan = make_plan(scenario, seed)
     elif plan.scenario != scenario.name:
         raise ValueError(f"the plan is for scenario {plan.scenario!r}, not {scenario.name!r}")
-    seed = plan.seed
     out = Path(out)
-    run_dir = new_run_dir(out, scenario, seed)
+    run_dir = new_run_dir(out, scenario, plan.seed)
     write_inputs(run_dir, scenario_path, scenario, plan)
-    replay = resolve_replay_command(replay_command, scenario_path, seed, out, run_dir)
-    reporter.message(f"seed {seed}  run dir {run_dir}\nreplay: {replay}")
-    from properties.generate import plan_notes
+    replay = resolve_replay_command(replay_command, scenario_path, plan.seed, out, run_dir)
+    return RunInputs(scenario_path, scenario, plan, out, run_dir, replay)
 
-    outcome_notes = plan_notes(scenario, plan)
-    for note in outcome_notes:
-        reporter.message(f"note: {note}")
 
-    stop = stop or threading.Event()
-    recorder = HistoryRecorder(run_dir / "history", run_id=run_dir.name,
-                               meta={"scenario": scenario.name, "seed": seed})
-    timings: dict[str, float] = {}
-    outcome: dict[str, Any] = {"drain": None, "error": None, "notes": list(outcome_notes)}
-    began = time.monotonic()
-    previous_handlers = _install_signal_handlers(stop)
-    target = None
-    executor = None
-    nemesis = None
-    healed_all = False
-    close_reason = ""
-    complete = False
-    try:
-        recorder.phase(Phase.RUN_START, scenario=scenario.name, seed=seed, replay=replay, plan=plan.summary())
-        target = make_target(scenario, run_dir, recorder, keeper=keeper)
-        reporter.phase("starting the target")
-        target.prepare()
-        target.start()
-        timings["target_start_s"] = round(time.monotonic() - began, 3)
-        (run_dir / "topology.json").write_text(json.dumps(target.describe(), indent=2, default=str) + "\n")
-        outcome["notes"] += target.apply_presets(plan)
+def start_target(live: LiveRun, keeper: TopologyLender | None) -> None:
+    """Start the target (the provider switch chooses it), write topology.json, preset what the plan asks."""
+    inputs = live.inputs
+    live.target = target = make_target(inputs.scenario, inputs.run_dir, live.recorder, keeper=keeper)
+    live.reporter.phase("starting the target")
+    target.prepare()
+    target.start()
+    live.timings["target_start_s"] = round(time.monotonic() - live.began, 3)
+    (inputs.run_dir / "topology.json").write_text(json.dumps(target.describe(), indent=2, default=str) + "\n")
+    live.outcome["notes"] += target.apply_presets(inputs.plan)
 
-        probe = target.queue_size_probe()
-        before_disconnect = None
-        if scenario.workload.preset_each_offline and probe is not None:
-            last = scenario.workload.preset_last_packet_id
-            before_disconnect = lambda client: probe.preset_if_empty(client, last)  # noqa: E731
-        executor = Executor(plan, target.endpoints(), recorder, stop=stop,
-                            settings=ExecutorSettings(client_bind_address=target.client_bind_address()),
-                            before_reconnect=probe, before_disconnect=before_disconnect)
-        # Before any client connects: a bad schedule starts nothing.  Client faults are played by the executor.
-        nemesis = make_nemesis(plan, target, recorder, client_player=executor.client_fault_player())
-        reporter.phase("connecting clients")
-        ready = executor.connect_all()
-        recorder.phase(Phase.WORKLOAD_START, **ready)
-        reporter.phase("workload", total_s=plan.duration_s)
+
+def connect_clients(live: LiveRun) -> None:
+    """Build the executor and the nemesis, then connect every client (workload_start)."""
+    target, plan, scenario = live.target, live.inputs.plan, live.inputs.scenario
+    probe = target.queue_size_probe()
+    before_disconnect = None
+    if scenario.workload.preset_each_offline and probe is not None:
+        last = scenario.workload.preset_last_packet_id
+        before_disconnect = lambda client: probe.preset_if_empty(client, last)  # noqa: E731
+    live.executor = executor = Executor(
+        plan, target.endpoints(), live.recorder, stop=live.stop,
+        settings=ExecutorSettings(client_bind_address=target.client_bind_address()),
+        before_reconnect=probe, before_disconnect=before_disconnect)
+    # Before any client connects: a bad schedule starts nothing.  Client faults are played by the executor.
+    live.nemesis = make_nemesis(plan, target, live.recorder, client_player=executor.client_fault_player())
+    live.reporter.phase("connecting clients")
+    ready = executor.connect_all()
+    live.recorder.phase(Phase.WORKLOAD_START, **ready)
+
+
+def play_workload(live: LiveRun) -> None:
+    """Play the plan in real time, the nemesis' faults alongside; then let the last acknowledgements settle."""
+    executor, nemesis = live.executor, live.nemesis
+    live.reporter.phase("workload", total_s=live.inputs.plan.duration_s)
+    mark = time.monotonic()
+    executor.play(on_start=nemesis.start if nemesis else None,
+                  on_tick=lambda elapsed: live.reporter.tick(elapsed, executor.counters.as_dict(),
+                                                             _faults_active(nemesis)))
+    _raise_if_stopped(live.stop)
+    settle = executor.settle()
+    live.timings["workload_s"] = round(time.monotonic() - mark, 3)
+    live.recorder.phase(Phase.WORKLOAD_END, max_lag_s=round(executor.max_lag_s, 6), **settle)
+
+
+def heal_faults(live: LiveRun) -> None:
+    """Heal every fault and bring every node back (heal_all), the clients' sockets served meanwhile."""
+    if live.nemesis is not None:
+        live.reporter.phase("healing every fault")
         mark = time.monotonic()
-        executor.play(on_start=nemesis.start if nemesis else None,
-                      on_tick=lambda elapsed: reporter.tick(elapsed, executor.counters.as_dict(),
-                                                            _faults_active(nemesis)))
-        _raise_if_stopped(stop)
-        settle = executor.settle()
-        timings["workload_s"] = round(time.monotonic() - mark, 3)
-        recorder.phase(Phase.WORKLOAD_END, max_lag_s=round(executor.max_lag_s, 6), **settle)
-        if nemesis is not None:
-            reporter.phase("healing every fault")
-            mark = time.monotonic()
-            healed = executor.run_alongside(nemesis.heal_all)  # the loop keeps serving client-fault heals
-            healed_all = True
-            timings["heal_all_s"] = round(time.monotonic() - mark, 3)
-            recorder.phase(Phase.HEAL_ALL, faults=len(plan.faults), **healed)
-        else:
-            recorder.phase(Phase.HEAL_ALL, faults=0)
+        healed = live.executor.run_alongside(live.nemesis.heal_all)  # the loop keeps serving client-fault heals
+        live.healed_all = True
+        live.timings["heal_all_s"] = round(time.monotonic() - mark, 3)
+        live.recorder.phase(Phase.HEAL_ALL, faults=len(live.inputs.plan.faults), **healed)
+    else:
+        live.recorder.phase(Phase.HEAL_ALL, faults=0)
 
-        reporter.phase("draining", total_s=scenario.scenario.drain_timeout_s)
+
+def drain(live: LiveRun) -> None:
+    """Wait for the deliveries still owed (and, on a white box, for a Kafka backlog that still moves), then
+    close the clients."""
+    scenario, target, executor = live.inputs.scenario, live.target, live.executor
+    live.reporter.phase("draining", total_s=scenario.scenario.drain_timeout_s)
+    mark = time.monotonic()
+    live.recorder.phase(Phase.DRAIN_START, quiet_s=scenario.scenario.drain_quiet_s,
+                        timeout_s=scenario.scenario.drain_timeout_s)
+    live.outcome["drain"] = executor.drain(scenario.scenario.drain_quiet_s, scenario.scenario.drain_timeout_s)
+    _raise_if_stopped(live.stop)
+    if live.outcome["drain"].get("ended_by") == "outstanding_quiet" and target.white_box:
+        live.reporter.phase("waiting for the Kafka backlog")
+        live.outcome["drain"], live.outcome["kafka_reads"] = executor.run_alongside(lambda: _wait_for_pipeline(
+            target.topology, live.inputs.run_dir, executor, live.outcome["drain"], scenario.scenario.drain_quiet_s,
+            deadline=mark + scenario.scenario.drain_timeout_s, stop=live.stop))
+        _raise_if_stopped(live.stop)
+    live.timings["drain_s"] = round(time.monotonic() - mark, 3)
+    live.recorder.phase(Phase.DRAIN_END, **live.outcome["drain"])
+    executor.close()
+    live.executor = None
+
+
+def read_storage(live: LiveRun) -> None:
+    """A white box's storage after the drain: each session's snapshot, and what Kafka still holds of the
+    deliveries still owed."""
+    target, outcome = live.target, live.outcome
+    live.reporter.phase("snapshot")
+    mark = time.monotonic()
+    snapshots = target.snapshot(live.inputs.plan) if target.white_box else 0
+    live.timings["snapshot_s"] = round(time.monotonic() - mark, 3)
+    live.recorder.phase(Phase.SNAPSHOT_DONE, sessions=snapshots, white_box=target.white_box)
+    if (outcome["drain"] or {}).get("outstanding") and not outcome.get("kafka_reads") and target.white_box:
+        # Deliveries still owed: say whether Kafka still holds them (pipeline too slow for the drain)
+        # or never had them (lost by the Kafka stand-in, or acknowledged without a produce).  After a
+        # pipeline wait its last read says it already (a read of a long log is slow).
+        live.reporter.phase("reading the Kafka backlog")
         mark = time.monotonic()
-        recorder.phase(Phase.DRAIN_START, quiet_s=scenario.scenario.drain_quiet_s,
-                       timeout_s=scenario.scenario.drain_timeout_s)
-        outcome["drain"] = executor.drain(scenario.scenario.drain_quiet_s, scenario.scenario.drain_timeout_s)
-        _raise_if_stopped(stop)
-        if outcome["drain"].get("ended_by") == "outstanding_quiet" and getattr(target, "white_box", False):
-            reporter.phase("waiting for the Kafka backlog")
-            outcome["drain"], outcome["kafka_reads"] = executor.run_alongside(lambda: _wait_for_pipeline(
-                target.topology, run_dir, executor, outcome["drain"], scenario.scenario.drain_quiet_s,
-                deadline=mark + scenario.scenario.drain_timeout_s, stop=stop))
-            _raise_if_stopped(stop)
-        timings["drain_s"] = round(time.monotonic() - mark, 3)
-        recorder.phase(Phase.DRAIN_END, **outcome["drain"])
-        executor.close()
-        executor = None
+        outcome["kafka_reads"] = _read_kafka_backlog(target.topology, _broker_topics(live.inputs.run_dir))
+        live.timings["kafka_backlog_s"] = round(time.monotonic() - mark, 3)
 
-        reporter.phase("snapshot")
+
+def tear_down(live: LiveRun, close_reason: str) -> bool:
+    """Whatever happened: no fault outlives the run, the clients and the target stop, the nodes' logs go
+    into the history, and the history is closed (complete unless ``close_reason``).  Returns complete."""
+    if live.nemesis is not None and not live.healed_all:
+        _abandon_nemesis(live.nemesis)  # a broken or interrupted run: no fault may outlive it
+    if live.executor is not None:
+        _quietly(live.executor.close)
+    target = live.target
+    if target is not None:
+        live.reporter.phase("stopping the target")
         mark = time.monotonic()
-        snapshots = target.snapshot(plan) if target.white_box else 0
-        timings["snapshot_s"] = round(time.monotonic() - mark, 3)
-        recorder.phase(Phase.SNAPSHOT_DONE, sessions=snapshots, white_box=target.white_box)
-        if ((outcome["drain"] or {}).get("outstanding") and not outcome.get("kafka_reads")
-                and getattr(target, "white_box", False)):
-            # Deliveries still owed: say whether Kafka still holds them (pipeline too slow for the drain)
-            # or never had them (lost by the Kafka stand-in, or acknowledged without a produce).  After a
-            # pipeline wait its last read says it already (a read of a long log takes 8-25 s).
-            reporter.phase("reading the Kafka backlog")
-            mark = time.monotonic()
-            outcome["kafka_reads"] = _read_kafka_backlog(target.topology, _broker_topics(run_dir))
-            timings["kafka_backlog_s"] = round(time.monotonic() - mark, 3)
-    except KeyboardInterrupt:
-        close_reason = "the run was interrupted (SIGINT/SIGTERM) before it finished"
-        outcome["error"] = close_reason
-    except Exception as error:
-        close_reason = f"the run broke: {type(error).__name__}: {error}"
-        outcome["error"] = close_reason
-        recorder_safe_note(recorder, close_reason)
-        _write_traceback(run_dir)
-        reporter.message(f"{close_reason}\n(traceback in {run_dir / 'logs' / 'harness-error.log'})")
-    finally:
-        if nemesis is not None and not healed_all:
-            _abandon_nemesis(nemesis)  # a broken or interrupted run: no fault may outlive it
-        if executor is not None:
-            _quietly(executor.close)
-        if target is not None:
-            reporter.phase("stopping the target")
-            mark = time.monotonic()
-            log_nodes = _node_logs(target)
-            _quietly(target.stop)
-            timings["target_stop_s"] = round(time.monotonic() - mark, 3)
-            if getattr(target, "reset_s", None) is not None:  # a kept topology: its reset, on its own line
-                timings["topology_reset_s"] = target.reset_s
-                timings["target_stop_s"] = round(max(0.0, timings["target_stop_s"] - target.reset_s), 3)
-            if getattr(target, "reuse", None) is not None:
-                outcome["topology_reuse"] = target.reuse
-            # After the stop: a container's log is saved then, and every node has written its last line.
-            _collect_logs(run_dir, recorder, log_nodes, outcome)
-        if not close_reason:
-            recorder.phase(Phase.RUN_END, elapsed_s=round(time.monotonic() - began, 3))
-        complete = recorder.close(reason=close_reason)
-        _restore_signal_handlers(previous_handlers)
+        log_nodes = _node_logs(target)
+        _quietly(target.stop)
+        live.timings["target_stop_s"] = round(time.monotonic() - mark, 3)
+        if target.reset_s is not None:  # a kept topology: its reset, on its own line
+            live.timings["topology_reset_s"] = target.reset_s
+            live.timings["target_stop_s"] = round(max(0.0, live.timings["target_stop_s"] - target.reset_s), 3)
+        if target.reuse is not None:
+            live.outcome["topology_reuse"] = target.reuse
+        # After the stop: a container's log is saved then, and every node has written its last line.
+        _collect_logs(live.inputs.run_dir, live.recorder, log_nodes, live.outcome)
+    if not close_reason:
+        live.recorder.phase(Phase.RUN_END, elapsed_s=round(time.monotonic() - live.began, 3))
+    return live.recorder.close(reason=close_reason)
 
-    timings["total_s"] = round(time.monotonic() - began, 3)
-    summary = build_summary(run_dir, scenario, plan, replay, timings, outcome, complete)
+
+def summarise(live: LiveRun, complete: bool, check: bool) -> RunResult:
+    """summary.json (counts from the history itself) and the run's exit code."""
+    inputs, outcome, timings = live.inputs, live.outcome, live.timings
+    timings["total_s"] = round(time.monotonic() - live.began, 3)
+    summary = build_summary(inputs.run_dir, inputs.scenario, inputs.plan, inputs.replay, timings, outcome, complete)
     if outcome.get("topology_reuse") is not None:
         summary["topology_reuse"] = outcome["topology_reuse"]
     if outcome.get("kafka_reads"):
-        summary["kafka_backlog"] = _summarise_kafka_backlog(run_dir, outcome["kafka_reads"])
+        summary["kafka_backlog"] = _summarise_kafka_backlog(inputs.run_dir, outcome["kafka_reads"])
     # A fault that could not be applied makes the run unknown even unchecked (docs/faults.md).
     exit_code = EXIT_UNKNOWN if (not complete or outcome["error"] or summary["counts"]["fault_errors"]) else EXIT_PASS
     summary["checked"] = False
@@ -273,17 +364,17 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
         summary["check"] = "skipped (--no-check)"
     else:
         summary["check"] = "pending: checked next" if complete else "not run: the history is incomplete"
-    write_summary(run_dir, summary)  # before the check: a checker crash must not lose the summary
+    write_summary(inputs.run_dir, summary)  # before the check: a checker crash must not lose the summary
     if not (check and complete):  # else the pipeline says it once the check is recorded
-        reporter.message(f"seed {seed}  exit {exit_code}  run dir {run_dir}\nreplay: {replay}")
-    return RunResult(run_dir=run_dir, exit_code=exit_code, summary=summary)
+        live.reporter.message(f"seed {inputs.seed}  exit {exit_code}  run dir {inputs.run_dir}\nreplay: {inputs.replay}")
+    return RunResult(run_dir=inputs.run_dir, exit_code=exit_code, summary=summary)
 
 
-def _wait_for_pipeline(topology: Any, run_dir: Path, executor: Any, drain: dict[str, Any], quiet_s: float, *,
+def _wait_for_pipeline(topology: ServiceTopology, run_dir: Path, executor: Executor, drain: dict[str, Any], quiet_s: float, *,
                        deadline: float, stop: threading.Event) -> tuple[dict[str, Any], dict[str, Any]]:
     """The drain gave up on owed deliveries after its outstanding quiet.  If Kafka still holds owed records
-    that the broker's consumer groups have not committed, the pipeline is behind (measured: 30-50 s on a
-    loaded 2-core machine after a Redis failover or a Kafka restart), not finished: keep the sockets served
+    that the broker's consumer groups have not committed, the pipeline is behind (on a loaded machine after
+    a Redis failover or a Kafka restart it takes tens of seconds to catch up), not finished: keep the sockets served
     (run_alongside) while that backlog shrinks, up to the drain timeout.  Ends when nothing owed is left in
     Kafka (then one more quiet_s for the last hop), when a read shows no progress (the pipeline stalled:
     the checkers then report what is missing), or at the deadline (reason "timeout": unknown, since late
@@ -342,12 +433,12 @@ def _broker_topics(run_dir: Path) -> list[str]:
     return [broker.get("incoming_topic", defaults.incoming_topic), broker.get("persisted_topic", defaults.persisted_topic)]
 
 
-def _read_kafka_backlog(topology: Any, topics: list[str]) -> dict[str, Any]:
+def _read_kafka_backlog(topology: ServiceTopology, topics: list[str]) -> dict[str, Any]:
     """The broker's topics read to their end, with the broker's committed offsets (harness/kafka.py);
     {"error": ...} when Kafka cannot be read (a diagnostic must never break the run)."""
     from harness.kafka import topics_backlog
 
-    if getattr(topology, "kafka", None) is None:
+    if topology.kafka is None:
         return {}
     try:
         return topics_backlog(topology.kafka_bootstrap(), {topic: f"ordeal-broker-{topic}" for topic in topics})
@@ -366,8 +457,8 @@ def _summarise_kafka_backlog(run_dir: Path, reads: dict[str, Any]) -> dict[str, 
     return summary
 
 
-def _node_logs(target: Any) -> list[tuple[str, str, Path]]:
-    from harness.logs import node_logs
+def _node_logs(target: Target) -> list[tuple[str, str, Path]]:
+    from harness.node_logs import node_logs
 
     try:
         return node_logs(target)
@@ -377,9 +468,9 @@ def _node_logs(target: Any) -> list[tuple[str, str, Path]]:
 
 def _collect_logs(run_dir: Path, recorder: HistoryRecorder, nodes: list[tuple[str, str, Path]],
                   outcome: dict[str, Any]) -> None:
-    """history/logs.parquet (harness/logs.py); a failure is noted in the summary, never fatal to the run:
+    """history/logs.parquet (harness/node_logs.py); a failure is noted in the summary, never fatal to the run:
     without the table the checker answers unknown for the log invariants."""
-    from harness.logs import collect_logs
+    from harness.node_logs import collect_logs
 
     try:
         collect_logs(run_dir / "history", run_dir, nodes, recorder.started_wall_us)
@@ -388,44 +479,31 @@ def _collect_logs(run_dir: Path, recorder: HistoryRecorder, nodes: list[tuple[st
                                 f"{type(error).__name__}: {error}")
 
 
-def make_nemesis(plan: Plan, target: Any, recorder: HistoryRecorder, client_player: Any = None):
+def make_nemesis(plan: Plan, target: Target, recorder: HistoryRecorder,
+                 client_player: Callable[..., Any] | None = None) -> Nemesis | None:
     """The faults/ nemesis for the plan's fault slots, or None when the plan has none.  ``client_player``:
     the executor's hook that plays client faults (Executor.client_fault_player()); without it a client
     fault becomes a fault_error row (the run unknown)."""
     if not plan.faults:
         return None
-    try:
-        from faults.base import FaultContext
-        from faults.nemesis import Nemesis, schedule_from_slots
-    except ImportError as error:
-        raise RuntimeError(f"the plan has {len(plan.faults)} fault slot(s) but the nemesis (faults/) is not "
-                           f"available: {error}") from error
-    topology = getattr(target, "topology", None)
+    topology = target.topology
     if topology is None:
         raise RuntimeError("fault slots need a started target (its topology: the nodes faults act on)")
     context = FaultContext(topology=topology, seed=plan.seed, record=recorder.record,
-                           broker_key_prefix=str(getattr(target, "key_prefix", "")))
-    spec = getattr(target, "spec", None)
-    if spec is not None and spec.kind == "external":
-        # a broker that boots slowly (RabbitMQ: tens of seconds) must be waited for as long as at start
-        context.ready_timeout_s = max(context.ready_timeout_s, spec.ready_timeout_s)
+                           broker_key_prefix=str(target.key_prefix))
+    if target.heal_ready_timeout_s is not None:
+        context.ready_timeout_s = max(context.ready_timeout_s, target.heal_ready_timeout_s)
     return Nemesis(schedule_from_slots(plan.faults), context, client_player=client_player)
 
 
-def _abandon_nemesis(nemesis: Any) -> None:
+def _abandon_nemesis(nemesis: Nemesis) -> None:
     """Stop every waiting fault worker and remove every network rule, without restarting nodes (the target
-    is about to stop).  Nemesis has no public cancel yet: its heal_all also restarts and waits for nodes."""
-    cancel = getattr(nemesis, "_cancel", None)
-    if cancel is not None:
-        cancel.set()
-    try:
-        from faults.network import heal_all_network
-    except ImportError:
-        return
+    is about to stop; heal_all would also restart and wait for nodes)."""
+    nemesis.cancel()
     _quietly(heal_all_network)
 
 
-def _faults_active(nemesis: Any) -> int:
+def _faults_active(nemesis: Nemesis | None) -> int:
     if nemesis is None:
         return 0
     return sum(1 for outcome in list(nemesis.outcomes.values()) if outcome == "applied")

@@ -1,6 +1,6 @@
 """White-box access to the reference broker's Redis state (docs/history.md, kind ``session_snapshot``).
 
-Keys (TBMQ-NOTES.md, reference_broker/store.py), all sharing the client id as hash tag:
+Keys (docs/tbmq-notes.md, reference_broker/store.py), all sharing the client id as hash tag:
 ``<prefix>{client}_messages`` ZSET (member = payload key, score = never-wrapping counter),
 ``<prefix>{client}_messages_<packet id>`` payload STRING with TTL, ``<prefix>{client}_last_packet_id``.
 

@@ -2,27 +2,30 @@
 
 ``TopologyConfig.from_mapping(mapping, source=...)`` validates a plain mapping and says, for every bad
 entry, which key, what value, and what is allowed.  Binaries are checked by ``resolve_binaries()``
-(called by LocalTopology.start() before anything is started)."""
+(called by the local provider's LocalTopology.start() before anything is started)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from contracts import scenario as scenario_model
+from contracts.errors import UsageError
+from contracts.validation import Section
 from harness import binaries
 
 APPENDFSYNC = ("always", "everysec", "no")
 KAFKA_STORAGE = ("s3", "s3rver", "moto", "memory", "none")
 REDIS_SERVER_NAMES = ("auto", "redis-server", "valkey-server")
-# Where the topology runs: "local" (host processes, harness/topology.py) or "containers" (harness/containers/).
+# Where the topology runs: "local" (host processes, harness/local/host_topology.py) or "containers" (harness/containers/).
 PROVIDERS = ("local", "containers")
 
 
-class TopologyConfigError(ValueError):
+class TopologyConfigError(UsageError):
     """A [topology] setting is wrong; the message names the key and what is allowed."""
 
 
@@ -45,68 +48,38 @@ class TopologyConfig:
     # "local" (host processes) or "containers" (the same parts as containers; `ordeal run --provider`)
     provider: str = "local"
 
-    MINIMUMS = {"redis_masters": 3, "redis_replicas_per_master": 0, "redis_node_timeout_ms": 100,
-                "broker_nodes": 0, "ready_timeout_s": 1}
-    WHY = {"redis_masters": "a Redis Cluster needs at least 3 masters to elect a new master",
-           "redis_replicas_per_master": "", "redis_node_timeout_ms": "", "broker_nodes": "",
-           "ready_timeout_s": ""}
-
     def __post_init__(self) -> None:
-        self._validate("TopologyConfig")
+        _cross_check(self, lambda key, value, expected: TopologyConfigError(
+            f"TopologyConfig: {key} = {value!r}: {expected}"))
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any] | None, source: str = "[topology]") -> TopologyConfig:
-        mapping = dict(mapping or {})
-        allowed = cls.keys()
-        unknown = sorted(k for k in mapping if k not in allowed)
-        if unknown:
-            raise TopologyConfigError(
-                f"{source}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                f"allowed keys: {', '.join(allowed)}")
-        defaults = cls()
-        for key, value in mapping.items():
-            expected = type(getattr(defaults, key))
-            _check_type(source, key, value, expected)
-        values = {k: (float(v) if isinstance(getattr(defaults, k), float) else v) for k, v in mapping.items()}
-        try:
-            config = dataclasses.replace(defaults, **values)
-        except TopologyConfigError as error:
-            raise TopologyConfigError(str(error).replace("TopologyConfig", source, 1)) from None
-        return config
-
-    def _validate(self, source: str) -> None:
-        for key, minimum in self.MINIMUMS.items():
-            value = getattr(self, key)
-            _check_type(source, key, value, type(getattr(TopologyConfig, key)))
-            if value < minimum:
-                why = f" ({self.WHY[key]})" if self.WHY[key] else ""
-                raise TopologyConfigError(f"{source}: {key} = {value!r} is below the minimum {minimum}{why}")
-        for key, allowed in (("redis_appendfsync", APPENDFSYNC), ("kafka_storage", KAFKA_STORAGE),
-                             ("provider", PROVIDERS)):
-            value = getattr(self, key)
-            if value not in allowed:
-                raise TopologyConfigError(
-                    f"{source}: {key} = {value!r} is not allowed; use one of {', '.join(map(repr, allowed))}")
-        if self.kafka_storage == "s3rver" and self.broker_nodes > 1:
-            raise TopologyConfigError(
-                f"{source}: kafka_storage = 's3rver' with broker_nodes = {self.broker_nodes}: s3rver ignores S3 "
-                "conditional writes, so two broker nodes producing to one partition at once get the same offset "
-                "and acknowledged records are overwritten (docs/topology.md \"Kafka: Tansu on S3\").  Use "
-                "kafka_storage = 's3' (moto) with several broker nodes, or broker_nodes = 1 with s3rver.")
-        if self.provider == "containers" and self.kafka_storage == "s3rver":
-            raise TopologyConfigError(
-                f"{source}: kafka_storage = 's3rver' with provider = 'containers': there is no s3rver image; use "
-                "kafka_storage = 's3' (moto) or 'memory', or provider = 'local'")
-        if not isinstance(self.redis_server, str) or not self.redis_server:
-            raise TopologyConfigError(f"{source}: redis_server must be one of {REDIS_SERVER_NAMES} or a path")
-        if self.redis_server not in REDIS_SERVER_NAMES and not Path(self.redis_server).is_absolute():
-            raise TopologyConfigError(
-                f"{source}: redis_server = {self.redis_server!r}: use one of "
-                f"{', '.join(map(repr, REDIS_SERVER_NAMES))} or an absolute path to an executable")
+    def from_mapping(cls, mapping: Mapping[str, Any] | None, source: str = "<topology>") -> TopologyConfig:
+        """The [topology] table of ``source`` (a file name), read through the one validation vocabulary
+        (contracts/validation.py): every error names the file, the key, the value and what is allowed."""
+        s = _TopologyTable(source, "topology", dict(mapping or {}))
+        d = cls()
+        values: dict[str, Any] = {
+            "redis_masters": s.integer("redis_masters", d.redis_masters),
+            "redis_replicas_per_master": s.integer("redis_replicas_per_master", d.redis_replicas_per_master,
+                                                   minimum=0),
+            "redis_appendfsync": s.string("redis_appendfsync", d.redis_appendfsync, choices=APPENDFSYNC),
+            "redis_node_timeout_ms": s.integer("redis_node_timeout_ms", d.redis_node_timeout_ms, minimum=100),
+            "redis_server": s.string("redis_server", d.redis_server, non_empty=True),
+            "kafka_storage": s.string("kafka_storage", d.kafka_storage, choices=KAFKA_STORAGE),
+            "broker_nodes": s.integer("broker_nodes", d.broker_nodes, minimum=0),
+            "ready_timeout_s": s.number("ready_timeout_s", d.ready_timeout_s, minimum=1),
+            "provider": s.string("provider", d.provider, choices=PROVIDERS),
+        }
+        s.finish()
+        if values["redis_masters"] < 3:
+            raise s.fail("redis_masters", values["redis_masters"],
+                         "must be >= 3 (a Redis Cluster needs at least 3 masters to elect a new master)")
+        _cross_check(SimpleNamespace(**values), s.fail)
+        return cls(**values)
 
     @property
     def redis_nodes(self) -> int:
@@ -149,12 +122,27 @@ class TopologyConfig:
         return dataclasses.asdict(self)
 
 
-def _check_type(source: str, key: str, value: Any, expected: type) -> None:
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return
-    if isinstance(value, bool) or not isinstance(value, expected):
-        raise TopologyConfigError(
-            f"{source}: {key} = {value!r} must be {'an integer' if expected is int else 'a number' if expected is float else 'a string'}")
+def _cross_check(config: Any, fail: Callable[[str, Any, str], Exception]) -> None:
+    """The rules between keys, for a table read from a file and for a config built in code alike."""
+    if config.kafka_storage == "s3rver" and config.broker_nodes > 1:
+        raise fail("kafka_storage", "s3rver",
+                   f"with broker_nodes = {config.broker_nodes}: s3rver ignores S3 conditional writes, so two "
+                   "broker nodes producing to one partition at once get the same offset and acknowledged "
+                   "records are overwritten (docs/topology.md \"Kafka: Tansu on S3\").  Use "
+                   "kafka_storage = 's3' (moto) with several broker nodes, or broker_nodes = 1 with s3rver.")
+    if config.provider == "containers" and config.kafka_storage == "s3rver":
+        raise fail("kafka_storage", "s3rver",
+                   "with provider = 'containers': there is no s3rver image; use kafka_storage = 's3' "
+                   "(moto) or 'memory', or provider = 'local'")
+    if config.redis_server not in REDIS_SERVER_NAMES and not Path(config.redis_server).is_absolute():
+        raise fail("redis_server", config.redis_server,
+                   f"use one of {', '.join(map(repr, REDIS_SERVER_NAMES))} or an absolute path to an executable")
+
+
+class _TopologyTable(Section):
+    """The [topology] table: its errors are TopologyConfigErrors."""
+
+    error = TopologyConfigError
 
 
 # The scenario model (contracts/scenario.py) imports no stage: the [topology] table is registered into it here.

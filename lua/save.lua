@@ -5,14 +5,14 @@
 -- KEYS[4] (optional) = <prefix>{client}_session HASH: a message carrying "gen" (the id of the session its
 --   subscription belonged to, set by the fan-out) is stored only while that session is the client's current
 --   persistent session.  Messages of a discarded session still in the pipeline (clean start, expiry, DISCONNECT
---   with expiry 0) are dropped, not saved into the next session's queue ([MQTT-3.1.2-4], issue 17).
+--   with expiry 0) are dropped, not saved into the next session's queue ([MQTT-3.1.2-4]).
 --   Its field "score" is the highest score this session ever gave: a new message's score is
---   max(top of the ZSET, "score") + 1, so scores never decrease within a session.  Top + 1 alone fell at or below
---   the delivery loop's cursor once newer messages were acknowledged and removed while an older one stayed (a QoS 2
---   message awaiting PUBCOMP): the new message was skipped until the next reconnect, out of order (findings.md,
+--   max(top of the ZSET, "score") + 1, so scores never decrease within a session.  Top + 1 alone falls at or below
+--   the delivery loop's cursor once newer messages are acknowledged and removed while an older one stays (a QoS 2
+--   message awaiting PUBCOMP): the new message is skipped until the next reconnect, out of order (findings.md,
 --   "session-mix seeds 2 and 4").  The field is kept only while the record exists (it is never created here);
 --   replace_session.lua carries it over on a resume and drops it with a discarded session, remove_all.lua drops it.
---   Without KEYS[4] (or without a record) the score is the top of the ZSET + 1, as before.
+--   Without KEYS[4] (or without a record) the score is the top of the ZSET + 1.
 -- ARGV[1] = limit (1..65535)   ARGV[2] = JSON array of messages   ARGV[3] = default TTL seconds
 -- ARGV[4] = comma-separated defect names (empty for the correct broker)
 -- A message's "expiry" (seconds, MQTT 5 message expiry interval left) replaces the default TTL;

@@ -5,7 +5,7 @@ the largest measured (wall time - workload duration) of this exploration's runs 
 the scenario's drain_quiet_s + FIRST_RUN_OVERHEAD_S, which covers topology start/stop and the first Spark
 check).  A run that still overruns (a drain that waits for its timeout) is cut at the deadline: it ends
 as interrupted, its verdict unknown ("cut by the budget"), never a pass.  A cut run is not checked; a run
-whose run phase ends just before the deadline still is, so the worst overrun is one check (15-80 s here).
+whose run phase ends just before the deadline still is, so the worst overrun is one check.
 
 Checks overlap the next seed (``overlap_checks``, the default): a seed's run ends with its topology
 stopped and its history written, then the next seed starts at once while a background thread checks every
@@ -14,13 +14,14 @@ fixed cost).  Only the Spark check of seed N, which reads seed N's stored histor
 beside seed N+1.  What it costs: the check's CPU is taken from the next seed's workload (2 cores here),
 which a scenario's tolerances must absorb like any other load.
 
-The topology is kept between seeds (``keep_topology``, the default; harness/keeper.py): after a seed its
+The topology is kept between seeds (``keep_topology``, the default; harness/local/keeper.py): after a seed its
 broker nodes stop, every fault is healed, the Redis Cluster's node -> role map is restored, every key is
 flushed, Tansu and its S3 server restart on an empty store, and all of that is verified (DBSIZE 0 on every
 node, cluster healthy, the fresh start's role map, no network rule, Kafka's topic list of a fresh start)
 before the next seed starts its own broker nodes on it.  Whatever cannot be verified makes the next seed
 start a fresh topology, with the reason in its summary.json (``topology_reuse``) and in the closing lines.
-``--fresh-topology`` starts and stops a topology per seed (the old way).  ``--serial-checks`` checks each seed before the next starts (the old order).
+``--fresh-topology`` starts and stops a topology per seed; ``--serial-checks`` checks each seed before the next
+starts.
 The budget rule then also keeps room for the last check: duration + the worst measured run overhead +
 the worst measured check.
 
@@ -49,15 +50,19 @@ from pathlib import Path
 from typing import Any
 
 import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.errors import UsageError
+from contracts.exit_codes import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
 from contracts.scenario import load_scenario
 from ordeal.replay import Played, first_witness, play, replay_command
 from properties.generate import make_plan
 
-FIRST_RUN_OVERHEAD_S = 60.0  # measured: start 3-4 s + stop 0.5-1.5 s + a cold Spark check 40-80 s on 2 busy cores
+# a run's overhead before any was measured: topology start and stop and a cold Spark check on a busy machine,
+# the check by far the largest part (docs/measurements.md)
+FIRST_RUN_OVERHEAD_S = 60.0
 REGRESSIONS_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "regressions"
 
 
-class ExploreError(ValueError):
+class ExploreError(UsageError):
     """Bad explore input; the message names the file or option and what is expected."""
 
 
@@ -69,7 +74,7 @@ class ExploreSettings:
     seed_start: int | None = None  # None: one after the highest seed of this scenario in the corpus
     spark_master: str | None = None
     overlap_checks: bool = True  # check finished seeds in the background, batched, while the next one runs
-    keep_topology: bool = True  # one topology for every seed, reset and verified between them (harness/keeper.py)
+    keep_topology: bool = True  # one topology for every seed, reset and verified between them (harness/local/keeper.py)
     topology_spares: int = 1  # kept topologies reset in the background while a seed runs on another; 0 = in line
 
 
@@ -120,10 +125,10 @@ class ExploreResult:
     def exit_code(self) -> int:
         """1 any failing run, else 2 any unknown run — or no run at all (nothing explored is no pass)."""
         if not self.runs:
-            return 2
-        if any(r.exit_code == 1 for r in self.runs):
-            return 1
-        return 2 if any(r.exit_code not in (0, 1) for r in self.runs) else 0
+            return EXIT_UNKNOWN
+        if any(r.exit_code == EXIT_FAIL for r in self.runs):
+            return EXIT_FAIL
+        return EXIT_UNKNOWN if any(r.exit_code not in (EXIT_PASS, EXIT_FAIL) for r in self.runs) else EXIT_PASS
 
 
 def next_seed(corpus: Path, scenario: str) -> int:
@@ -152,7 +157,7 @@ def _append_jsonl(path: Path, row: dict[str, Any]) -> None:
 def estimate_run_s(duration_s: float, drain_quiet_s: float, overheads: list[float],
                    checks: list[float] | None = None) -> float:
     """Wall time a run is expected to need (see the module's budget rule).  Before the first run the guess
-    is high on purpose: even with a Spark session already up, the first check in a JVM took 40-80 s.
+    is high on purpose: even with a Spark session already up, the first check in a JVM is slow.
     ``checks`` (overlapped checks only): the measured check batches; the last run's check still has to fit,
     so the worst of them is added (before any was measured: the first-run guess)."""
     if checks is None:
@@ -252,7 +257,7 @@ def _loop(result: ExploreResult, scenario, scenario_path: Path, settings: Explor
     if settings.keep_topology:
         import datetime
 
-        from harness.keeper import TopologyKeeper
+        from harness.local.keeper import TopologyKeeper
 
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         keeper = TopologyKeeper(settings.out / f"kept-topology-{scenario.name}-{stamp}",

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.errors import UsageError
 from contracts.versions import read_json
 from properties.plan import Plan, PlanError
 
 FAIL, PASS, UNKNOWN = "fail", "pass", "unknown"
 
 
-class StoredRunError(ValueError):
+class StoredRunError(UsageError):
     """A directory that cannot be replayed; the message says which file is missing or broken."""
 
 
@@ -133,7 +134,7 @@ def play(scenario_path: Path, plan: Plan, out: Path, *, quiet: bool = True, repo
          keeper: Any = None) -> Played:
     """Run the plan (harness/run.py) and check it (unless check=False: no report, verdict unknown).  quiet:
     the checker's verdict table is kept in <run>/check-table.txt instead of being printed (shrink and
-    explore run many plans).  keeper: a harness.keeper.TopologyKeeper (explore: one topology for its seeds)."""
+    explore run many plans).  keeper: a harness.local.keeper.TopologyKeeper (explore: one topology for its seeds)."""
     import time
 
     from ordeal import pipeline

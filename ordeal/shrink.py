@@ -1,6 +1,6 @@
 """Shrink: minimise a failing run's plan by re-running smaller candidates against real topologies.
 
-The candidates come from properties/shrink.py (pure, coarse before fine).  A candidate is *accepted* when
+The candidates come from properties/reduction.py (pure, coarse before fine).  A candidate is *accepted* when
 it fails the target invariants (by default: every invariant the original run failed) in K of N re-runs;
 the search then restarts from the accepted plan at the granularity that worked.  It ends when no
 candidate of the current plan is accepted (1-minimal for these reductions), after --max-attempts
@@ -12,7 +12,7 @@ candidates is run unchecked, then the whole round is checked in one Spark job
 round's undecided candidates run again and are checked again together.  The first accepted candidate in
 order wins, as if they had been tried one by one, so the minimal plan is the same; what a round costs is the
 runs of the candidates after the winner (recorded as attempts too).  The runs share one topology, reset and
-verified between them (harness/keeper.py), unless ``--fresh-topology``.
+verified between them (harness/local/keeper.py), unless ``--fresh-topology``.
 
 Output directory (replayable like a run directory): shrunk-plan.json and plan.json (the minimal plan),
 scenario.toml, report.json (the last accepted run's report, or the original's), shrink.json (settings,
@@ -32,15 +32,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.errors import UsageError
+from contracts.exit_codes import EXIT_FAIL
 from contracts.versions import read_json
 from ordeal.replay import Played, StoredRun, play, replay_command
 from properties.plan import Plan
-from properties.shrink import PlanSize, candidates, plan_size
+from properties.reduction import PlanSize, candidates, plan_size
 
 FIRST_RUN_GUESS_S = 60.0  # a run's wall time before any was measured: start, drain, stop, a cold Spark check
 
 
-class ShrinkError(ValueError):
+class ShrinkError(UsageError):
     """A shrink that cannot start; the message says why and what to do."""
 
 
@@ -112,7 +114,7 @@ class ShrinkResult:
 
 def matches(played: Played, target: frozenset[str]) -> bool:
     """A run reproduces the failure when it fails (exit 1) every target invariant; unknown never counts."""
-    return played.exit_code == 1 and target <= played.failing
+    return played.exit_code == EXIT_FAIL and target <= played.failing
 
 
 def _fingerprint(plan: Plan) -> str:
@@ -193,7 +195,7 @@ def shrink(stored: StoredRun, settings: ShrinkSettings, out: Path,
     keeper = None
     if round_player is None:
         if player is None and settings.keep_topology:
-            from harness.keeper import TopologyKeeper
+            from harness.local.keeper import TopologyKeeper
 
             keeper = TopologyKeeper(out_dir / "kept-topology")
         round_player = RoundPlayer(out_dir / "scenario.toml", settings, player, keeper=keeper)

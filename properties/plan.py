@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from contracts.errors import UsageError
+
 PLAN_VERSION = 1
 
 PUBLISHER = "publisher"
@@ -20,7 +22,7 @@ CONNECT = "connect"
 DISCONNECT = "disconnect"
 
 
-class PlanError(ValueError):
+class PlanError(UsageError):
     """A plan.json that cannot be read back."""
 
 

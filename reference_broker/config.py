@@ -37,8 +37,8 @@ class BrokerConfig:
     redis_batch_size: int = 500           # save scripts in flight at once per poll
     # Kafka
     producer_acks: str = "1"              # TBMQ default
-    # 50 ms: on Tansu over S3 each produce request writes an object per partition; 5 -> 50 ms cut S3 requests
-    # per message 0.41 -> 0.32 at 20 x 20/s with no measurable end-to-end cost (docs/reference-broker.md)
+    # 50 ms: on Tansu over S3 each produce request writes an object per partition; a longer linger sends
+    # fewer S3 requests per message at no measurable end-to-end cost (docs/measurements.md, "S3 requests")
     producer_linger_ms: int = 50
     # Bytes of one partition's batch in a produce request (aiokafka max_batch_size; its default is 16 KiB).
     # aiokafka keeps one produce request in flight per broker and puts at most one batch per partition in
@@ -51,8 +51,8 @@ class BrokerConfig:
     persisted_partitions: int = 12
     poll_max_records: int = 500
     # How long Tansu may hold a fetch.  Tansu gives up on a fetch at this deadline even when its S3 read is
-    # still under way, so a wait shorter than one S3 round trip starves the consumer (moto under load:
-    # 30 ms read ~1 record/s); Tansu also holds a fetch for the full wait when records arrive meanwhile.
+    # still under way, so a wait shorter than one S3 round trip starves the consumer (a loaded S3 stand-in
+    # then delivers next to nothing); Tansu also holds a fetch for the full wait when records arrive meanwhile.
     kafka_fetch_max_wait_ms: int = 250
     # What a consumer does when processing a poll fails (TBMQ defaults: incoming skips at once,
     # persisted retries 3 times 1 s apart, then both commit anyway).
@@ -76,7 +76,7 @@ class BrokerConfig:
     delivery_recheck_s: float = 1.0       # a lost live hint is recovered within this time
     partition_lease_s: float = 5.0        # a dead node's partitions move to the others after this
     # uvloop (libuv) or the standard library's loop; uvloop costs less CPU per socket event
-    # (benchmarks/broker_p2p.py, docs/reference-broker.md)
+    # (benchmarks/broker_p2p.py, docs/measurements.md)
     event_loop: str = "uvloop"
     # Named defects from reference_broker/defects.py; empty = correct broker
     defects: tuple[str, ...] = field(default_factory=tuple)

@@ -1,7 +1,8 @@
 """The defect catalog: realistic bugs of this architecture, each off by default.
 
 A scenario switches one on with ``defects = ["name"]`` in its ``[broker]`` table; the suite proves its
-worth by catching each one with the invariant named here (ids from docs/architecture.md).
+worth by catching each one with the invariant named here (the ids of Ordeal's contracts/invariants.py;
+the broker only names them, it imports nothing of Ordeal).
 ``needs_fault`` says whether the bug only shows when a fault (process kill, failover) happens; the
 others show under plain traffic and client reconnects.
 """
@@ -47,14 +48,14 @@ _DEFECTS = (
            "limits.trim_not_oldest", False, "lua/save.lua",
            shows=(
            "more than the limit while offline; the backlog is the oldest `limit`, or `limit + 1` messages. "
-           "What the suite can see of `trim_off_by_one` (measured 2026-11-21): the focused test and the white-"
+           "What the suite can see of `trim_off_by_one`: the focused test and the white-"
            "box `limits.over_limit` (a `session_snapshot` with `zset_size` > limit) show it every time. The "
            "black-box rule counts only messages acknowledged more than `checks.pipeline_slack_ms` (S) before the"
            " reconnect; of the `limit + 1` newest saved messages, about `limit + 1 - R x (S - lag)` are that old"
            " when publishers run at R msg/s, so with publishing going on up to the reconnect it fires only if `R"
-           " x (S - lag) < 1` (never at selftest-trim's rates). So the harness now also takes a queue-size probe"
+           " x (S - lag) < 1` (never at selftest-trim's rates). So the harness also takes a queue-size probe"
            " (white box) just before every persistent subscriber comes back (docs/history.md): the ZSET then "
-           "holds limit + 1, and `limits.over_limit` catches the defect on selftest-trim seed 1 at 7.85 s while "
+           "holds limit + 1, and `limits.over_limit` catches the defect on selftest-trim seed 1 while "
            "the correct broker's probes show exactly the limit. docs/reference-broker.md \"Trimming\"."),
            shows_with=('trim_off_by_one',)),
     Defect("trim_off_by_one",
@@ -69,54 +70,54 @@ _DEFECTS = (
     Defect("ignore_message_expiry",
            "the MQTT 5 message expiry interval is ignored: the default TTL is used and expired messages "
            "are still delivered",
-           "expiry.delivered_expired", False, "reference_broker/session.py",
+           "expiry.delivered_expired", False, "reference_broker/connection.py",
            shows=(
            "offline backlog with a short / long expiry, reconnect after a wait."),
            shows_with=('remaining_expiry_not_reduced',)),
     Defect("remaining_expiry_not_reduced",
            "messages are forwarded with the original expiry interval instead of the time remaining",
-           "expiry.remaining_not_reduced", False, "reference_broker/session.py"),
+           "expiry.remaining_not_reduced", False, "reference_broker/connection.py"),
     Defect("no_dup_on_resend",
            "messages resent after a reconnect carry DUP = 0",
-           "order.dup_flag", False, "reference_broker/session.py",
+           "order.dup_flag", False, "reference_broker/connection.py",
            shows=(
            "reconnect with unacknowledged messages; compare DUP on first and second delivery."),
            shows_with=('dup_on_first_delivery',)),
     Defect("dup_on_first_delivery",
            "every delivery carries DUP = 1, also the first",
-           "order.dup_flag", False, "reference_broker/session.py"),
+           "order.dup_flag", False, "reference_broker/connection.py"),
     Defect("puback_not_removing",
            "a subscriber PUBACK does not remove the message from Redis, so it is redelivered after a "
            "reconnect although it was acknowledged",
-           "duplicates.redelivered_after_ack", False, "reference_broker/session.py",
+           "duplicates.redelivered_after_ack", False, "reference_broker/connection.py",
            shows=(
            "acknowledged messages come back after a reconnect.")),
     Defect("session_present_always_zero",
            "CONNACK says session present = 0 although the persistent session (and its backlog) resumed",
-           "durability.session_lost", False, "reference_broker/session.py",
+           "durability.session_lost", False, "reference_broker/connection.py",
            shows=(
            "CONNACK session present 0, and yet the old backlog arrives.")),
     Defect("live_before_backlog",
            "on reconnect live messages are sent as soon as they arrive, before the stored backlog, so new "
            "messages overtake old ones",
-           "order.out_of_order", False, "reference_broker/session.py",
+           "order.out_of_order", False, "reference_broker/connection.py",
            shows=(
            "reconnect with a backlog while new messages are published: the new ones arrive first.")),
     Defect("stale_subscription_cache",
            "the fan-out refreshes its subscription cache only every few seconds, so messages published "
            "right after a SUBACK miss the new subscriber",
-           "durability.lost", False, "reference_broker/pipeline.py",
+           "durability.lost", False, "reference_broker/kafka_path.py",
            shows=(
            "publish right after SUBACK: never delivered to the new subscriber.")),
     Defect("commit_before_save",
            "the persisted-topic consumer commits its offsets before the Redis save, so a node killed in "
            "between loses the batch",
-           "durability.lost", True, "reference_broker/pipeline.py",
+           "durability.lost", True, "reference_broker/kafka_path.py",
            shows=(
            "saves failing (or slow) when the node is SIGKILLed: the next node starts after the committed offset "
            "and the batch is gone.")),
 
-    # --- issue 17: the bug classes a broker of this design really had
+    # --- the bug classes a broker of this design (TBMQ's) really has
     Defect("score_from_last_packet_id",
            "every save call seeds the ZSET score from {client}_last_packet_id instead of the queue's newest "
            "score, so after a wrap a batch sorts before the messages still queued from before the wrap",
@@ -145,21 +146,21 @@ _DEFECTS = (
     Defect("backlog_sent_twice",
            "on a resumed session two backlog fetches race (the CONNACK's and the first hint's) and both read "
            "the same entries before either marks them sent: the backlog goes out twice on one connection",
-           "duplicates.backlog_twice_in_connection", False, "reference_broker/session.py",
+           "duplicates.backlog_twice_in_connection", False, "reference_broker/connection.py",
            shows=(
            "subscribers come back to a backlog (p2p-offline-backlog): each backlog message arrives twice in "
            "the same connection, both times with DUP = 0 and the same packet id, before any reconnect.")),
     Defect("resend_within_connection",
            "a stored message unacknowledged for a second is resent (DUP = 1) on the same connection, an MQTT "
            "3.1.1 habit MQTT 5 forbids (resends only on a reconnect, [MQTT-4.4.0-1])",
-           "order.resend_within_connection", False, "reference_broker/session.py",
+           "order.resend_within_connection", False, "reference_broker/connection.py",
            shows=(
            "any PUBACK that takes longer than a second (a slow or partitioned subscriber, withheld acks): the "
            "MQTT 5 subscriber sees the same packet id again, DUP = 1, without having reconnected.")),
     Defect("retry_gives_up",
            "with persisted_failure_strategy = \"retry_forever\" the persisted-topic consumer still gives up after "
            "persisted_failure_retries attempts and commits what it failed to save (TBMQ's retry-then-commit)",
-           "durability.lost", True, "reference_broker/pipeline.py",
+           "durability.lost", True, "reference_broker/kafka_path.py",
            shows=(
            "a Redis outage or write stall longer than retries x backoff (3 x 1 s) while saves are due: the "
            "broker logs \"giving up ... committing anyway\" and the batch is never delivered; a short fault "

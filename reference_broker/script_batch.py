@@ -3,8 +3,8 @@
 Per delivered message the broker runs a few small scripts (save, read the backlog, remove on PUBACK), each
 from its own task: the persister saves every client of a poll at once, the delivery loops it wakes read at
 once, and the PUBACKs that one epoll turn brings are handled at once.  Sent one by one, each is a
-``socket.send`` and a reply read of its own -- in benchmarks/broker_p2p.py's profile those syscalls were
-most of the broker's CPU (and each woke Redis separately).  Here a call queues its EVALSHA and the queue
+``socket.send`` and a reply read of its own, and those syscalls dominate the broker's CPU (each also wakes
+Redis separately; benchmarks/broker_p2p.py profiles it).  Here a call queues its EVALSHA and the queue
 is sent at the end of the turn, grouped by the master owning each key's slot, one write per master.
 
 What is not sent as asked goes the ordinary way (``AsyncScript.__call__``, which follows MOVED/ASK and

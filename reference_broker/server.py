@@ -1,4 +1,8 @@
-"""One reference-broker node: the MQTT listener, the Kafka stages, sessions and node links, wired together."""
+"""One reference-broker node: the MQTT listener, the Kafka stages, sessions and node links, wired together.
+
+The node composes its collaborators and they do not import it: a ``Connection`` (connection.py) asks of
+it what ``NodeForConnections`` declares, the Kafka stages (kafka_path.py) what ``NodeForKafkaPath``
+declares; ``Broker`` provides both."""
 
 from __future__ import annotations
 
@@ -17,9 +21,9 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from reference_broker import codec
 from reference_broker.config import NodeConfig
+from reference_broker.connection import Connection
+from reference_broker.kafka_path import FanOut, LeasedConsumer, LeaseManager, Persister, ensure_topics
 from reference_broker.peers import Peers
-from reference_broker.pipeline import FanOut, LeasedConsumer, LeaseManager, Persister, ensure_topics
-from reference_broker.session import Connection
 from reference_broker.source_address import bind_outgoing_connections
 from reference_broker.store import SessionStore
 
@@ -27,6 +31,8 @@ log = logging.getLogger("reference_broker")
 
 
 class Broker:
+    """One node: its sessions (open, lost, released, expired), message routing and lifecycle."""
+
     def __init__(self, node: NodeConfig, node_id: str, host: str, port: int) -> None:
         self.node = node
         self.config = node.broker

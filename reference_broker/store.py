@@ -40,7 +40,8 @@ LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 SCRIPT_NAMES = ("save", "read_backlog", "remove_one", "mark_released", "remove_all", "lease", "replace_session",
                 "mark_disconnected", "delete_session_if_owned")
 # the defects the save script carries, passed to it as ARGV[4]: from the catalog (one source), so a new
-# save-script defect cannot be left out (three of issue 17 were: switched on, they never reached the script)
+# save-script defect cannot be left out (one missing from a hand-kept list would be switched on and never
+# reach the script)
 SAVE_DEFECTS = tuple(name for name, defect in CATALOG.items() if defect.where == "lua/save.lua")
 
 

@@ -36,7 +36,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 # Containers (the containers topology provider, harness/containers/): Podman from Debian with the runc
-# runtime, and debootstrap for the Debian base image (RECIPES.md "Containers").  Skipped with
+# runtime, and debootstrap for the Debian base image (docs/recipes.md "Containers").  Skipped with
 # ORDEAL_CONTAINERS=0.  The settings this sandbox needs go into a drop-in file of their own, so an existing
 # /etc/containers/containers.conf is left as it is.
 if [ "${ORDEAL_CONTAINERS:-1}" != 0 ]; then
@@ -63,7 +63,7 @@ if [ "${ORDEAL_CONTAINERS:-1}" != 0 ]; then
     if [ ! -f "$dropin" ]; then
       mkdir -p /etc/containers/containers.conf.d
       cat >"$dropin" <<'CONF'
-# Written by ordeal's scripts/bootstrap.sh (RECIPES.md "Containers: Podman from Debian").
+# Written by ordeal's scripts/bootstrap.sh (docs/recipes.md "Containers: Podman from Debian").
 [containers]
 # the default nofile/nproc limits exceed this sandbox's hard limits: setrlimit EPERM
 default_ulimits = []

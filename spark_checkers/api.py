@@ -14,12 +14,21 @@ from typing import Any
 
 from contracts.invariants import INVARIANTS
 from contracts.versions import REPORT_VERSION
-from spark_checkers import CHECKER_VERSION
+from spark_checkers import CHECKER_VERSION, context
+from spark_checkers.build import build
+from spark_checkers.collect import WITNESS_CAP, collect_all, collect_context, collect_violations
 from spark_checkers.defaults import WARM_UP_BIG_EVENTS, WARM_UP_BIG_ROUNDS, WARM_UP_MIN_EVENTS
-from spark_checkers.explain import explain, loss_gaps
-from spark_checkers.jobs import LOSS_INVARIANTS, WITNESS_CAP
+from spark_checkers.engine.spark_session import SparkUnavailable, choose, describe, spark_session
+from spark_checkers.job import sizing
+from spark_checkers.job.codes import CODED, Names, lookup_names
+from spark_checkers.job.columns import UNREAD_COLUMNS
+from spark_checkers.job.events import RunSpec, collect_small, collect_topics, load_events
+from spark_checkers.job.metrics import metric_rows as summed_metric_rows
+from spark_checkers.job.timing import timed
 from spark_checkers.loader import RunInput, local_run_dir, open_run
-from spark_checkers.logs import LogFinding, judge_logs
+from spark_checkers.rules.logs import LOG_INVARIANTS, LogFinding, judge_logs
+from spark_checkers.rules.losses import LOSS_INVARIANTS, loss_gaps
+from spark_checkers.rules.registry import explain
 from spark_checkers.timeline import Timeline, build_timeline
 from spark_checkers.verdicts import NOT_APPLICABLE, VERDICTS, InvariantResult, decide, exit_code
 
@@ -58,14 +67,12 @@ def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, s
                spark_remote: str | None = None, plan: str | None = None) -> list[dict[str, Any]]:
     """Check many stored runs in one Spark job; one report dict (the report.json content) per run.  Never
     raises for a checker failure (Spark cannot start or be reached, a job dies): those runs are unknown, with
-    the reason.  The session: ``spark``, else spark_checkers.session.spark_session(spark_master, spark_remote).
-    ``plan`` ("small" or "big", jobs.PLANS) forces the plan's shape, which by default follows the histories'
+    the reason.  The session: ``spark``, else engine.spark_session.spark_session(spark_master, spark_remote).
+    ``plan`` ("small" or "big", job/sizing.py: PLANS) forces the plan's shape, which by default follows the histories'
     size: the warm-up (``warm_up``) compiles a big check's code on a history that is not big."""
     started = time.monotonic()
-    from spark_checkers.jobs import PLANS, timed
-
-    if plan is not None and plan not in PLANS:
-        raise ValueError(f"plan={plan!r}: expected one of {', '.join(PLANS)} or None (by the histories' size)")
+    if plan is not None and plan not in sizing.PLANS:
+        raise ValueError(f"plan={plan!r}: expected one of {', '.join(sizing.PLANS)} or None (by the histories' size)")
 
     with timed("open runs"):
         inputs = [open_run(d, run_id=f"run{i}") for i, d in enumerate(run_dirs)]
@@ -73,8 +80,6 @@ def check_runs(run_dirs: list[Path | str], *, spark_master: str | None = None, s
     readable = [i for i in inputs if i.readable]
     master = spark_remote or spark_master
     if readable:
-        from spark_checkers.session import SparkUnavailable, choose, describe, spark_session
-
         try:
             spark = spark or spark_session(spark_master, remote=spark_remote)
             master = describe(spark)
@@ -130,51 +135,49 @@ def _short(error: BaseException) -> str:
 
 
 def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome], plan: str | None) -> None:
-    from spark_checkers import jobs
-
-    specs = [jobs.RunSpec(i.run_id, i.parts, i.guarantees) for i in inputs]
-    total_bytes = jobs.plan_bytes(sum(Path(p).stat().st_size for i in inputs for p in i.parts if "://" not in p),
+    specs = [RunSpec(i.run_id, i.parts, i.guarantees) for i in inputs]
+    total_bytes = sizing.plan_bytes(sum(Path(p).stat().st_size for i in inputs for p in i.parts if "://" not in p),
                                   plan)
-    for key, value in jobs.session_settings(total_bytes).items():
+    for key, value in sizing.session_settings(total_bytes).items():
         spark.conf.set(key, value)
     cached: list = []
     try:
         # Not cached: measured, building an in-memory columnar copy of every event cost more than the three
         # extra Parquet scans it saved (each scan reads only the columns its step needs).
-        events = jobs.load_events(spark, specs).drop(*jobs.UNREAD_COLUMNS)
+        events = load_events(spark, specs).drop(*UNREAD_COLUMNS)
         timelines: dict[str, Timeline] = {}
-        names: list[jobs.Names] = []  # prepare()'s
+        names: list[Names] = []  # prepare()'s
 
-        def prepare():  # while the publishes are materialised (jobs.build)
+        def prepare():  # while the publishes are materialised (build.py)
             # Two scans of the history side by side, too: each job's idle moments are the other's.
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check-small") as aside:
-                collecting = aside.submit(jobs.collect_small, events)
-                with jobs.timed("scan + topics"):
-                    topics, rows_read, nodes = jobs.collect_topics(events)
-                with jobs.timed("small rows"):
+                collecting = aside.submit(collect_small, events)
+                with timed("scan + topics"):
+                    topics, rows_read, nodes = collect_topics(events)
+                with timed("small rows"):
                     small = collecting.result()
             for run in inputs:
                 if rows_read.get(run.run_id, 0) != run.rows:
                     raise RuntimeError(f"{run.run_dir}: read {rows_read.get(run.run_id, 0)} rows from the history "
                                        f"parts, their footers say {run.rows}")
-            with jobs.timed("timelines"):
+            with timed("timelines"):
                 timelines.update({i.run_id: build_timeline(i.run_id, small.get(i.run_id, []), i.guarantees)
                                   for i in inputs})
-            # The names the witnesses will carry coded (jobs.CODED): every client of the small rows, the
+            # The names the witnesses will carry coded (job/codes.py: CODED): every client of the small rows, the
             # published topics, the nodes; any other (a phantom's publisher, a body hash) is looked up later.
-            known = {row.get(c) for rows in small.values() for row in rows for c in jobs.CODED} | nodes
+            known = {row.get(c) for rows in small.values() for row in rows for c in CODED} | nodes
             known.update(t for run_topics in topics.values() for t in run_topics)
-            names.append(jobs.Names.of(sorted(n for n in known if n is not None)))
+            names.append(Names.of(sorted(n for n in known if n is not None)))
             return timelines, topics
 
         # Leaving the executor waits for its thread: whatever it materialised is in ``cached`` before the
         # ``finally`` releases it, and a big check's early collect (Checks.early) is done.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check") as aside:
-            checks = jobs.build(spark, specs, events, prepare, cached, small=total_bytes < jobs.SMALL_BYTES,
+            checks = build(spark, specs, events, prepare, cached, small=total_bytes < sizing.SMALL_BYTES,
                                 aside=aside)
             try:
-                with jobs.timed("violations + metrics"):
-                    counts, witnesses, metric_rows = jobs.collect_all(checks.violations, checks.metrics)
+                with timed("violations + metrics"):
+                    counts, witnesses, metric_rows = collect_all(checks.violations, checks.metrics)
                     if checks.early is not None:
                         early_counts, early_witnesses, early_metrics = checks.early.result()
                         counts.update(early_counts)
@@ -185,7 +188,7 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome], pl
                 # Why one by one: find which checker broke, keep the others' answers.
                 for invariants, part in checks.parts():
                     try:
-                        c, w = jobs.collect_violations(part)
+                        c, w = collect_violations(part)
                         counts.update(c)
                         witnesses.update(w)
                     except Exception as part_error:  # noqa: BLE001 - named without running it again (it broke)
@@ -195,16 +198,16 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome], pl
                 if not any(o.errors for o in outcomes.values()):
                     raise error
             if metric_rows is None:
-                with jobs.timed("metrics"):
-                    metric_rows = jobs.metric_rows(checks.all_metrics().collect())
+                with timed("metrics"):
+                    metric_rows = summed_metric_rows(checks.all_metrics().collect())
     finally:
         _release(cached)
     decoded = {key: [json.loads(w) for w in found] for key, found in witnesses.items()}
     unknown = names[0].unknown([*decoded.values(), *[row["key"] for row in metric_rows]])
     if unknown:
         try:
-            with jobs.timed("names of codes"):
-                names[0].learn(jobs.lookup_names(events, unknown))
+            with timed("names of codes"):
+                names[0].learn(lookup_names(events, unknown))
         except Exception as error:  # noqa: BLE001 - the verdicts stand; those values show as "<code N>"
             for run in inputs:
                 outcomes[run.run_id].notes.append(
@@ -219,7 +222,7 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome], pl
     for row in metric_rows:
         outcomes[row["run_id"]].metrics.append((row["metric"], names[0].decode(row["key"]), row["value"]))
     try:
-        with jobs.timed("witness context"):
+        with timed("witness context"):
             _contexts(spark, events, inputs, outcomes)
     except Exception as error:  # noqa: BLE001 - the context only illustrates the witnesses; verdicts stand
         for run in inputs:
@@ -244,8 +247,6 @@ def _merged(outcome: RunOutcome) -> tuple[dict[str, int], dict[str, list[dict]],
 
 def _contexts(spark, events, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) -> None:
     """The history rows around every witness the report will show (one Spark query for all runs)."""
-    from spark_checkers import context, jobs
-
     windows, where = [], {}
     for run in inputs:
         outcome = outcomes[run.run_id]
@@ -262,7 +263,7 @@ def _contexts(spark, events, inputs: list[RunInput], outcomes: dict[str, RunOutc
                 windows.append((run.run_id, wid, window.client, window.t_lo, window.t_hi, window.publisher,
                                 window.pub_seq))
                 where[wid] = (run.run_id, invariant, index, window)
-    found = jobs.collect_context(spark, events, windows, context.MESSAGE_ROWS, context.MARGIN_US)
+    found = collect_context(spark, events, windows, context.MESSAGE_ROWS, context.MARGIN_US)
     for wid, (run_id, invariant, index, window) in where.items():
         outcome = outcomes[run_id]
         rows = context.assemble(window, found.get((run_id, wid), []), outcome.timeline)
@@ -337,10 +338,8 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
 
 
 def _log_findings(run: RunInput, g, timeline: Timeline | None, fatal: tuple[str, ...]) -> dict[str, LogFinding]:
-    """The log oracle (spark_checkers/logs.py) over history/logs.parquet; a broken table or a bug in it makes
+    """The log oracle (spark_checkers/rules/logs.py) over history/logs.parquet; a broken table or a bug in it makes
     only the log invariants unknown."""
-    from spark_checkers.logs import LOG_INVARIANTS
-
     if fatal or g is None:
         return {invariant: LogFinding() for invariant in LOG_INVARIANTS}
     try:

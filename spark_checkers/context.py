@@ -1,7 +1,7 @@
 """The rows of the history around a witness, as an engineer would lay them out by hand to check it: the
 subscriber's connects (clean start, session present) and disconnects, its deliveries (packet id, DUP) and
 acks, and the faults active.  A bounded number per witness (report.json ``witnesses[].context``,
-docs/report.md).  The deliveries and acks come from one Spark query over the history (``jobs.collect_context``);
+docs/report.md).  The deliveries and acks come from one Spark query over the history (spark_checkers/collect.py: ``collect_context``);
 everything else from the timeline; the assembly here is plain Python."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The one JUnit writer (CI): a run's invariants (spark_checkers/reports.py) and the self-test's judged runs
-(ordeal/selftest.py) are both written through ``junit_xml``."""
+(ordeal/selftest/outputs.py) are both written through ``junit_xml``."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from contracts.exit_codes import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
 from contracts.invariants import Invariant
 
 PASS, FAIL, UNKNOWN, NOT_APPLICABLE = "pass", "fail", "unknown", "not_applicable"
@@ -12,7 +13,6 @@ PASS, FAIL, UNKNOWN, NOT_APPLICABLE = "pass", "fail", "unknown", "not_applicable
 # violation, shown with its count; it does not change the exit code.
 ALLOWED = "allowed"
 VERDICTS = (PASS, FAIL, UNKNOWN, NOT_APPLICABLE, ALLOWED)
-EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 
 
 @dataclass(frozen=True)

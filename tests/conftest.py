@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from capabilities import CI, missing_capability  # noqa: E402
+from support.capabilities import CI, missing_capability  # noqa: E402
 
 from harness import netns
 
@@ -40,7 +40,7 @@ if "ORDEAL_CACHE_DIR" not in os.environ:
 os.environ.setdefault("ORDEAL_JVM_CACHE_DIR", os.path.join(os.environ["ORDEAL_CACHE_DIR"], "jvm"))
 
 import harness.model  # noqa: E402, F401  (registers the stages into the scenario model, as ordeal's commands do)
-from harness.topology import LocalTopology  # noqa: E402  (after the namespace switch, on purpose)
+from harness.local.host_topology import LocalTopology  # noqa: E402  (after the namespace switch, on purpose)
 from harness.topology_config import TopologyConfig  # noqa: E402
 
 
@@ -54,8 +54,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _stop_shared_spark_server(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    from spark_checkers import connect_server
-    from spark_checkers.session import close_sessions
+    from spark_checkers.engine import connect_server
+    from spark_checkers.engine.spark_session import close_sessions
 
     close_sessions()
     connect_server.release_lease()

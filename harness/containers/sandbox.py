@@ -10,7 +10,7 @@ namespace (the run's private one: container networking never touches the host's)
 1. mounts a tmpfs over the run's Podman state directory (graphroot, runroot, network configs, volumes)
    and over /run/netns, and writes a containers.conf + storage.conf of the run's own, whose storage sees
    the images of ``ordeal images build`` as a read-only *additional image store*: no run can change the
-   shared image store, and no run's container records can outlive it (RECIPES.md: a namespace that dies
+   shared image store, and no run's container records can outlive it (docs/recipes.md: a namespace that dies
    with containers registered poisons Podman's state; here that state dies with the run);
 2. starts ``podman system service`` on a unix socket (the Docker API for testcontainers / the docker SDK);
 3. is the reaper (testcontainers' Ryuk image cannot be pulled here): it waits until its ``--watch-fd`` pipe
@@ -50,7 +50,7 @@ def write_configs(state: Path, shared_store: str) -> dict[str, str]:
     conf = state / "containers.conf"
     conf.write_text("\n".join([
         "[containers]",
-        "default_ulimits = []",  # the default nofile/nproc exceed this sandbox's hard limits (RECIPES.md)
+        "default_ulimits = []",  # the default nofile/nproc exceed this sandbox's hard limits (docs/recipes.md)
         "[engine]",
         'runtime = "runc"',  # crun fails here: cgroups in hybrid mode
         'cgroup_manager = "cgroupfs"',

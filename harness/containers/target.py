@@ -15,8 +15,8 @@ from harness.containers.images import image_reference, missing_images
 from harness.containers.node import ContainerNode
 from harness.containers.sandbox import cgroup_parent
 from harness.containers.topology import GATEWAY, SUBNET, TARGET_HOST, _drop_bridge_rules, _host, run_id_for
+from harness.external_target import ExternalTarget, TargetError
 from harness.history import HistoryRecorder
-from harness.targets import ExternalTarget, TargetError
 
 MQTT_PORT = 1883
 

@@ -4,7 +4,7 @@ through testcontainers-python against the run's own Podman (harness/containers/e
 Redis Cluster (masters + replicas of the [topology] table), Tansu with its S3 stand-in (moto), and the
 reference-broker nodes, each a container on the run's network (10.123.0.0/24, inside the run's private
 network namespace; the harness reaches them from the bridge address 10.123.0.1).  It has the local
-topology's attributes and methods (docs/architecture.md "Topology"), so the executor, faults/, the drain
+topology's attributes and methods (contracts/topology.py ServiceTopology), so the executor, faults/, the drain
 and the checkers use it unchanged:
 
     with ContainerTopology(TopologyConfig(provider="containers"), run_dir) as topology:
@@ -25,8 +25,8 @@ from harness.containers.node import ContainerNode
 from harness.containers.sandbox import cgroup_parent
 from harness.kafka import BUCKET, MOTO_KEYS, _create_bucket, _s3_answers
 from harness.node import NodeError, port_accepts
-from harness.redis_cluster import RedisCluster, RedisNode
-from harness.topology import MQTT_PORT, REDIS_PORT, S3_PORT, LocalTopology
+from harness.running_redis_cluster import RedisCluster, RedisCommands, answers_ping
+from harness.topology_base import MQTT_PORT, REDIS_PORT, S3_PORT, TopologyBase
 from harness.topology_config import TopologyConfig
 
 SUBNET = ipaddress.ip_network("10.123.0.0/24")
@@ -47,49 +47,31 @@ def run_id_for(run_dir: Path) -> str:
     return f"{clean}-{hashlib.blake2b(resolved.encode(), digest_size=4).hexdigest()}"
 
 
-class ContainerRedisNode(ContainerNode):
-    """A Redis Cluster node in a container; the cluster commands are RedisNode's own (same host/port use)."""
-
-    client = RedisNode.client
-    command = RedisNode.command
-    raw = RedisNode.raw
-    cluster_nodes = RedisNode.cluster_nodes
-    myself = RedisNode.myself
-    is_master = RedisNode.is_master
-    cluster_role = RedisNode.cluster_role
-    master_id = RedisNode.master_id
-    info = RedisNode.info
-    node_id = RedisNode.node_id
+class ContainerRedisNode(RedisCommands, ContainerNode):
+    """A Redis Cluster node in a container, with the same cluster commands as a local one."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._node_id = None
 
 
-def _answers_ping(node: ContainerNode) -> bool:
-    import redis
-
-    try:
-        return bool(node.client(timeout=0.5).ping())
-    except redis.RedisError:
-        return False
-
-
 def _broker_ready(node: ContainerNode) -> bool:
     return port_accepts(node.host, node.port) and " ready" in node.log_since_start()
 
 
-class ContainerTopology(LocalTopology):
+class ContainerTopology(TopologyBase):
+    """The topology's nodes as containers on the run's own network and Podman."""
+
     provider = "containers"
 
     def __init__(self, config: TopologyConfig | None = None, run_dir: Path | str = "runs/up", *,
                  address_mode: str = "containers", broker_config=None) -> None:
-        super().__init__(config, run_dir, address_mode="loopback", broker_config=broker_config)
+        super().__init__(config, run_dir, broker_config)
         self.addresses = _ContainerAddresses()
         self.run_id = run_id_for(self.run_dir)
         self.network = f"ordeal-{self.run_id}"
         self.engine: Engine | None = None
-        self.client_hosts = GATEWAY  # faults/targets.py: the "client" group's address
+        self.client_hosts = GATEWAY  # faults/selectors.py: the "client" group's address
         self.client_bind_address = GATEWAY
         self.network_fault_place = "bridge"  # faults/network.py: nft bridge-family chains on the run's bridge
 
@@ -162,7 +144,7 @@ class ContainerTopology(LocalTopology):
                        "--repl-diskless-sync-delay", "0"]
             self.redis_nodes.append(self._node(ContainerRedisNode, name=name, role="redis",
                                                image=image_reference("redis"), host=host, port=REDIS_PORT,
-                                               command=command, ready_check=_answers_ping))
+                                               command=command, ready_check=answers_ping))
         self.redis = RedisCluster(self.redis_nodes, self.config.redis_masters,
                                   self.config.redis_replicas_per_master)
         _parallel([node.start for node in self.redis_nodes])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from contracts.errors import UsageError
 from reference_broker.config import BrokerConfig, ConfigError, NodeConfig, read_node_config_file
 from reference_broker.defects import CATALOG
 
@@ -50,8 +51,8 @@ def broker(config_path: Path | None, scenario_path: Path | None, redis_nodes: tu
             raise ConfigError(f"{scenario_path}: a scenario holds no endpoints; give --redis HOST:PORT "
                               "(one or more) and --kafka HOST:PORT")
         node = NodeConfig.from_mapping(mapping, source=source)
-    except ConfigError as error:
-        raise click.ClickException(str(error)) from None
+    except ConfigError as error:  # the system under test shares no code with Ordeal: its own error class
+        raise UsageError(str(error)) from None
     if print_config:
         click.echo(json.dumps(node.to_dict(), indent=2))
         return

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import click
 
+from contracts.errors import UsageError
 from ordeal.commands.spark import spark_options
 
 
 def _run_dir(path: str) -> Path:
     run_dir = Path(path)
     if not run_dir.is_dir():
-        raise click.ClickException(f"{run_dir}: not a directory; expected a run directory holding history/ and "
+        raise UsageError(f"{run_dir}: not a directory; expected a run directory holding history/ and "
                                    "scenario.json (runs/<scenario>-<seed>-<timestamp>/)")
     return run_dir
 
@@ -34,7 +35,7 @@ def check(run_dir: str, spark_master: str | None) -> None:
     try:
         local = _run_dir(str(local_run_dir(run_dir)))
     except ValueError as error:
-        raise click.ClickException(str(error)) from error  # a usage error: exit 3 (nothing was checked)
+        raise UsageError(str(error)) from error  # exit 3: nothing was checked
     # The pipeline's one check-and-write path: the reports, and the check recorded in summary.json when the
     # run has one.  A crashed checker decides nothing: unknown (2), never pass or fail.
     [checked] = pipeline.check_and_record([local], spark_master=spark_master, print_tables=True)
@@ -56,6 +57,6 @@ def report(run_dir: str) -> None:
     try:
         stored = render_from_report(_run_dir(run_dir))
     except (FileNotFoundError, ValueError) as error:
-        raise click.ClickException(str(error)) from error
+        raise UsageError(str(error)) from error
     print_table(stored)
     sys.exit(int(stored.get("exit_code", 2)))

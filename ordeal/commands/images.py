@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import click
 
-from contracts.exit_codes import EXIT_USAGE
+from contracts.errors import UsageError
 
 
 @click.group(name="images")
@@ -28,8 +27,7 @@ def build(names: tuple[str, ...], force: bool, as_json: bool) -> None:
     try:
         records = build_all(list(names) or None, force=force, log=lambda text: click.echo(text, err=True))
     except ImageError as error:
-        click.echo(f"Error: {error}", err=True)
-        sys.exit(EXIT_USAGE)
+        raise UsageError(str(error)) from None
     click.echo(f"images ready in {time.monotonic() - began:.1f} s", err=True)
     if as_json:
         click.echo(json.dumps(records, indent=2))

@@ -1,4 +1,5 @@
-"""`ordeal selftest` (loaded lazily by ordeal/cli.py); the logic lives in ordeal/selftest.py."""
+"""``ordeal selftest``: the defect detection matrix and the false-alarm budget (the options; the logic lives
+in the ordeal/selftest/ package)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,9 @@ from pathlib import Path
 
 import click
 
-from ordeal.commands.run import enter_isolation, isolation_option
+from contracts.errors import UsageError
+from ordeal.commands.isolation import enter_isolation, isolation_option
 from ordeal.commands.spark import spark_options
-
-
-class InputError(click.ClickException):
-    """Bad input: exit 3 (contracts/exit_codes.py), never mistaken for a verdict (1) or unknown (2)."""
-
-    exit_code = 3
 
 
 @click.command(name="selftest")
@@ -47,34 +43,25 @@ def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None,
     its expected invariant, and the correct broker must pass the same scenarios.  Writes OUT/selftest.json
     and OUT/selftest.html.  Exit 0: all caught, no false alarm; 1: a defect missed or a correct run
     violated; 2: something unknown; 3: a usage error (bad matrix, option or --out)."""
-    from ordeal.selftest import (
-        DEFAULT_MATRIX,
-        MatrixError,
-        load_matrix,
-        result_document,
-        run_selftest,
-        text_table,
-    )
-    from ordeal.selftest import rejudge as rejudge_stored
+    from ordeal.selftest.matrix import DEFAULT_MATRIX, load_matrix
+    from ordeal.selftest.outputs import result_document, text_table
+    from ordeal.selftest.runner import rejudge as rejudge_stored
+    from ordeal.selftest.runner import run_selftest
 
-    try:
-        matrix = load_matrix(matrix_path or DEFAULT_MATRIX)
-        if recheck and not rejudge:
-            raise InputError("--recheck goes with --rejudge (it checks OUT's stored runs again, then judges them)")
-        if rejudge:
-            if not (out / "selftest.json").is_file():
-                raise InputError(f"--rejudge: {out / 'selftest.json'} does not exist; run the self-test first")
-            result = rejudge_stored(out, matrix, recheck=recheck, spark_master=spark_master,
-                                    log=lambda text: click.echo(text, err=True))
-        else:
-            # like run / explore: the runs' network faults (partitions, redis_outage) need the private namespace;
-            # without it they are refused and every such run is unknown (issue 17: partition-client-broker,
-            # redis-outage are matrix scenarios)
-            click.echo(f"network: {enter_isolation(isolated)}", err=True)
-            result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
-                                  seeds=seeds, spark_master=spark_master, log=lambda text: click.echo(text, err=True))
-    except MatrixError as error:
-        raise InputError(str(error)) from error
+    matrix = load_matrix(matrix_path or DEFAULT_MATRIX)
+    if recheck and not rejudge:
+        raise UsageError("--recheck goes with --rejudge (it checks OUT's stored runs again, then judges them)")
+    if rejudge:
+        if not (out / "selftest.json").is_file():
+            raise UsageError(f"--rejudge: {out / 'selftest.json'} does not exist; run the self-test first")
+        result = rejudge_stored(out, matrix, recheck=recheck, spark_master=spark_master,
+                                log=lambda text: click.echo(text, err=True))
+    else:
+        # like run / explore: the runs' network faults (partitions, redis_outage: matrix scenarios) need the
+        # private namespace; without it they are refused and every such run is unknown
+        click.echo(f"network: {enter_isolation(isolated)}", err=True)
+        result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
+                              seeds=seeds, spark_master=spark_master, log=lambda text: click.echo(text, err=True))
     click.echo(text_table(result_document(result, matrix)))
     click.echo(f"wrote {out / 'selftest.json'} and {out / 'selftest.html'}")
     sys.exit(result.exit_code)

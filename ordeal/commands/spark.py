@@ -1,5 +1,5 @@
 """`ordeal spark status|start|stop` (the shared local Spark Connect server) and the Spark options every
-checking command shares (``spark_options``).  The choice itself lives in spark_checkers/session.py."""
+checking command shares (``spark_options``).  The choice itself lives in spark_checkers/engine/spark_session.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import time
 
 import click
 
-from contracts.exit_codes import EXIT_UNKNOWN, EXIT_USAGE
+from contracts.errors import UsageError
+from contracts.exit_codes import EXIT_UNKNOWN
 from spark_checkers.defaults import WARM_UP_BIG_EVENTS, WARM_UP_MIN_EVENTS
 
 
@@ -29,13 +30,14 @@ def spark_options(command):
                        "instead of Spark Connect (default: $ORDEAL_SPARK_MASTER).")
     @functools.wraps(command)
     def wrapper(*args, spark_master: str | None, spark_remote: str | None, **kwargs):
-        from spark_checkers.session import choose, event_log_conf, prepare
+        from spark_checkers.engine.settings import event_log_conf
+        from spark_checkers.engine.spark_session import choose, prepare
 
         if spark_master and spark_remote:
-            _usage_error("--spark-master and --spark-remote exclude each other: pick one Spark")
+            raise UsageError("--spark-master and --spark-remote exclude each other: pick one Spark")
         if spark_remote:
             os.environ["ORDEAL_SPARK_REMOTE"] = spark_remote
-        from spark_checkers import connect_server
+        from spark_checkers.engine import connect_server
 
         try:
             choose(spark_master, None)  # validates the URL from either source
@@ -43,17 +45,12 @@ def spark_options(command):
             event_log_conf()  # and $ORDEAL_SPARK_EVENT_LOG
             connect_server.archive_dir()  # and $ORDEAL_SPARK_CLASS_ARCHIVE, $ORDEAL_JVM_CACHE_DIR
         except (ValueError, connect_server.ConnectServerError) as error:
-            _usage_error(str(error))
+            raise UsageError(str(error)) from None
         if kwargs.get("check", True) and not kwargs.get("rejudge") and not kwargs.get("promote_entry"):
             prepare(spark_master)
         return command(*args, spark_master=spark_master, **kwargs)
 
     return wrapper
-
-
-def _usage_error(text: str) -> None:
-    click.echo(f"Error: {text}", err=True)
-    sys.exit(EXIT_USAGE)
 
 
 @click.group(name="spark")
@@ -65,7 +62,7 @@ def spark() -> None:
 @spark.command(name="status")
 def status() -> None:
     """Print the server's state as JSON; exit 0 if it runs, 1 if not."""
-    from spark_checkers import connect_server
+    from spark_checkers.engine import connect_server
 
     state = connect_server.status()
     click.echo(json.dumps(state, indent=2))
@@ -86,11 +83,11 @@ def status() -> None:
                    "sooner and leaves more of the JIT's work to the first big check.")
 def start(idle_timeout: float | None, master: str | None, warm: bool, warm_events: int | None) -> None:
     """Start the server (if none runs) and wait until it accepts clients; print its endpoint."""
-    from spark_checkers import connect_server
+    from spark_checkers.engine import connect_server
 
     if warm_events is not None and not warm:
         raise click.UsageError("--warm-up-events is the size of --warm-up's bulk history: give --warm-up too")
-    from spark_checkers.session import event_log_conf
+    from spark_checkers.engine.settings import event_log_conf
 
     try:
         event_log_conf()  # $ORDEAL_SPARK_EVENT_LOG, before anything starts
@@ -117,8 +114,8 @@ def _warm_up(connect_server, state: dict, big_events: int) -> None:
     not find exactly what its histories plant is a Spark whose verdicts cannot be trusted: exit 2."""
     from dataclasses import asdict
 
-    from spark_checkers import session
     from spark_checkers.api import warm_up
+    from spark_checkers.engine import spark_session as session
 
     p = connect_server.paths()
     done = connect_server.warmed_up(p, state)
@@ -147,7 +144,7 @@ def _warm_up(connect_server, state: dict, big_events: int) -> None:
 @spark.command(name="stop")
 def stop() -> None:
     """Stop the server (exit 0 also when none was running)."""
-    from spark_checkers import connect_server
+    from spark_checkers.engine import connect_server
 
     try:
         stopped = connect_server.stop(notify=lambda why: click.echo(f"waiting: {why}", err=True))

@@ -18,24 +18,25 @@ Without --isolated the nodes listen on 127.0.0.1 (free ports) so you can poke th
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import signal
 import sys
 import time
-import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
+import harness.model  # noqa: F401  (registers the stages into the scenario model)
+from contracts.errors import UsageError
+from contracts.scenario import load_scenario
 from harness import netns
 from harness.binaries import MissingBinaryError
+from harness.local.host_topology import LocalTopology
 from harness.node import NodeError
-from harness.topology import LocalTopology
-from harness.topology_config import TopologyConfig, TopologyConfigError
+from harness.topology_config import TopologyConfig
 
-DEFAULT_BROKERS = 2  # `ordeal up` without --scenario: a two-node broker cluster (issue 3 item 7)
+DEFAULT_BROKERS = 2  # `ordeal up` without --scenario: a two-node broker cluster
 
 
 class _Shutdown(Exception):
@@ -58,38 +59,18 @@ def _topology_config(scenario: Path | None, brokers: int | None) -> tuple[Topolo
     count = brokers if brokers is not None else DEFAULT_BROKERS if scenario is None else config.broker_nodes
     config = dataclasses.replace(config, broker_nodes=count)
     if count and config.kafka_storage == "none":
-        raise click.ClickException(
+        raise UsageError(
             f"{source}: kafka_storage = 'none' leaves the {count} broker node(s) without Kafka; "
             "use --brokers 0 or another kafka_storage")
-    if count and importlib.util.find_spec("reference_broker.__main__") is None:
-        raise click.ClickException(
-            f"{source}: broker_nodes = {count}, but the reference broker (python -m reference_broker) is "
-            "not available in this installation; use --brokers 0")
     return config, broker
 
 
 def _scenario_config(scenario: Path) -> tuple[TopologyConfig, dict]:
-    try:
-        import harness.model  # noqa: F401  (registers the stages into the scenario model)
-        from contracts.scenario import load_scenario
-    except ImportError:
-        load_scenario = None
-    if load_scenario is not None:
-        try:
-            loaded = load_scenario(scenario)
-        except ValueError as error:
-            raise click.ClickException(str(error)) from error
-        mapping, broker = dict(loaded.topology), dict(loaded.broker)
-    else:
-        try:
-            document = tomllib.loads(scenario.read_text())
-        except tomllib.TOMLDecodeError as error:
-            raise click.ClickException(f"{scenario}: not valid TOML: {error}") from error
-        mapping, broker = document.get("topology") or {}, document.get("broker") or {}
-    try:
-        return TopologyConfig.from_mapping(mapping, source=f"{scenario} [topology]"), broker
-    except TopologyConfigError as error:
-        raise click.ClickException(str(error)) from error
+    """The scenario's [topology] table as a TopologyConfig and its [broker] table.  A scenario that does not
+    load (ScenarioError) or a [topology] that is wrong (TopologyConfigError) is a usage error: exit 3."""
+    loaded = load_scenario(scenario)
+    return (TopologyConfig.from_mapping(dict(loaded.topology), source=str(scenario)),
+            dict(loaded.broker))
 
 
 def _check(topology: LocalTopology) -> dict:
@@ -98,7 +79,7 @@ def _check(topology: LocalTopology) -> dict:
 
     summary = check_health(topology)
     if topology.brokers and summary.get("brokers", {}).get("ok"):
-        from reference_broker.round_trip import mqtt_round_trip
+        from harness.round_trip import mqtt_round_trip
 
         first, last = topology.brokers[0], topology.brokers[-1]
         try:
@@ -137,7 +118,7 @@ def up(scenario: Path | None, brokers: int | None, check: bool, isolated: bool, 
         try:
             netns.reexec_isolated([sys.executable, "-m", "ordeal.cli", *sys.argv[1:]])
         except netns.IsolationUnavailable as error:
-            raise click.ClickException(str(error)) from error
+            raise UsageError(str(error)) from error
     config, broker = _topology_config(scenario, brokers)
     if provider is not None:
         config = dataclasses.replace(config, provider=provider)
@@ -159,7 +140,7 @@ def up(scenario: Path | None, brokers: int | None, check: bool, isolated: bool, 
             topology.start()
         except (NodeError, MissingBinaryError, OSError) as error:
             if not check:
-                raise click.ClickException(str(error)) from error
+                raise UsageError(str(error)) from error
             _emit({"healthy": False, "error": f"{type(error).__name__}: {error}", "run_dir": str(run_dir)})
             sys.exit(1)
         if check:

@@ -19,8 +19,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from test_broker_flow import FILTER, TOPIC, RawClient, payloads
 
+from harness.recording_client import Probe
 from reference_broker import codec
-from reference_broker.probe import Probe
 
 pytestmark = pytest.mark.integration
 brokers = test_broker_flow.brokers  # the fixture, shared with the flow tests

@@ -18,8 +18,8 @@ import pytest
 from redis.cluster import ClusterNode, RedisCluster
 
 from harness.node import ProcessNode
+from harness.recording_client import Probe
 from reference_broker import codec
-from reference_broker.probe import Probe
 
 pytestmark = pytest.mark.integration
 

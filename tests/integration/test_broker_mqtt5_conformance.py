@@ -1,5 +1,5 @@
 """The reference broker keeps the MQTT 5 rules docs/reference-broker.md claims, and declares what it does not
-do (issue 16).  Each test is named after the normative statement it pins (section number where the
+do.  Each test is named after the normative statement it pins (section number where the
 statement has no id) and appears in the conformance table of docs/reference-broker.md.
 
 Real broker processes on the shared topology (Redis Cluster, Tansu), driven by paho clients (Probe) or by a
@@ -413,7 +413,7 @@ def test_mqtt_2_2_2_1_property_length_not_matching_the_properties_is_malformed(b
     expect_disconnect(good, codec.RC_MALFORMED_PACKET)
 
 
-# ------------------------------------------------------------------ limits under abuse (issue 16 item 3)
+# ------------------------------------------------------------------ limits under abuse
 def test_topic_longer_than_max_topic_length_is_refused(brokers):
     """Topics and filters are capped at max_topic_length bytes: a longer PUBLISH topic gets DISCONNECT 0x90,
     a longer filter SUBACK 0x8F; exactly max_topic_length is accepted (the near miss)."""
@@ -428,7 +428,7 @@ def test_topic_longer_than_max_topic_length_is_refused(brokers):
     expect_disconnect(client, codec.RC_TOPIC_NAME_INVALID)
 
 
-# ------------------------------------------------------------------ discarded session (issue 17 item 6)
+# ------------------------------------------------------------------ discarded session
 def produce_persisted(cluster, client_id: str, message: dict) -> None:
     """Write one record to the persisted topic as the fan-out would (a message still in the pipeline)."""
     from aiokafka import AIOKafkaProducer
@@ -450,8 +450,8 @@ def test_mqtt_3_1_2_4_discarded_session_state_is_not_reused(brokers, version):
     """A persistent session goes offline with messages for it still in the pipeline; the client comes back
     with a clean start, leaves, and comes back persistent (clean start 0).  The messages of the discarded
     session must not be saved into a new queue and must not reach the new session -- before its SUBACK or
-    ever ([MQTT-3.1.2-4], issue 17: they were saved after the clean start's cleanup and delivered to the next
-    clean-start-0 session).  The late record is written to the persisted topic by the test (deterministic),
+    ever ([MQTT-3.1.2-4]; the defect pinned: they were saved after the clean start's cleanup and delivered to the
+    next clean-start-0 session).  The late record is written to the persisted topic by the test (deterministic),
     and a burst published just before the clean start races it the natural way."""
     cluster = brokers()
     client_id = f"disc-{uuid.uuid4().hex[:6]}"

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from capabilities import missing_capability
+from support.capabilities import missing_capability
 from test_broker_flow import brokers  # noqa: F401 - the fixture (broker nodes on the shared topology)
 
 from reference_broker.source_address import source_address_for

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from capabilities import missing_capability
+from support.capabilities import missing_capability
 
 from harness import netns
 
@@ -129,7 +129,7 @@ def test_partition_bites_with_counters_and_passes(runs):
 
 def test_planted_defect_is_caught_on_containers(runs):
     run_dir = runs[("dup-defect", "containers")]
-    from ordeal.selftest import load_matrix
+    from ordeal.selftest.matrix import load_matrix
 
     expected = next(e.expect for e in load_matrix().entries if e.defect == "dup_on_first_delivery")
     verdicts = _verdicts(run_dir)

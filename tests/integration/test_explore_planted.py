@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from ordeal.cli import main
 from ordeal.replay import read_report
 from properties.plan import Plan
-from properties.shrink import plan_size, validate_plan
+from properties.reduction import plan_size, validate_plan
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def explored(tmp_path_factory):
     its own network namespace, and the runs with it).  Spark is started before the budget clock (its cold
     start is not what the budget rule is about) and left running for the next checks, like every run's
     check leaves it."""
-    from spark_checkers.session import spark_session
+    from spark_checkers.engine.spark_session import spark_session
 
     spark_session()
     base = tmp_path_factory.mktemp("explore")

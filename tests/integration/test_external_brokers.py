@@ -1,9 +1,9 @@
-"""Any broker under the full nemesis (issue 12): the shipped real-broker scenarios, run end to end against
+"""Any broker under the full nemesis: the shipped real-broker scenarios, run end to end against
 Debian's Mosquitto and RabbitMQ's MQTT plugin, with the kill / stop / partition in the history, its
 evidence, heal and attribution, and verdicts judged against what each target declares.
 
 The runs are made unchecked and then checked in one Spark batch (one JVM for all of them).  A missing broker
-fails under CI=true with the fix (tests/capabilities.py; skips elsewhere): CI installs both through
+fails under CI=true with the fix (tests/support/capabilities.py; skips elsewhere): CI installs both through
 scripts/bootstrap.sh."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from capabilities import missing_capability
+from support.capabilities import missing_capability
 
 from contracts.history_schema import Kind
 from contracts.scenario import ScenarioError, find_scenario, parse_scenario
@@ -33,7 +33,7 @@ SCENARIOS = ("mosquitto-kill", "mosquitto-stop", "mosquitto-partition", "mosquit
 def _require_brokers() -> None:
     missing = [name for name, present in (("mosquitto", shutil.which("mosquitto")),
                                           ("rabbitmq-server", Path(RABBITMQ).exists())) if not present]
-    if missing:  # under CI=true this fails (tests/capabilities.py): CI installs both through bootstrap
+    if missing:  # under CI=true this fails (tests/support/capabilities.py): CI installs both through bootstrap
         missing_capability(f"{', '.join(missing)} not installed: run scripts/bootstrap.sh (as root it installs "
                            "them with apt-get)")
 

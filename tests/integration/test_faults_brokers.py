@@ -10,10 +10,10 @@ import pytest
 from faults import probes
 from faults.base import FaultContext, FaultNotApplicable
 from faults.catalog import build_fault, validate_spec
-from faults.redis_cluster import wait_until
-from faults.targets import resolve_node
+from faults.redis_cluster_view import wait_until
+from faults.selectors import resolve_node
+from harness.recording_client import Probe
 from harness.topology_config import TopologyConfig
-from reference_broker.probe import Probe
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ from redis.crc import key_slot
 from faults.base import FaultContext
 from faults.catalog import build_fault, validate_spec
 from faults.failure_paths import _timed, probe_key
-from faults.redis_cluster import ClusterView, client_messages_key, query
+from faults.redis_cluster_view import ClusterView, client_messages_key, query
+from harness.recording_client import Probe
 from harness.topology_config import TopologyConfig
-from reference_broker.probe import Probe
 
 pytestmark = pytest.mark.integration
 

@@ -9,13 +9,13 @@ import shutil
 import time
 
 import pytest
-from capabilities import missing_capability
+from support.capabilities import missing_capability
 
 from faults import probes
 from faults.base import FaultContext, FaultNotApplicable
 from faults.catalog import build_fault, validate_spec
 from faults.network import TABLE, heal_all_network
-from harness.topology import LocalTopology
+from harness.local.host_topology import LocalTopology
 from harness.topology_config import TopologyConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
@@ -161,7 +161,7 @@ def test_overlapping_groups_are_refused(topo: LocalTopology, ctx: FaultContext):
 
 def test_redis_redis_partition_of_a_master_from_the_rest_promotes_its_replica(topo: LocalTopology,
                                                                                ctx: FaultContext):
-    from faults.redis_cluster import ClusterView, client_messages_key
+    from faults.redis_cluster_view import ClusterView, client_messages_key
 
     key = client_messages_key("net_client")
     master = topo.redis.master_for_key(key)
@@ -281,7 +281,7 @@ def test_broker_redis_partition_bites_and_the_broker_recovers(topology_factory):
     from test_broker_faults import DURABLE, Publisher
     from test_broker_flow import FILTER
 
-    from reference_broker.probe import Probe
+    from harness.recording_client import Probe
 
     topo = topology_factory(TopologyConfig(broker_nodes=1, kafka_storage="memory"),
                             broker_config={**DURABLE, "incoming_partitions": 4, "persisted_partitions": 4,

@@ -13,8 +13,8 @@ import redis
 from faults import probes
 from faults.base import FaultContext, FaultNotApplicable
 from faults.catalog import build_fault, validate_spec
-from faults.redis_cluster import ClusterView, client_messages_key
-from harness.topology import LocalTopology
+from faults.redis_cluster_view import ClusterView, client_messages_key
+from harness.local.host_topology import LocalTopology
 from harness.topology_config import TopologyConfig
 
 pytestmark = pytest.mark.integration
@@ -102,7 +102,7 @@ def test_pause_replica_shows_state_T_then_runs_again(topo: LocalTopology, ctx: F
 
 
 def test_random_replica_choice_is_seeded(topo: LocalTopology, ctx: FaultContext):
-    from faults.targets import resolve_node
+    from faults.selectors import resolve_node
 
     picks = {resolve_node(topo, "redis-random-replica", ctx.rng_for("same-id")).name for _ in range(5)}
     assert len(picks) == 1

@@ -18,7 +18,7 @@ from contracts.scenario import find_scenario
 from harness.run import run_scenario
 from ordeal.cli import main
 from spark_checkers.guarantees import Guarantees
-from spark_checkers.logs import judge_logs
+from spark_checkers.rules.logs import judge_logs
 
 pytestmark = pytest.mark.integration
 

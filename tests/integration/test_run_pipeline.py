@@ -260,8 +260,8 @@ def test_an_unreachable_broker_gives_connect_fail_rows_and_a_clear_error(tmp_pat
     """Non-blocking connects: a refused port surfaces as connect_fail rows (and retries), never a hang."""
     from contracts.scenario import load_scenario
     from harness.executor import Executor, ExecutorError, ExecutorSettings
+    from harness.external_target import free_port
     from harness.history import HistoryRecorder
-    from harness.targets import free_port
     from properties.generate import make_plan
 
     plan = make_plan(load_scenario(find_scenario("p2p-smoke")), 1)

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ordeal.selftest import CAUGHT, EXIT_OK, PASSED, load_matrix, run_selftest
+from contracts.exit_codes import EXIT_PASS as EXIT_OK
+from ordeal.selftest.judging import CAUGHT, PASSED
+from ordeal.selftest.matrix import load_matrix
+from ordeal.selftest.runner import run_selftest
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from harness.health import check
+from harness.local.host_topology import LocalTopology
 from harness.node import port_accepts
-from harness.topology import LocalTopology
 from harness.topology_config import TopologyConfig
 
 pytestmark = pytest.mark.integration

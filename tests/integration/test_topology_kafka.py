@@ -8,7 +8,7 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from harness.topology import LocalTopology
+from harness.local.host_topology import LocalTopology
 from harness.topology_config import TopologyConfig
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The kept topology (harness/keeper.py) against real Redis Cluster and Tansu: what a seed leaves behind
+"""The kept topology (harness/local/keeper.py) against real Redis Cluster and Tansu: what a seed leaves behind
 (keys, a promoted replica, a paused node, a network rule, a Kafka topic with records and a group's offsets)
 is gone after the reset, the node -> role map is the fresh start's, and a reset that cannot be verified
 makes the next seed start fresh, with the reason."""
@@ -13,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from faults.network import heal_all_network
-from harness.keeper import ResetError, TopologyKeeper, _list_topics, _wait, cluster_layout
+from harness.local.keeper import ResetError, TopologyKeeper, _list_topics, _wait, cluster_layout
 from harness.netns import in_private_netns
 from harness.topology_config import TopologyConfig
 

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from harness import reaper
+from harness.local.host_topology import LocalTopology
 from harness.node import ProcessNode
-from harness.topology import LocalTopology
 from harness.topology_config import TopologyConfig
 
 pytestmark = pytest.mark.integration

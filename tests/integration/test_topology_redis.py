@@ -11,8 +11,8 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from harness import netns
-from harness.redis_cluster import RedisNode
-from harness.topology import LocalTopology
+from harness.local.host_topology import LocalTopology
+from harness.local.redis_processes import RedisNode
 from harness.topology_config import TopologyConfig
 
 pytestmark = pytest.mark.integration

@@ -130,7 +130,7 @@ def test_producer_max_batch_bytes_defaults_to_1_mib_and_is_validated():
 @pytest.mark.parametrize("key, bad, good", [("receive_maximum", 0, 1), ("max_packet_size", 63, 64),
                                             ("max_topic_length", 0, 1), ("max_pending_publishes", 0, 1)])
 def test_declared_limits_are_validated(key, bad, good):
-    """The limits CONNACK declares (issue 16): out of range is a clear error naming the key; the edge works."""
+    """The limits CONNACK declares: out of range is a clear error naming the key; the edge works."""
     with pytest.raises(ConfigError, match=key):
         BrokerConfig.from_mapping({key: bad})
     assert getattr(BrokerConfig.from_mapping({key: good}), key) == good

@@ -1,8 +1,8 @@
-"""Partition ownership math of the broker nodes (reference_broker/pipeline.py)."""
+"""Partition ownership math of the broker nodes (reference_broker/kafka_path.py)."""
 
 from __future__ import annotations
 
-from reference_broker.pipeline import desired_partitions, live_nodes
+from reference_broker.kafka_path import desired_partitions, live_nodes
 
 
 def test_live_nodes_drop_stale_heartbeats_and_sort():

@@ -36,7 +36,7 @@ def test_p2p_pattern():
 def test_no_local_grant_ignores_no_local_filters_only():
     """[MQTT-3.8.3-3] for the publisher's own message: the highest QoS among its matching filters without
     No Local; None when only No Local filters match."""
-    from reference_broker.pipeline import not_local_grant
+    from reference_broker.kafka_path import not_local_grant
 
     record = {"filters": {"a/+": 1, "a/#": 2, "b/x": 1}, "no_local": ["a/#"]}
     assert not_local_grant(record, "a/1") == 1          # a/# (QoS 2) is No Local, a/+ is not

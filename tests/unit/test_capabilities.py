@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import capabilities
 import pytest
+from support import capabilities
 
 
 def test_a_missing_capability_fails_under_ci_and_skips_elsewhere(monkeypatch):

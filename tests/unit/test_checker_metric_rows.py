@@ -1,9 +1,9 @@
-"""jobs.metric_rows: the per-bucket parts of each run total are summed on the driver, per run and key; every
+"""job/metrics.py: metric_rows: the per-bucket parts of each run total are summed on the driver, per run and key; every
 other metric row passes through unchanged (a pure function: no Spark)."""
 
 from __future__ import annotations
 
-from spark_checkers.jobs import TOTAL_PART, metric_rows
+from spark_checkers.job.metrics import TOTAL_PART, metric_rows
 
 
 def row(run_id, metric, key, value):

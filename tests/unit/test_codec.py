@@ -179,7 +179,7 @@ def test_filter_validation():
 @pytest.mark.parametrize("declared", [1, 2, 4])
 def test_property_length_shorter_than_its_property_is_malformed(declared):
     """A CONNECT whose property length cuts Receive Maximum (3 bytes) short: paho would read the whole
-    property and shift the rest of the packet; the codec hands it only the declared bytes (issue 16)."""
+    property and shift the rest of the packet; the codec hands it only the declared bytes."""
     props = Properties(PacketTypes.CONNECT)
     props.ReceiveMaximum = 10
     data = bytearray(encode(Connect(MQTT5, "c", True, 30, props), MQTT5))
@@ -215,7 +215,7 @@ def test_publish_property_length_shorter_than_its_property_is_malformed():
 
 
 def test_whole_packets_leaves_out_a_partial_tail():
-    """What a reset leaves in the reader's buffer: whole packets, then maybe part of one (session.py's
+    """What a reset leaves in the reader's buffer: whole packets, then maybe part of one (connection.py's
     _acks_left_buffered reads only the whole ones)."""
     acks = b"".join(encode(Ack(codec.PUBACK, pid), MQTT5) for pid in (1, 2, 300))
     publish = encode(Publish("a/b", b"x" * 200, 1, packet_id=7), MQTT5)

@@ -43,7 +43,7 @@ def test_places_local_one_input_chain_containers_three_bridge_hooks():
 
 def test_provider_is_validated_and_s3rver_refused_on_containers():
     assert TopologyConfig.from_mapping({"provider": "containers"}).provider == "containers"
-    with pytest.raises(TopologyConfigError, match="provider = 'docker' is not allowed"):
+    with pytest.raises(TopologyConfigError, match="provider = 'docker': must be one of 'local', 'containers'"):
         TopologyConfig.from_mapping({"provider": "docker"})
     with pytest.raises(TopologyConfigError, match="no s3rver image"):
         TopologyConfig.from_mapping({"provider": "containers", "kafka_storage": "s3rver"})

@@ -10,7 +10,7 @@ import click
 import pytest
 
 from contracts.scenario import find_scenario, load_scenario
-from ordeal.commands.explore import parse_duration
+from ordeal.commands.durations import parse_duration
 from ordeal.explore import (
     FIRST_RUN_OVERHEAD_S,
     BackgroundChecker,

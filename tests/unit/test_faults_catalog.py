@@ -10,8 +10,8 @@ from faults.base import Check, Evidence, FaultSpec, FaultSpecError
 from faults.catalog import FAULT_KINDS, build_fault, is_client_fault, kinds_by_category, validate_spec
 from faults.network import chain_name, drop_rules, parse_class_stats, parse_counters
 from faults.probes import proc_state
-from faults.redis_cluster import client_messages_key, parse_cluster_nodes
-from faults.targets import parse_group, parse_selector
+from faults.redis_cluster_view import client_messages_key, parse_cluster_nodes
+from faults.selectors import parse_group, parse_selector
 
 EXPECTED_KINDS = {
     "process_kill", "process_stop", "process_pause", "process_restart", "redis_failover",
@@ -164,7 +164,7 @@ def test_group_exclusions():
     from types import SimpleNamespace
 
     from faults.base import FaultNotApplicable
-    from faults.targets import resolve_group
+    from faults.selectors import resolve_group
 
     brokers = [SimpleNamespace(name=f"broker-{i}", host=f"127.0.0.{i + 10}", port=1883) for i in (1, 2, 3)]
     topology = SimpleNamespace(redis_nodes=[], brokers=brokers, kafka=None, storage=None)
@@ -235,7 +235,7 @@ def test_failure_path_helpers(tmp_path):
     from types import SimpleNamespace
 
     from faults.failure_paths import BrokerLogWatch, broker_check, probe_key
-    from faults.redis_cluster import ClusterEntry
+    from faults.redis_cluster_view import ClusterEntry
 
     assert drop_rules("reject", ["127.0.0.5"], ["127.0.0.2"], None, "oneway") == [
         "ip saddr { 127.0.0.5 } ip daddr { 127.0.0.2 } meta l4proto tcp counter reject with tcp reset"]

@@ -14,11 +14,11 @@ import harness.model  # noqa: F401  (registers the stages into the scenario mode
 from contracts.history_schema import LOG_TABLE_NAME, read_log_table
 from contracts.invariants import default_log_patterns
 from contracts.scenario import ScenarioError, load_scenario, parse_scenario
-from harness.logs import collect_logs, line_time_us
+from harness.node_logs import collect_logs, line_time_us
 from ordeal.cli import main
 from spark_checkers import synthetic as s
 from spark_checkers.guarantees import Guarantees
-from spark_checkers.logs import ERROR_LINES, REPORTED_LINES, judge_logs, match_lines
+from spark_checkers.rules.logs import ERROR_LINES, REPORTED_LINES, judge_logs, match_lines
 
 HEAD = "[scenario]\nname = 'x'\nduration_s = 5\n"
 RETRY = {"incoming_failure_strategy": "retry_forever", "persisted_failure_strategy": "retry_forever"}

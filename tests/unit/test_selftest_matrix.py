@@ -1,4 +1,4 @@
-"""ordeal/selftest.py: matrix validation, the jobs of a tier, the derived scenario, judging, exit codes."""
+"""ordeal/selftest/: matrix validation, the jobs of a tier, the derived scenario, judging, exit codes."""
 
 from __future__ import annotations
 
@@ -8,33 +8,26 @@ from pathlib import Path
 
 import pytest
 
+from contracts.exit_codes import EXIT_FAIL, EXIT_UNKNOWN
+from contracts.exit_codes import EXIT_PASS as EXIT_OK
 from contracts.scenario import parse_scenario
-from ordeal.selftest import (
+from ordeal.selftest.judging import (
     CAUGHT,
-    EXIT_FAIL,
-    EXIT_OK,
-    EXIT_UNKNOWN,
     FINDING,
     MISSED,
     PASSED,
     UNKNOWN,
     VIOLATION,
-    Job,
-    MatrixError,
     defect_summaries,
     detection_time_s,
     false_alarm_figures,
     judge,
-    junit_xml,
-    load_matrix,
-    markdown,
-    parse_matrix,
-    plan_jobs,
-    render_html,
-    scenario_with_defect,
     selftest_exit_code,
-    text_table,
 )
+from ordeal.selftest.matrix import MatrixError, load_matrix, parse_matrix
+from ordeal.selftest.outputs import junit_xml, markdown, text_table
+from ordeal.selftest.page import render_html
+from ordeal.selftest.tier import Job, plan_jobs, scenario_with_defect
 from reference_broker.defects import CATALOG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +59,7 @@ def test_shipped_matrix_covers_the_whole_catalog_with_known_invariants():
         # the matrix names the catalog's own invariant (it may add more, never replace it)
         assert CATALOG[entry.defect].invariant in entry.expect, entry.defect
     for entry in full:
-        # issue 17: a shipped scenario, at least 5 seeds, at least 4 of 5 must catch it
+        # a full-tier entry: a shipped scenario, at least 5 seeds, at least 4 of 5 must catch it
         assert entry.scenario.parent == ROOT / "scenarios", entry.defect
         assert len(entry.seeds) >= 5 and entry.need >= 0.8 * len(entry.seeds), entry.defect
 
@@ -82,12 +75,12 @@ def test_shipped_selftest_scenarios_load_and_take_a_defect():
 @pytest.mark.parametrize("document, message", [
     ({}, "at least one [[entry]]"),
     ({"entry": [], "extra": {}}, "unknown table(s) extra"),
-    (_doc(defect="nope"), "defect = 'nope' is not in the catalog"),
-    (_doc(seed=-1), "seed = -1: must be a whole number >= 0"),
+    (_doc(defect="nope"), "defect = 'nope': not in the catalog"),
+    (_doc(seed=-1), "seed = -1: must be >= 0"),
     (_doc(seed=True), "seed = True"),
     (_doc(expect=[]), "expect = []: must be a non-empty list"),
     (_doc(expect=["order.dup"]), "unknown invariant id(s) order.dup"),
-    (_doc(tier="nightly"), "tier = 'nightly': must be one of smoke, full"),
+    (_doc(tier="nightly"), "tier = 'nightly': must be one of 'smoke', 'full'"),
     (_doc(seeds=[1, 2]), "give either seed = N or seeds = [N, ...] (got both)"),
     ({"entry": [{"defect": "d1", "scenario": "a.toml", "expect": ["order.dup_flag"], "tier": "smoke"}]},
      "give either seed = N or seeds = [N, ...] (got neither)"),
@@ -98,10 +91,10 @@ def test_shipped_selftest_scenarios_load_and_take_a_defect():
                  "expect": ["order.dup_flag"]}]}, "need = 3: must be a whole number from 1 to the number of seeds (2)"),
     (_doc(tier="full"), "scenario = 'a.toml': a full-tier entry must name a shipped scenario (scenarios/*.toml"),
     (_doc(tier="full", scenario="scenarios/selftest/x.toml"), "not a selftest-only one"),
-    (_doc(colour="red"), "unknown key(s) colour"),
-    ({"entry": [{"scenario": "a.toml", "seed": 1, "expect": ["order.dup_flag"]}]}, "missing key 'defect'"),
-    ({**_doc(), "false_alarm": {"repeat": 0}}, "[false_alarm]: repeat = 0"),
-    ({**_doc(), "blackbox": {"scenarios": "x.toml"}}, "[blackbox]: scenarios = 'x.toml'"),
+    (_doc(colour="red"), "unknown key 'colour'"),
+    ({"entry": [{"scenario": "a.toml", "seed": 1, "expect": ["order.dup_flag"]}]}, "[[entry]] #1 defect is required"),
+    ({**_doc(), "false_alarm": {"repeat": 0}}, "[false_alarm] repeat = 0: must be >= 1"),
+    ({**_doc(), "blackbox": {"scenarios": "x.toml"}}, "[blackbox] scenarios = 'x.toml'"),
 ])
 def test_bad_matrix_is_rejected_naming_the_key(document, message):
     with pytest.raises(MatrixError) as error:
@@ -291,7 +284,7 @@ def test_cli_bad_matrix_exits_3_naming_the_file(tmp_path):
 
 
 def test_a_catch_the_correct_broker_shares_is_not_a_catch():
-    from ordeal.selftest import discount_shared_failures
+    from ordeal.selftest.judging import discount_shared_failures
 
     caught = _row("defect", "defect")                       # order.dup_flag failed with the defect on
     correct_same = judge(CORRECT_JOB, _report({"order.dup_flag": "fail"}), run_s=1, run_dir="/r")
@@ -343,7 +336,7 @@ def test_rendering_shows_the_per_defect_fraction():
 def test_rejudge_from_stored_reports_and_recheck_first(tmp_path, monkeypatch):
     import json
 
-    from ordeal import selftest
+    from ordeal.selftest import runner as selftest
 
     rows = []
     for seed, verdict in ((1, "fail"), (2, "pass")):
@@ -370,7 +363,7 @@ def test_rejudge_takes_the_expectation_from_the_current_matrix(tmp_path):
     the stored one, would say missed."""
     import json
 
-    from ordeal import selftest
+    from ordeal.selftest import runner as selftest
 
     run_dir = tmp_path / "run-1"
     run_dir.mkdir()

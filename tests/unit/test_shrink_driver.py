@@ -17,7 +17,7 @@ from ordeal.replay import Played, load_stored_run
 from ordeal.shrink import RoundPlayer, RunsRule, ShrinkError, ShrinkSettings, shrink
 from properties.generate import make_plan
 from properties.plan import Plan
-from properties.shrink import validate_plan
+from properties.reduction import validate_plan
 
 TARGET = "order.dup_flag"
 PAIR = {"test_pub_client_1_0", "test_sub_client_1_0"}

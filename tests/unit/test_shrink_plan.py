@@ -1,4 +1,4 @@
-"""properties/shrink.py: every candidate is a valid, strictly smaller plan; the reductions do what they say."""
+"""properties/reduction.py: every candidate is a valid, strictly smaller plan; the reductions do what they say."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from contracts.scenario import find_scenario, load_scenario
 from contracts.topics import filter_matches
 from properties.generate import make_plan, plans
 from properties.plan import CONNECT, DISCONNECT, FaultSlot, Plan
-from properties.shrink import (
+from properties.reduction import (
     DIMENSIONS,
     candidates,
     chunked,

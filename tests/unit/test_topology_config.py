@@ -8,10 +8,10 @@ import pytest
 
 from harness import binaries
 from harness.addresses import AddressAllocator
-from harness.redis_cluster import _view, parse_cluster_nodes
+from harness.running_redis_cluster import _view, parse_cluster_nodes
 from harness.topology_config import TopologyConfig, TopologyConfigError
 
-SOURCE = "smoke.toml [topology]"
+SOURCE = "smoke.toml"
 
 
 def test_defaults_are_three_masters_with_one_replica_each() -> None:
@@ -33,14 +33,14 @@ def test_unknown_key_names_the_key_and_the_allowed_ones() -> None:
     with pytest.raises(TopologyConfigError) as error:
         TopologyConfig.from_mapping({"redis_master": 3}, source=SOURCE)
     message = str(error.value)
-    assert message.startswith(SOURCE) and "'redis_master'" in message and "redis_masters" in message
+    assert message.startswith(f"{SOURCE}: [topology]") and "'redis_master'" in message and "redis_masters" in message
 
 
 @pytest.mark.parametrize(("key", "value", "minimum"), [
     ("redis_masters", 2, 3), ("redis_replicas_per_master", -1, 0), ("redis_node_timeout_ms", 10, 100),
     ("broker_nodes", -1, 0)])
 def test_sizes_below_the_minimum_name_key_value_and_minimum(key: str, value: int, minimum: int) -> None:
-    expected = f"{SOURCE}: {key} = {value} is below the minimum {minimum}"
+    expected = f"{SOURCE}: [topology] {key} = {value}: must be >= {minimum}"
     with pytest.raises(TopologyConfigError, match=re.escape(expected)):
         TopologyConfig.from_mapping({key: value}, source=SOURCE)
 
@@ -130,7 +130,7 @@ def test_s3rver_with_several_broker_nodes_is_refused_with_the_reason() -> None:
     with pytest.raises(TopologyConfigError) as error:
         TopologyConfig.from_mapping({"kafka_storage": "s3rver", "broker_nodes": 2}, source=SOURCE)
     message = str(error.value)
-    assert message.startswith(SOURCE) and "kafka_storage = 's3rver' with broker_nodes = 2" in message
+    assert message.startswith(f"{SOURCE}: [topology]") and "kafka_storage = 's3rver': with broker_nodes = 2" in message
     assert "conditional writes" in message and "docs/topology.md" in message
     assert TopologyConfig.from_mapping({"kafka_storage": "s3rver", "broker_nodes": 1}, source=SOURCE).broker_nodes == 1
     assert TopologyConfig.from_mapping({"kafka_storage": "moto", "broker_nodes": 3}, source=SOURCE).broker_nodes == 3

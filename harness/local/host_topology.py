@@ -1,0 +1,149 @@
+"""The local provider's topology: Redis Cluster + Tansu (+ its S3 server) + reference-broker nodes, as
+real processes under one run directory (data/<node>/, logs/<node>.log, topology.json).
+
+    with LocalTopology(TopologyConfig(), run_dir) as topology:
+        topology.redis_startup_nodes(); topology.kafka_bootstrap(); topology.endpoints()
+
+Start-up is all or nothing: if any part fails, everything already started is stopped before the error
+propagates.  Addresses: inside a private network namespace (harness/netns.py) every node gets its own
+127.0.0.x; on the host network everything is on 127.0.0.1 with free ports (harness/addresses.py)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from harness import netns
+from harness.addresses import AddressPlan
+from harness.binaries import REPO_ROOT
+from harness.local.redis_processes import RedisNode
+from harness.local.tansu import TansuNode, storage_node
+from harness.node import ProcessNode, port_accepts
+from harness.running_redis_cluster import RedisCluster
+from harness.topology_base import KAFKA_PORT, MQTT_PORT, REDIS_PORT, S3_PORT, BrokerConfig, TopologyBase
+from harness.topology_config import TopologyConfig
+
+
+def _broker_ready(node: ProcessNode) -> bool:
+    """docs/architecture.md: the MQTT port accepts and the node's log says ready."""
+    return port_accepts(node.host, node.port) and " ready" in node.log_since_start()
+
+
+class LocalTopology(TopologyBase):
+    """Redis Cluster, Tansu (+ its S3 server) and reference-broker nodes as host processes."""
+
+    def __init__(self, config: TopologyConfig | None = None, run_dir: Path | str = "runs/up", *,
+                 address_mode: str = "auto", broker_config: BrokerConfig = None) -> None:
+        """address_mode: "distinct" (own 127.0.0.x per node), "loopback" (127.0.0.1, free ports), or
+        "auto" (distinct inside a private network namespace, else loopback)."""
+        super().__init__(config, run_dir, broker_config)
+        if address_mode == "auto":
+            address_mode = "distinct" if netns.in_private_netns() else "loopback"
+        self.addresses = AddressPlan(address_mode)
+        self.redis_nodes: list[RedisNode] = []
+        self.kafka: TansuNode | None = None
+        self.storage: ProcessNode | None = None
+        self.brokers: list[ProcessNode] = []
+
+    def start(self, with_brokers: bool = True) -> None:
+        """with_brokers=False: Redis and Kafka only; the broker nodes are started later with ``start_brokers``
+        (harness/local/keeper.py keeps Redis and Kafka between seeds and starts each seed's brokers in its run dir)."""
+        if self.started or self.nodes():
+            raise RuntimeError("this LocalTopology was already started; make a new one for a new run")
+        data = self.run_dir / "data"
+        if data.is_dir() and any(data.iterdir()):
+            raise RuntimeError(f"run directory {self.run_dir} already holds node data from an earlier run "
+                               "(data/); choose a new run directory")
+        started = time.monotonic()
+        found = self.config.resolve_binaries()  # before anything runs: a missing binary starts nothing
+        try:
+            self._start_redis(found["redis"])
+            if self.config.kafka_storage != "none":
+                self._start_kafka(found)
+            # Redis readiness is awaited after Kafka started, so both come up in parallel
+            self.redis.wait_ready(self.config.ready_timeout_s)
+            self.timings["redis_ready_s"] = round(time.monotonic() - started, 3)
+            if self.config.broker_nodes and with_brokers:
+                self.start_brokers()
+        except BaseException:
+            self.stop()
+            raise
+        self.started = True
+        self.timings["ready_s"] = round(time.monotonic() - started, 3)
+        self.write_description()
+
+    def _start_redis(self, binary: Path) -> None:
+        began = time.monotonic()
+        for _ in range(self.config.redis_nodes):
+            host, port = self.addresses.allocate(REDIS_PORT, with_bus=True)
+            self.redis_nodes.append(RedisNode(
+                f"redis-{host.rsplit('.', 1)[1] if self.addresses.mode == 'distinct' else port}", host, port,
+                binary, run_dir=self.run_dir, appendfsync=self.config.redis_appendfsync,
+                node_timeout_ms=self.config.redis_node_timeout_ms))
+        self.redis = RedisCluster(self.redis_nodes, self.config.redis_masters,
+                                  self.config.redis_replicas_per_master)
+        self.redis.start_processes()
+        self.redis.create(timeout=self.config.ready_timeout_s)
+        self.timings["redis_formed_s"] = round(time.monotonic() - began, 3)
+
+    def _start_kafka(self, found: Mapping[str, Path]) -> None:
+        began = time.monotonic()
+        kind = self.config.storage_kind()
+        if kind:
+            host, port = self.addresses.allocate(S3_PORT)
+            self.storage = storage_node(kind, found[kind], host, port, self.run_dir)
+            self.storage.start()
+            self.storage.wait_ready(self.config.ready_timeout_s)
+        host, port = self.addresses.allocate(KAFKA_PORT)
+        self.kafka = TansuNode(found["tansu"], host, port, self.run_dir, self.storage, kind)
+        self.kafka.start()
+        self.kafka.wait_ready(self.config.ready_timeout_s)
+        self.timings["kafka_ready_s"] = round(time.monotonic() - began, 3)
+
+    def start_brokers(self, run_dir: Path | None = None, addresses: list[tuple[str, int]] | None = None) -> None:
+        """Start the broker nodes (logs and data under ``run_dir``, default the topology's; on ``addresses``,
+        default newly allocated ones).  Stop them with ``stop_brokers``."""
+        began = time.monotonic()
+        run_dir = Path(run_dir or self.run_dir)
+        config_path = self._broker_config_path()
+        for index in range(1, self.config.broker_nodes + 1):
+            host, port = addresses[index - 1] if addresses else self.addresses.allocate(MQTT_PORT)
+            name = f"broker-{index}"
+            argv = [sys.executable, "-m", "reference_broker", "--config", str(config_path),
+                    "--node-id", name, "--listen", f"{host}:{port}"]
+            node = ProcessNode(name, "broker", host, port, argv, log_path=run_dir / "logs" / f"{name}.log",
+                               data_dir=run_dir / "data" / name, cwd=REPO_ROOT,
+                               ready_check=_broker_ready)
+            self.brokers.append(node)
+            node.start()
+        for node in self.brokers:
+            node.wait_ready(self.config.ready_timeout_s)
+        self.timings["brokers_ready_s"] = round(time.monotonic() - began, 3)
+
+    def stop_brokers(self, timeout: float = 10.0) -> None:
+        """Stop the broker nodes only (Redis and Kafka keep running) and forget them."""
+        errors = []
+        for node in self.brokers:
+            try:
+                node.stop(timeout)
+            except Exception as error:  # noqa: BLE001 - keep stopping the others, report at the end
+                errors.append(f"{node.name}: {error}")
+        self.brokers = []
+        if errors:
+            raise RuntimeError("stopping the brokers: " + "; ".join(errors))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every node (brokers first, storage last); safe to call twice or after a failed start."""
+        errors = []
+        for node in [*self.brokers, self.kafka, *self.redis_nodes, self.storage]:
+            if node is None:
+                continue
+            try:
+                node.stop(timeout)
+            except Exception as error:  # noqa: BLE001 - keep stopping the others, report at the end
+                errors.append(f"{node.name}: {error}")
+        self.started = False
+        if errors:
+            raise RuntimeError("stopping the topology: " + "; ".join(errors))

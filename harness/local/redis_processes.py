@@ -1,0 +1,47 @@
+"""The local Redis Cluster's nodes: redis-server / valkey-server processes, each with its own config, data
+directory and log under the run directory (the cluster itself: harness/running_redis_cluster.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.node import ProcessNode
+from harness.running_redis_cluster import RedisCommands, answers_ping
+
+
+class RedisNode(RedisCommands, ProcessNode):
+    """A redis-server / valkey-server process of the local Redis Cluster, configured for cluster mode."""
+
+    def __init__(self, name: str, host: str, port: int, binary: Path, *, run_dir: Path,
+                 appendfsync: str, node_timeout_ms: int) -> None:
+        data_dir = run_dir / "data" / name
+        log_path = run_dir / "logs" / f"{name}.log"
+        self.config_path = data_dir / "redis.conf"
+        super().__init__(name, "redis", host, port, [str(binary), str(self.config_path)],
+                         log_path=log_path, data_dir=data_dir, ready_check=answers_ping)
+        self.appendfsync, self.node_timeout_ms = appendfsync, node_timeout_ms
+        self._node_id: str | None = None
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(self._config_text())  # the cluster state lives in nodes.conf + AOF
+        super().start()
+
+    def _config_text(self) -> str:
+        return "\n".join([
+            f"bind {self.host}",
+            f"bind-source-addr {self.host}",  # required with distinct 127.0.0.x, or the bus links hang
+            f"port {self.port}",
+            "protected-mode no",
+            "daemonize no",
+            f"dir {self.data_dir}",
+            "logfile \"\"",  # stdout, which the harness appends to the node's log
+            "cluster-enabled yes",
+            "cluster-config-file nodes.conf",
+            f"cluster-node-timeout {self.node_timeout_ms}",
+            "appendonly yes",
+            f"appendfsync {self.appendfsync}",
+            "save \"\"",
+            "repl-diskless-sync-delay 0",  # default 5 s: a master killed before its replica synced stays down
+            "",
+        ])

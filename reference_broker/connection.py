@@ -1,0 +1,652 @@
+"""One MQTT client connection: the protocol state machine (CONNECT to DISCONNECT, publisher and
+subscriber side) and its delivery loop.  What it asks of the node that accepted it is declared in
+``NodeForConnections``; the node (server.py) composes connections, they do not import it.
+
+Delivery to a persistent session never takes messages from the fan-out directly: live notifications are
+only hints that wake the loop, and the loop reads the client's Redis ZSET in score order from a cursor.
+So the backlog is always sent before anything newer (no overtaking), order across packet-id wraparound
+comes from the score, and a lost hint is recovered by the periodic re-check.  The read script records
+each entry as sent before it goes out, so a resend after a reconnect carries DUP = 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import logging
+import math
+import time
+import uuid
+from collections import Counter, OrderedDict, deque
+from typing import Any, Protocol
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from reference_broker import codec
+from reference_broker.codec import (
+    MQTT5,
+    Ack,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MalformedPacket,
+    Publish,
+    Simple,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+)
+from reference_broker.config import BrokerConfig
+from reference_broker.store import SessionStore
+
+# the logger's name is part of the broker's log format (tests and stored runs' logs carry it), not a module path
+log = logging.getLogger("reference_broker.session")
+
+NEVER_EXPIRES = 0xFFFFFFFF
+MAX_LIVE_QUEUE = 100_000  # messages routed live to one connection and not yet sent (a stuck non-persistent reader)
+
+
+class ProtocolViolation(Exception):
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+class NodeForConnections(Protocol):
+    """What a connection asks of the broker node that accepted it (server.py's Broker)."""
+
+    config: BrokerConfig
+    store: SessionStore
+    stats: Counter[str]
+
+    async def open_session(self, conn: Connection, clean_start: bool) -> bool: ...
+
+    async def save_subscriptions(self, conn: Connection) -> None: ...
+
+    async def connection_lost(self, conn: Connection) -> None: ...
+
+    async def produce_incoming(self, message: dict[str, Any]) -> asyncio.Future: ...
+
+
+class Connection:
+    def __init__(self, broker: NodeForConnections, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.reader = reader
+        self.writer = writer
+        self.conn_id = uuid.uuid4().hex[:12]
+        self.version = codec.MQTT311
+        self.client_id = ""
+        self.persistent = False
+        self.session_expiry: int | None = None   # seconds; None = never (MQTT 3.1.1 persistent); 0 = ends at close
+        self.connect_expiry = 0                  # MQTT 5: the Session Expiry Interval the CONNECT carried
+        self.session_gen = ""                    # id of the session (not the connection): set when it is created
+        self.filters: dict[str, int] = {}
+        self.no_local: set[str] = set()          # MQTT 5 filters subscribed with No Local = 1
+        self.max_packet_out: int | None = None   # the client's Maximum Packet Size
+        self.window = self.config.max_inflight
+        self.closed = False
+        self.taken_over = False
+        self.wake = asyncio.Event()
+        self.read_from_cursor = False            # the last read started after a cursor, not at the start
+        self.inflight: OrderedDict[int, tuple[str, str]] = OrderedDict()  # pid -> (kind, score)
+        self.live_queue: deque[dict[str, Any]] = deque()
+        self.live_dropped = 0
+        self.local_ids = itertools.count(1)
+        self.inbound_qos2: set[int] = set()
+        self.inbound_unacked: set[int] = set()   # QoS 1/2 ids received, no PUBACK / PUBCOMP sent yet
+        self.produces_pending = 0                # publishes handed to Kafka and not acknowledged by it yet
+        self.produce_room = asyncio.Event()
+        self.ack_queue: asyncio.Queue = asyncio.Queue()
+        self.tasks: list[asyncio.Task] = []
+        self.connected = asyncio.Event()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+
+    # ------------------------------------------------------------ wire
+    def send(self, packet: codec.Packet) -> None:
+        # packets produced in one turn of the event loop leave in one write (one syscall, not one each)
+        if self.closed:
+            return
+        self._out.append(codec.encode(packet, self.version))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def send_publish(self, packet: Publish) -> bool:
+        """Queue a PUBLISH unless it exceeds the client's Maximum Packet Size ([MQTT-3.1.2-24]); returns
+        whether it was sent.  The caller treats an unsent one as delivered ([MQTT-3.1.2-25])."""
+        if self.closed:
+            return True
+        data = codec.encode(packet, self.version)
+        if self.max_packet_out is not None and len(data) > self.max_packet_out:
+            log.info("%s: %d-byte PUBLISH on %s exceeds the client's maximum packet size %d: discarded",
+                     self.client_id, len(data), packet.topic, self.max_packet_out)
+            self.broker.stats["discarded_too_large"] += 1
+            return False
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+        return True
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and not self.writer.is_closing():
+            self.writer.write(b"".join(self._out))
+        self._out.clear()
+
+    async def close(self, reason_code: int | None = None) -> None:
+        if self.closed:
+            return
+        if reason_code is not None and self.version == MQTT5 and self.connected.is_set():
+            self.send(Disconnect(reason_code))
+        self.flush()
+        self.closed = True
+        self.produce_room.set()  # a reader held back by back-pressure wakes up and sees the close
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    # ------------------------------------------------------------ main loop
+    async def run(self) -> None:
+        try:
+            max_size = self.config.max_packet_size
+            first, body = await asyncio.wait_for(codec.read_packet(self.reader, max_size), 10.0)
+            if first >> 4 != codec.CONNECT:
+                raise MalformedPacket("first packet is not CONNECT", codec.RC_PROTOCOL_ERROR)
+            try:
+                connect = codec.decode(first, body)
+            except MalformedPacket as error:
+                if error.reason_code == codec.RC_UNSUPPORTED_PROTOCOL_VERSION:
+                    self.writer.write(codec.encode(ConnAck(False, 0x01), codec.MQTT311))
+                elif body[:7] == b"\x00\x04MQTT\x05":
+                    # an MQTT 5 CONNECT: the CONNACK may carry the reason before the close (§3.2.2.2)
+                    self.writer.write(codec.encode(ConnAck(False, error.reason_code), MQTT5))
+                raise
+            await self.handle_connect(connect)
+            if self.closed:
+                return
+            keep_alive = connect.keep_alive
+            timeout = keep_alive * 1.5 if keep_alive else None
+            limit = self.config.max_pending_publishes
+            while not self.closed:
+                # Back-pressure: while this client's publishes wait for Kafka, its socket is not read (TCP
+                # pushes back on the client), so one client's flood cannot queue its backlog in the shared
+                # producer ahead of everyone else's messages (benchmarks/broker_abuse.py measures it).
+                while self.produces_pending >= limit and not self.closed:
+                    self.produce_room.clear()
+                    await self.produce_room.wait()
+                try:
+                    first, body = await asyncio.wait_for(codec.read_packet(self.reader, max_size), timeout)
+                except TimeoutError:
+                    log.info("%s: keep-alive timeout", self.client_id)
+                    await self.close(codec.RC_KEEP_ALIVE_TIMEOUT)
+                    return
+                await self.dispatch(codec.decode(first, body, self.version))
+                # Fairness: a client whose packets are all buffered would otherwise be served until its
+                # buffer is empty (reads from a full buffer do not yield); one packet, then the others' turn.
+                await asyncio.sleep(0)
+        except MalformedPacket as error:
+            log.info("%s: malformed packet: %s", self.client_id or "?", error)
+            await self.close(error.reason_code if error.reason_code >= 0x80 else codec.RC_MALFORMED_PACKET)
+        except ProtocolViolation as error:
+            log.info("%s: protocol violation: %s", self.client_id or "?", error)
+            await self.close(error.reason_code)
+        except codec.LostBetweenPackets:
+            await self._acks_left_buffered()
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: connection failed", self.client_id or "?")
+            await self.close(codec.RC_UNSPECIFIED_ERROR)
+        finally:
+            await self.close()
+            for task in self.tasks:
+                task.cancel()
+            if self.connected.is_set():
+                await self.broker.connection_lost(self)
+
+    async def _acks_left_buffered(self) -> None:
+        """The connection was reset with packets still in the reader's buffer (asyncio raises the reset before
+        handing them out).  The acks among them reached this broker before the reset: end their flows, or the
+        resumed session redelivers messages the client acknowledged (MQTT 5 §4.4 resends only unacknowledged
+        ones; docs/findings.md, "an ack the history claimed before it left").  Other packets are dropped: the
+        client learns nothing of them (no PUBACK / SUBACK can reach it) and resends what it still owes."""
+        if not self.connected.is_set():
+            return
+        buffered = bytes(getattr(self.reader, "_buffer", b""))
+        for first, body in codec.whole_packets(buffered):
+            if first >> 4 not in (codec.PUBACK, codec.PUBREC, codec.PUBCOMP):
+                continue
+            try:
+                packet = codec.decode(first, body, self.version)
+            except (MalformedPacket, ProtocolViolation):
+                return
+            await self.on_ack(packet)
+
+    # ------------------------------------------------------------ CONNECT
+    async def handle_connect(self, connect: Connect) -> None:
+        self.version = connect.protocol_level
+        v5 = self.version == MQTT5
+        client_id = connect.client_id
+        assigned = None
+        if not client_id:
+            if not connect.clean_start and not v5:
+                self.send(ConnAck(False, 0x02))
+                await self.close()
+                return
+            client_id = assigned = f"auto-{uuid.uuid4().hex}"
+        if "{" in client_id or "}" in client_id:
+            # the client id is the Redis hash tag; braces inside it would split the client's keys
+            self.send(ConnAck(False, codec.RC_CLIENT_ID_NOT_VALID if v5 else 0x02))
+            await self.close()
+            return
+        self.client_id = client_id
+        if v5:
+            refusal = self._refuse_connect(connect)
+            if refusal is not None:
+                log.info("%s: CONNECT refused (%#x)", client_id, refusal)
+                self.send(ConnAck(False, refusal))
+                await self.close()
+                return
+            self.session_expiry = self.connect_expiry = connect.prop("SessionExpiryInterval", 0)
+            self.window = min(connect.prop("ReceiveMaximum", 65535), self.config.max_inflight)
+            self.max_packet_out = connect.prop("MaximumPacketSize")
+            # TBMQ: MQTT 5 is persistent with an expiry interval, or with clean start 0 (then never expiring)
+            self.persistent = self.session_expiry > 0 or not connect.clean_start
+            if self.persistent and self.session_expiry in (0, NEVER_EXPIRES):
+                self.session_expiry = None
+        else:
+            self.persistent = not connect.clean_start
+            self.session_expiry = None
+        session_present = await self.broker.open_session(self, connect.clean_start)
+        properties = None
+        if v5:
+            properties = Properties(PacketTypes.CONNACK)
+            if assigned:
+                properties.AssignedClientIdentifier = assigned
+            # what this broker does not do, declared (docs/reference-broker.md, conformance table), and the
+            # limits it enforces
+            properties.TopicAliasMaximum = 0
+            properties.RetainAvailable = 0
+            properties.SharedSubscriptionAvailable = 0
+            properties.SubscriptionIdentifierAvailable = 0
+            properties.ReceiveMaximum = self.config.receive_maximum
+            properties.MaximumPacketSize = self.config.max_packet_size
+        if self.config.has("session_present_always_zero"):
+            session_present = False  # defect
+        self.send(ConnAck(session_present, codec.RC_SUCCESS, properties))
+        self.connected.set()
+        self.tasks.append(asyncio.create_task(self.acker()))
+        self.tasks.append(asyncio.create_task(self.delivery_loop(session_present)))
+        if self.config.has("resend_within_connection"):
+            self.tasks.append(asyncio.create_task(self._resend_unacked()))
+
+    def _refuse_connect(self, connect: Connect) -> int | None:
+        """The MQTT 5 CONNACK reason code for a CONNECT this broker must refuse, or None."""
+        if connect.will_topic is not None and connect.will_retain:
+            return codec.RC_RETAIN_NOT_SUPPORTED  # [MQTT-3.2.2-13]: Retain Available = 0
+        if connect.prop("AuthenticationMethod") is not None:
+            return codec.RC_BAD_AUTHENTICATION_METHOD  # no enhanced authentication (§4.12)
+        if connect.will_topic is not None and len(connect.will_topic.encode()) > self.config.max_topic_length:
+            return codec.RC_TOPIC_NAME_INVALID
+        return None
+
+    # ------------------------------------------------------------ dispatch
+    async def dispatch(self, packet: codec.Packet) -> None:
+        if isinstance(packet, Publish):
+            await self.on_publish(packet)
+        elif isinstance(packet, Ack):
+            await self.on_ack(packet)
+        elif isinstance(packet, Subscribe):
+            await self.on_subscribe(packet)
+        elif isinstance(packet, Unsubscribe):
+            await self.on_unsubscribe(packet)
+        elif isinstance(packet, Simple) and packet.packet_type == codec.PINGREQ:
+            self.send(Simple(codec.PINGRESP))
+        elif isinstance(packet, Disconnect):
+            if self.version == MQTT5:
+                expiry = packet.prop("SessionExpiryInterval")
+                if expiry is not None and self.connect_expiry == 0 and expiry != 0:
+                    # §3.14.2.2.2: not a valid DISCONNECT; the session keeps CONNECT's expiry
+                    raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, "DISCONNECT sets Session Expiry Interval "
+                                            f"{expiry} after CONNECT's 0")
+                if expiry is not None and self.connect_expiry > 0:
+                    # §3.14.2.2.2: the DISCONNECT's interval replaces CONNECT's (0: the session ends now)
+                    self.session_expiry = None if expiry == NEVER_EXPIRES else expiry
+            await self.close()
+        else:
+            raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
+
+    # ------------------------------------------------------------ publisher side
+    async def on_publish(self, packet: Publish) -> None:
+        v5 = self.version == MQTT5
+        if len(packet.topic.encode()) > self.config.max_topic_length:
+            raise ProtocolViolation(codec.RC_TOPIC_NAME_INVALID, f"topic of {len(packet.topic.encode())} bytes "
+                                    f"exceeds max_topic_length {self.config.max_topic_length}")
+        if v5:
+            if packet.retain:  # [MQTT-3.2.2-14]: Retain Available = 0
+                raise ProtocolViolation(codec.RC_RETAIN_NOT_SUPPORTED, "PUBLISH with RETAIN = 1")
+            if packet.prop("SubscriptionIdentifier") is not None:
+                raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, "PUBLISH from a client carries a Subscription "
+                                        "Identifier [MQTT-3.3.4-6]")
+            if packet.prop("TopicAlias") is not None:  # Topic Alias Maximum = 0 (§3.2.2.3.8, §3.3.2.3.4)
+                raise ProtocolViolation(codec.RC_TOPIC_ALIAS_INVALID, "PUBLISH with a Topic Alias")
+        if packet.qos == 2 and packet.packet_id in self.inbound_qos2:
+            self.send(Ack(codec.PUBREC, packet.packet_id))  # already produced: exactly once
+            return
+        if packet.qos:
+            self.inbound_unacked.add(packet.packet_id)
+            if v5 and len(self.inbound_unacked) > self.config.receive_maximum:
+                raise ProtocolViolation(codec.RC_RECEIVE_MAXIMUM_EXCEEDED,
+                                        f"{len(self.inbound_unacked)} QoS 1/2 PUBLISHes unacknowledged, Receive "
+                                        f"Maximum {self.config.receive_maximum}")
+        now_ms = int(time.time() * 1000)
+        expiry = packet.prop("MessageExpiryInterval") if self.version == MQTT5 else None
+        if self.config.has("ignore_message_expiry"):
+            expiry = None  # defect
+        props = b""
+        if self.version == MQTT5 and packet.properties is not None:
+            forward = Properties(PacketTypes.PUBLISH)
+            for name in ("PayloadFormatIndicator", "ContentType", "ResponseTopic", "CorrelationData",
+                         "UserProperty"):
+                if hasattr(packet.properties, name):
+                    value = getattr(packet.properties, name)
+                    for item in (value if name == "UserProperty" else [value]):
+                        setattr(forward, name, item)
+            props = forward.pack()
+        message = {"topic": packet.topic, "qos": packet.qos, "payload": base64.b64encode(packet.payload).decode(),
+                   "retain": packet.retain, "props": base64.b64encode(props).decode(), "time": now_ms,
+                   "expiresAt": None if expiry is None else now_ms + expiry * 1000, "expiryInterval": expiry,
+                   "publisher": self.client_id}
+        self.produces_pending += 1
+        future = await self.broker.produce_incoming(message)
+        await self.ack_queue.put((packet.qos, packet.packet_id, future))
+
+    async def acker(self) -> None:
+        """Acknowledge publishes in receive order, each only after Kafka acknowledged its write."""
+        while True:
+            qos, packet_id, future = await self.ack_queue.get()
+            try:
+                await future
+            except Exception as error:
+                log.warning("%s: produce failed for packet %s: %r", self.client_id, packet_id, error)
+                self._produced()
+                if qos == 0:
+                    continue
+                if self.version == MQTT5:
+                    self.inbound_unacked.discard(packet_id)  # a reason code >= 0x80 ends the flow
+                    self.send(Ack(codec.PUBACK if qos == 1 else codec.PUBREC, packet_id, codec.RC_UNSPECIFIED_ERROR))
+                    continue
+                await self.close()
+                return
+            self._produced()
+            if qos == 0:
+                continue
+            if qos == 1:
+                self.inbound_unacked.discard(packet_id)
+                self.send(Ack(codec.PUBACK, packet_id))
+            else:
+                self.inbound_qos2.add(packet_id)
+                if self.persistent:
+                    # part of the session: a publisher that reconnects and resends must not produce twice
+                    await self._with_retry(self.broker.store.add_inbound_qos2, packet_id)
+                self.send(Ack(codec.PUBREC, packet_id))
+
+    def _produced(self) -> None:
+        self.produces_pending -= 1
+        self.produce_room.set()
+
+    # ------------------------------------------------------------ acks from the subscriber (and PUBREL)
+    async def on_ack(self, packet: Ack) -> None:
+        pid = packet.packet_id
+        store = self.broker.store
+        if packet.packet_type == codec.PUBREL:
+            known = pid in self.inbound_qos2
+            self.inbound_qos2.discard(pid)
+            self.inbound_unacked.discard(pid)
+            if known and self.persistent:
+                await self._with_retry(self.broker.store.remove_inbound_qos2, pid)
+            rc = codec.RC_SUCCESS if known or self.version != MQTT5 else codec.RC_PACKET_ID_NOT_FOUND
+            self.send(Ack(codec.PUBCOMP, pid, rc))
+            return
+        entry = self.inflight.get(pid)
+        stored = entry is not None and entry[0] != "live"
+        if packet.packet_type == codec.PUBREC:
+            if packet.reason_code >= 0x80:  # the subscriber refused it: the flow ends here
+                if stored:
+                    await self._with_retry(store.remove_one, pid)
+                self._flow_ended(pid)
+                return
+            if stored:
+                await self._with_retry(store.mark_released, pid)
+                self.inflight[pid] = ("rel", entry[1])
+            self.send(Ack(codec.PUBREL, pid))
+            return
+        # PUBACK or PUBCOMP: the message is done.  Remove it from Redis before it leaves the in-flight
+        # window: an empty window sends the delivery loop back to the start of the ZSET, where a message
+        # not yet removed would be sent again.
+        if stored and not self.config.has("puback_not_removing"):
+            await self._with_retry(store.remove_one, pid)
+        self._flow_ended(pid)
+
+    def _flow_ended(self, pid: int) -> None:
+        """A delivery left the in-flight window.  Wake the delivery loop only if that can send something: the
+        window was full, live messages wait for room, or the window is now empty after a read from a cursor
+        (a read from the start then finds messages scored below it, after a wrap).  Otherwise the next hint
+        wakes it -- an unconditional wake costs one empty Redis read per delivered message, a large share of
+        the broker's Redis commands (benchmarks/broker_p2p.py counts them)."""
+        was_full = len(self.inflight) >= self.window
+        if self.inflight.pop(pid, None) is None:
+            return
+        if was_full or self.live_queue or (not self.inflight and self.read_from_cursor):
+            self.wake.set()
+
+    async def _with_retry(self, operation, packet_id: int) -> None:
+        """Ack bookkeeping rides through a Redis failover; if it still fails, the message stays stored
+        and is redelivered after the next reconnect (a duplicate, never a loss)."""
+        for attempt in range(6):
+            try:
+                await operation(self.client_id, packet_id)
+                return
+            except Exception as error:
+                log.warning("%s: %s(%d) failed (attempt %d): %r", self.client_id, operation.__name__,
+                            packet_id, attempt + 1, error)
+                await asyncio.sleep(0.5)
+
+    # ------------------------------------------------------------ subscriptions
+    async def on_subscribe(self, packet: Subscribe) -> None:
+        v5 = self.version == MQTT5
+        if v5 and packet.properties is not None and hasattr(packet.properties, "SubscriptionIdentifier"):
+            # §3.2.2.3.12: Subscription Identifiers Available = 0
+            raise ProtocolViolation(codec.RC_SUBSCRIPTION_IDS_NOT_SUPPORTED, "SUBSCRIBE with a Subscription Identifier")
+        codes = []
+        for topic_filter, options in packet.topics:
+            if topic_filter.startswith("$share/"):
+                if v5:  # §3.2.2.3.13: Shared Subscription Available = 0
+                    raise ProtocolViolation(codec.RC_SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
+                                            f"shared subscription {topic_filter!r}")
+                codes.append(0x80)
+                continue
+            if not codec.valid_filter(topic_filter) or len(topic_filter.encode()) > self.config.max_topic_length:
+                codes.append(codec.RC_TOPIC_FILTER_INVALID if v5 else 0x80)
+                continue
+            qos = options & 0x03
+            self.filters[topic_filter] = qos
+            if v5 and options & 0x04:
+                self.no_local.add(topic_filter)   # [MQTT-3.8.3-3], applied by the fan-out
+            else:
+                self.no_local.discard(topic_filter)
+            codes.append(qos)
+        await self.broker.save_subscriptions(self)
+        self.send(SubAck(packet.packet_id, codes))
+
+    async def on_unsubscribe(self, packet: Unsubscribe) -> None:
+        codes = []
+        for topic_filter in packet.topics:
+            codes.append(0x00 if self.filters.pop(topic_filter, None) is not None else 0x11)
+            self.no_local.discard(topic_filter)
+        await self.broker.save_subscriptions(self)
+        self.send(UnsubAck(packet.packet_id, codes))
+
+    # ------------------------------------------------------------ delivery
+    def deliver_live(self, message: dict[str, Any]) -> None:
+        if len(self.live_queue) >= MAX_LIVE_QUEUE:
+            # a connection that takes nothing (Receive Maximum reached, never acknowledging) must not grow the
+            # node's memory without bound; live (non-persistent) messages beyond this are dropped
+            self.live_dropped += 1
+            if self.live_dropped in (1, 1000) or self.live_dropped % 100_000 == 0:
+                log.warning("%s: %d live messages dropped (the connection takes none)", self.client_id,
+                            self.live_dropped)
+            return
+        self.live_queue.append(message)
+        self.wake.set()
+
+    async def delivery_loop(self, resumed: bool) -> None:
+        store = self.broker.store
+        cursor = "-inf"
+        backlog_first = True
+        if resumed and self.persistent and self.config.has("live_before_backlog"):
+            # defect: start after the newest stored message; the backlog is read only later
+            top = await store.redis.zrevrange(store.messages_key(self.client_id), 0, 0, withscores=True)
+            if top:
+                cursor, backlog_first = str(int(top[0][1])), False
+        started = time.monotonic()
+        while not self.closed:
+            # clear before reading: a hint that lands during the read wakes the next round
+            self.wake.clear()
+            try:
+                await self._send_live()
+                if self.persistent:
+                    room = self.window - len(self.inflight)
+                    if room > 0:
+                        if not self.inflight and backlog_first and not self.config.has("puback_not_removing"):
+                            # every sent message is acknowledged and removed; scores restart below the
+                            # cursor once the ZSET emptied (after a wrap) when the save found no session
+                            # record to keep its highest score in (lua/save.lua), so read from the start again
+                            cursor = "-inf"
+                        self.read_from_cursor = cursor != "-inf"
+                        entries = await store.read(self.client_id, cursor, room, reader=self.conn_id)
+                        for entry in entries:
+                            cursor = str(int(entry.score))
+                            if self.inflight.get(entry.packet_id, (None, None))[1] == cursor:
+                                continue  # already in flight on this connection
+                            await self._send_stored(entry)
+                        if resumed and entries and self.config.has("backlog_sent_twice"):
+                            # defect: a second backlog fetch (the first hint's) raced the CONNACK's and read
+                            # the same entries before either marked them sent: each goes out twice
+                            resumed = False
+                            for entry in entries:
+                                await self._send_stored(entry)
+                        if entries:
+                            self.flush()
+                            await self.writer.drain()
+                        if len(entries) == room:
+                            continue  # the window was the limit: there may be more right away
+                    if not backlog_first and (len(self.inflight) or time.monotonic() - started > 3.0):
+                        backlog_first, cursor = True, "-inf"
+            except (ConnectionError, asyncio.CancelledError):
+                return
+            except Exception as error:
+                # Redis failing over, for instance: the queue is still there, read it again shortly
+                log.warning("%s: delivery read failed: %r; retrying", self.client_id, error)
+                await asyncio.sleep(0.5)
+                continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.config.delivery_recheck_s)
+
+    async def _resend_unacked(self) -> None:
+        """(defect resend_within_connection) An MQTT 3.1.1 habit: a stored message unacknowledged for a
+        second is resent (DUP = 1) on the same connection -- MQTT 5 allows resends only on a reconnect."""
+        sent: dict[int, tuple[str, float]] = {}  # packet id -> (score, first seen in flight)
+        while not self.closed:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for pid, (kind, score) in list(self.inflight.items()):
+                if kind != "stored":
+                    continue
+                if sent.get(pid, (None, 0.0))[0] != score:
+                    sent[pid] = (score, now)
+                elif now - sent[pid][1] > 1.0:
+                    sent[pid] = (score, now)
+                    for entry in await self.broker.store.read(self.client_id, str(int(score) - 1), 1, mark_sent=False):
+                        if entry.packet_id == pid:
+                            self.send_publish(self._publish(entry.message, entry.message["qos"], pid, True,
+                                                            self._remaining_expiry(entry.message)))
+            self.flush()
+
+    async def _send_stored(self, entry) -> None:
+        message = entry.message
+        pid = entry.packet_id
+        score = str(int(entry.score))
+        if message.get("packetType") == "PUBREL":
+            self.inflight[pid] = ("rel", score)
+            self.send(Ack(codec.PUBREL, pid))
+            return
+        remaining = self._remaining_expiry(message)
+        if remaining is not None and remaining <= 0:
+            await self.broker.store.remove_one(self.client_id, pid)  # expired: never sent
+            return
+        dup = entry.sent_before
+        if self.config.has("no_dup_on_resend"):
+            dup = False
+        if self.config.has("dup_on_first_delivery"):
+            dup = True
+        if not self.send_publish(self._publish(message, message["qos"], pid, dup, remaining)):
+            await self.broker.store.remove_one(self.client_id, pid)  # [MQTT-3.1.2-25]: as if delivered
+            return
+        self.inflight[pid] = ("stored", score)
+
+    async def _send_live(self) -> None:
+        queue = self.live_queue
+        while queue:
+            message = queue[0]
+            remaining = self._remaining_expiry(message)
+            if remaining is not None and remaining <= 0:
+                queue.popleft()
+                continue
+            if message["qos"] and len(self.inflight) >= self.window:
+                break  # [MQTT-3.3.4-9]: the client's Receive Maximum; an acknowledgement wakes the loop
+            queue.popleft()
+            pid = self._free_local_id() if message["qos"] else None
+            if self.send_publish(self._publish(message, message["qos"], pid, False, remaining)) and pid:
+                self.inflight[pid] = ("live", "")
+        self.flush()
+        await self.writer.drain()
+
+    def _free_local_id(self) -> int:
+        # live (non-stored) deliveries use packet ids the stored queue is not using right now
+        for _ in range(65536):
+            pid = next(self.local_ids) % 65536
+            if pid and pid not in self.inflight:
+                return pid
+        raise ProtocolViolation(codec.RC_RECEIVE_MAXIMUM_EXCEEDED, "no free packet id")
+
+    def _remaining_expiry(self, message: dict[str, Any]) -> int | None:
+        expires_at = message.get("expiresAt")
+        if expires_at is None or self.config.has("ignore_message_expiry"):
+            return None
+        remaining = math.ceil((expires_at - time.time() * 1000) / 1000)
+        if self.config.has("remaining_expiry_not_reduced") and remaining > 0:
+            return message.get("expiryInterval") or remaining  # defect: the original interval
+        return remaining
+
+    def _publish(self, message: dict[str, Any], qos: int, pid: int | None, dup: bool,
+                 remaining: int | None) -> Publish:
+        properties = None
+        if self.version == MQTT5:
+            properties = Properties(PacketTypes.PUBLISH)
+            raw = base64.b64decode(message.get("props") or "")
+            if raw:
+                with contextlib.suppress(Exception):
+                    properties.unpack(raw)
+            if remaining is not None:
+                properties.MessageExpiryInterval = remaining
+        return Publish(message["topic"], base64.b64decode(message["payload"]), qos, False, dup and qos > 0,
+                       pid, properties)

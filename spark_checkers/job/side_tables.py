@@ -1,0 +1,88 @@
+"""The small tables built on the driver from the timelines (runs, clients, topic matches): broadcast to every
+join they meet and looked up with higher-order functions, never joined row by row."""
+
+from __future__ import annotations
+
+from pyspark.sql import types as T
+
+from contracts.topics import filter_matches
+from spark_checkers.job.codes import code_of
+from spark_checkers.job.events import RunSpec, local_frame
+from spark_checkers.timeline import NEVER, Timeline, detail_of
+
+
+def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topics: dict[str, list[str]]):
+    """(runs_df, clients_df, match_df): small DataFrames, broadcast to every join they meet."""
+    run_rows, client_rows, match_rows = [], [], []  # every client and topic as its code (encode_events)
+    for run in runs:
+        timeline, g = timelines[run.run_id], run.guarantees
+        run_rows.append((run.run_id, g.persisted_messages_limit, g.ttl_us, g.tolerance_us, timeline.fault_times(),
+                         timeline.bucket_us, timeline.t_first, g.slack_us, g.queue_policy,
+                         unpromised_fault_times(timeline, g), fault_spans(timeline)))
+        clients = set(timeline.connect_seqs) | set(timeline.offline)
+        for client in clients:
+            client_rows.append((run.run_id, code_of(client), timeline.connect_seqs.get(client, []),
+                                timeline.fresh_seqs.get(client, []),
+                                [(s, t) for s, t in timeline.disconnects.get(client, [])],
+                                list(timeline.offline.get(client, [])),
+                                [(row["seq"], row["t_mono_us"]) for row in timeline.connects.get(client, [])
+                                 if (row.get("reason_code") or 0) < 0x80],
+                                timeline.persistent_fresh_seqs.get(client, []),
+                                [(n["seq"], n["t"], n["why"], n["clean_start"])
+                                 for n in timeline.new_sessions.get(client, [])],
+                                [row["seq"] for row in timeline.snapshots if row.get("client") == client
+                                 and detail_of(row).get("when") == "preset"]))
+        for topic in topics.get(run.run_id, []):
+            subs = [(code_of(s.client), s.t_from, s.t_to, s.granted_qos, s.persistent)
+                    for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
+            if subs:
+                match_rows.append((run.run_id, code_of(topic), subs, sorted({s[0] for s in subs})))
+    L, S, B, N = T.LongType(), T.StringType(), T.BooleanType(), T.IntegerType()
+    runs_df = local_frame(spark, run_rows, T.StructType([
+        T.StructField("run_id", S), T.StructField("limit", N), T.StructField("ttl_us", L),
+        T.StructField("tol_us", L), T.StructField("fault_times", T.ArrayType(L)), T.StructField("bucket_us", L),
+        T.StructField("t_origin", L), T.StructField("slack_us", L), T.StructField("policy", S),
+        T.StructField("unpromised_times", T.ArrayType(L)),
+        # Every fault and node event as [s, e] (e: the heal, NEVER if none; an event: s = e).
+        T.StructField("fault_spans", T.ArrayType(T.StructType([T.StructField("s", L), T.StructField("e", L)])))]))
+    clients_df = local_frame(spark, client_rows, T.StructType([
+        T.StructField("run_id", S), T.StructField("client", L), T.StructField("connect_seqs", T.ArrayType(L)),
+        T.StructField("fresh_seqs", T.ArrayType(L)),
+        T.StructField("disconnects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
+        T.StructField("offline", T.ArrayType(T.StructType([T.StructField("idx", N), T.StructField("d", L),
+                                                           T.StructField("c", L),
+                                                           T.StructField("discarded", B)]))),
+        # Accepted connects (CONNACK reason < 0x80) as (seq, t): when each connection was established.
+        T.StructField("connects", T.ArrayType(T.StructType([T.StructField("seq", L), T.StructField("t", L)]))),
+        T.StructField("persistent_fresh_seqs", T.ArrayType(L)),
+        # The connects that legally began a new session, discarding the one before (Timeline.new_sessions).
+        T.StructField("new_sessions", T.ArrayType(T.StructType([
+            T.StructField("seq", L), T.StructField("t", L), T.StructField("why", S),
+            T.StructField("clean_start", B)]))),
+        # The harness's packet-id presets (session_snapshot rows with when = "preset"): each one sets the
+        # session's stored counter, so the ids after it start a new run of the sequence.
+        T.StructField("preset_seqs", T.ArrayType(L))]))
+    match_df = local_frame(spark, match_rows, T.StructType([
+        T.StructField("run_id", S), T.StructField("topic", L),
+        T.StructField("subs", T.ArrayType(T.StructType([
+            T.StructField("client", L), T.StructField("t_from", L), T.StructField("t_to", L),
+            T.StructField("granted", N), T.StructField("persistent", B)]))),
+        # The distinct clients of subs: every claim on the topic is one of them.
+        T.StructField("clients", T.ArrayType(L))]))
+    return runs_df, clients_df, match_df
+
+
+def fault_spans(timeline: Timeline) -> list[tuple[int, int]]:
+    """Every fault as (start, heal or NEVER) and every node event as (t, t): the times a fault may explain a
+    duplicate or a stored packet id no delivery shows (a save repeated after a failure, a rolled-back removal)."""
+    spans = [(f.t_start, f.t_heal if f.t_heal is not None else NEVER) for f in timeline.faults]
+    spans += [(e["t_mono_us"], e["t_mono_us"]) for e in timeline.node_events]
+    return sorted(spans)
+
+
+def unpromised_fault_times(timeline: Timeline, g) -> list[int]:
+    """Start times of the faults whose losses the target's declared persistence does not cover (a kill of a
+    broker that promises only a graceful stop): a message lost to one is *allowed*, not a violation."""
+    kinds = g.unpromised_faults
+    return sorted(f.t_start for f in timeline.faults
+                  if f.kind in kinds and (not g.target_name or f.node in (None, g.target_name)))

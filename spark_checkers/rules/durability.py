@@ -1,0 +1,139 @@
+"""The durability rules over delivered messages: no phantom, nothing delivered after its publish failed or to a
+client not subscribed, no discarded session's message in a later session.  The losses of owed messages are the
+loss rules' (losses.py); the explanations of the sessions lost at a reconnect (found by timeline.py) are here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import functions as F
+
+from spark_checkers.job.codes import witness_name
+from spark_checkers.job.columns import sql
+from spark_checkers.rules.columns import (
+    client,
+    first_delivery,
+    publisher,
+    publisher_may_have_resent,
+    real,
+    since_origin,
+    tolerance,
+)
+from spark_checkers.rules.registry import MESSAGES, explains, rule
+from spark_checkers.rules.words import message, seconds
+from spark_checkers.timeline import Timeline
+
+
+@rule("durability.phantom", MESSAGES)
+def phantom():
+    return (~real(), since_origin("first.t"), *first_delivery(), "phantom_reason",
+            *[witness_name(h) for h in ("min_hash", "max_hash", "pub_hash")])
+
+
+@rule("durability.delivered_after_failed_publish", MESSAGES)
+def delivered_after_failed_publish():
+    return (real() & F.col("t_fail").isNotNull() & F.col("t_ack").isNull(), since_origin("first.t"),
+            *first_delivery(), "t_fail")
+
+
+@rule("durability.unsubscribed_delivery", MESSAGES)
+def unsubscribed_delivery():
+    subscribed = sql("exists(coalesce(subs, array()), x -> x.client = client AND x.t_from <= first.t + tol_us"
+                     " AND (x.t_to IS NULL OR x.t_to >= t_invoke - tol_us))")
+    return real() & ~subscribed, since_origin("first.t"), *first_delivery()
+
+
+# A discarded session's message reaching a later session ([MQTT-3.1.2-4]).  The broker routes a message to
+# the subscriptions that exist when its pipeline gets to it, so one published shortly before a new session
+# subscribed may legally reach it; but one acknowledged more than the pipeline slack (+ the clock tolerance)
+# before the connect that began the receiving session was routed before that session existed: to the
+# session it discarded (or an older one), never to this one.  Judged on the last delivery (the latest
+# session that got it).  Not judged where the pipeline may have been held up longer (a fault or node event
+# between the publish and the delivery) or where the publisher may have sent it again later (published more
+# than once, or disconnected before its ack).
+@rule("durability.discarded_session_delivery", MESSAGES)
+def discarded_session_delivery():
+    t_last_d = F.col("last.t")
+    session = sql("element_at(filter(coalesce(new_sessions, array()), x -> x.seq < last.seq), -1)")
+    held = sql("element_at(filter(coalesce(new_sessions, array()), x -> x.t <= t_ack), -1)")
+    discarded_by = sql("element_at(filter(coalesce(new_sessions, array()), x -> x.t > t_ack), 1)")
+    fault_in_life = sql("exists(coalesce(fault_spans, array()), x -> x.s <= last.t AND x.e + slack_us >= t_invoke)")
+    from_discarded = (real() & F.col("t_ack").isNotNull() & session.isNotNull()
+                      & (F.col("t_ack") + F.col("slack_us") + tolerance() < session["t"]) & ~fault_in_life
+                      & ~publisher_may_have_resent())
+    return (from_discarded, t_last_d - F.col("t_origin"),
+            client(), publisher(), "pub_seq", t_last_d.alias("t"), F.col("last.packet_id").alias("packet_id"),
+            F.col("last.dup").alias("dup"), witness_name("last.node", "node"), "t_invoke", "t_ack", "t_origin",
+            witness_name("topic"), session["t"].alias("t_session"), session["why"].alias("session_why"),
+            session["clean_start"].alias("session_clean_start"), held["t"].alias("t_held_since"),
+            discarded_by["t"].alias("t_discarded"), discarded_by["why"].alias("discarded_why"),
+            discarded_by["clean_start"].alias("discarded_clean_start"), "n_deliveries", "slack_us", "tol_us")
+
+
+_NEW_SESSION_WHY = {
+    "clean_start": "with clean start 1",
+    "expired": "after its session expiry had elapsed offline",
+    "after_clean": "after a non-persistent session (it ended at its disconnect)",
+}
+
+
+@explains("durability.discarded_session_delivery")
+def _discarded_session(w: dict[str, Any], timeline: Timeline) -> str:
+    """The session that held the message, the connect that discarded it, and the later session that got it."""
+    o = timeline.t_first
+    who, client_name = message(w), w.get("client")
+    began, acked = w.get("t_session") or 0, w.get("t_ack") or 0
+    margin_ms = ((w.get("slack_us") or 0) + (w.get("tol_us") or 0)) // 1000
+    held = (f"the session begun at {seconds(w['t_held_since'], o)}" if w.get("t_held_since") is not None
+            else f"the first session of {client_name}")
+    text = (f"{client_name} received {who} at {seconds(w.get('t'), o)} (packet id {w.get('packet_id')}, DUP "
+            f"{'1' if w.get('dup') else '0'}) in the session begun by its connect at {seconds(began, o)} "
+            f"{_NEW_SESSION_WHY.get(w.get('session_why'), '')}; {who} was acknowledged at {seconds(acked, o)}, "
+            f"{(began - acked) / 1e6:.3f} s before that connect (more than the pipeline slack + clock tolerance, "
+            f"{margin_ms} ms), so the broker routed it before that session existed: it belonged to an earlier "
+            f"session, {held} (current when it was acknowledged)")
+    discarded = w.get("t_discarded")
+    if discarded is not None and discarded < began:
+        text += (f", which the connect at {seconds(discarded, o)} {_NEW_SESSION_WHY.get(w.get('discarded_why'), '')} "
+                 f"discarded, and still reached the later session")
+    else:
+        text += ", which that connect discarded"
+    return text + ". A discarded session's messages must never reach a later session [MQTT-3.1.2-4]."
+
+
+@explains("durability.phantom")
+def _phantom(w: dict[str, Any], timeline: Timeline) -> str:
+    o = timeline.t_first
+    return (f"{w['client']} received {message(w)} at {seconds(w.get('t'), o)}: {w.get('phantom_reason')}"
+            + (f" (published {w.get('pub_hash')}, received {w.get('min_hash')})" if w.get("pub_hash") else "") + ".")
+
+
+@explains("durability.unsubscribed_delivery")
+def _unsubscribed(w: dict[str, Any], timeline: Timeline) -> str:
+    o = timeline.t_first
+    return (f"{w['client']} received {message(w)} on topic {w.get('topic')} at {seconds(w.get('t'), o)} without a "
+            "matching subscription at that time.")
+
+
+@explains("durability.delivered_after_failed_publish")
+def _after_failed_publish(w: dict[str, Any], timeline: Timeline) -> str:
+    o = timeline.t_first
+    return (f"the publish of {message(w)} failed at {seconds(w.get('t_fail'), o)}, yet {w['client']} received it at "
+            f"{seconds(w.get('t'), o)}.")
+
+
+@explains("durability.session_lost_allowed")
+def _session_lost_allowed(w: dict[str, Any], timeline: Timeline) -> str:
+    o = timeline.t_first
+    fault = w.get("fault") or {}
+    return (f"{w['client']} reconnected at {seconds(w.get('t'), o)} (offline since {seconds(w.get('t_disconnect'), o)}) "
+            f"without clean start and got session present = 0, after {fault.get('kind')} of {fault.get('node')} "
+            f"({fault.get('fault_id')}) at {seconds(fault.get('t_start'), o)}: the target does not promise that "
+            "sessions survive that fault (its declared persistence): allowed, not a violation.")
+
+
+@explains("durability.session_lost")
+def _session_lost(w: dict[str, Any], timeline: Timeline) -> str:
+    o = timeline.t_first
+    return (f"{w['client']} reconnected at {seconds(w.get('t'), o)} (offline since {seconds(w.get('t_disconnect'), o)}) "
+            "without clean start, but the broker answered session present = 0.")

@@ -7,8 +7,8 @@ How the rooms relate, top down:
   (reports.py, html.py, junit.py; context.py lays out the history around each witness).
 - build.py wires one check: the tables of job/ materialised in order, the rules of rules/ over each of them;
   collect.py collects the violations and metrics in one job.
-- rules/: the rule families and their explanations, registered in rules/registry.py (and the log oracle,
-  rules/logs.py).
+- rules/: the rule families and their explanations, registered in rules/registry.py and gathered by
+  rules/catalog.py (and the log oracle, rules/logs.py).
 - job/: the shared Spark machinery the rules read (codes, tables, queues, materialising, metrics).
 - engine/: running Spark, not checking (the settings, the session, the shared Connect server).
 - synthetic.py and bulk_history.py write histories with planted anomalies (tests, the warm-up, benchmarks);

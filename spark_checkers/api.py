@@ -26,9 +26,9 @@ from spark_checkers.job.events import RunSpec, collect_small, collect_topics, lo
 from spark_checkers.job.metrics import metric_rows as summed_metric_rows
 from spark_checkers.job.timing import timed
 from spark_checkers.loader import RunInput, local_run_dir, open_run
+from spark_checkers.rules.catalog import explain
 from spark_checkers.rules.logs import LOG_INVARIANTS, LogFinding, judge_logs
 from spark_checkers.rules.losses import LOSS_INVARIANTS, loss_gaps
-from spark_checkers.rules.registry import explain
 from spark_checkers.timeline import Timeline, build_timeline
 from spark_checkers.verdicts import NOT_APPLICABLE, VERDICTS, InvariantResult, decide, exit_code
 

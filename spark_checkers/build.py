@@ -44,7 +44,7 @@ from spark_checkers.job.subscribers import (
     subscriber_rows,
 )
 from spark_checkers.job.timing import timed
-from spark_checkers.rules import registry
+from spark_checkers.rules import catalog
 from spark_checkers.rules.columns import message_table
 from spark_checkers.rules.losses import LOSS_INVARIANTS, owed_checks, with_cause
 from spark_checkers.rules.registry import BACKLOGS, MESSAGES, SLOTS, STORED_IDS
@@ -211,9 +211,9 @@ def delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b, all_cla
         dp, unmatched = delivered_messages(table, dsm, pub, runs_b, all_claimed)
     # Black box: each settled backlog once, by its first-ranked row.
     backlogs = table.filter(F.col("is_cand")).filter(F.col("in_backlog") & (F.col("rank") == 1))
-    groups = [registry.group(SLOTS, slots), registry.group(MESSAGES, message_table(dp, runs_b, match_b, clients_b)),
-              registry.group(BACKLOGS, backlogs),
-              registry.group(STORED_IDS, packet_id_gaps(slots, table, clients_b, runs_b))]
+    groups = [catalog.group(SLOTS, slots), catalog.group(MESSAGES, message_table(dp, runs_b, match_b, clients_b)),
+              catalog.group(BACKLOGS, backlogs),
+              catalog.group(STORED_IDS, packet_id_gaps(slots, table, clients_b, runs_b))]
     # The delivery metrics read what the per-subscriber table already holds of each claimed delivered message
     # (a scan of its cache), not the per-message join the rules read: that join would run a second time.
     metric_cols = ("run_id", "t_first", "t_invoke", "n_deliveries", "n_resends", "n_after_ack", "t_origin", "bucket_us")

@@ -4,8 +4,9 @@ witness), every witness explanation, and ``Rules``, a group of rules over one ta
 A family (order.py, durability.py, ...) adds a rule with ``@rule(invariant, table)`` on a function that returns
 (condition, sort key, *witness columns), and an explanation with ``@explains(invariant, ...)`` on a function of
 (witness, timeline) that returns the sentence the report shows.  The build (spark_checkers/build.py) asks
-``group(table, df)`` for each table's rules; the report asks ``explain``.  The families are imported on first
-use (``_families``): each imports this module to register, and none is needed before a check or a report.
+``group(table, df)`` of the catalog (catalog.py), which imports every family, for each table's rules; the
+report asks the catalog's ``explain``.  A family imports this module to register; this module imports no
+family.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Rule:
     define: Callable[[], tuple]
 
 
+# Filled as the families are imported (catalog.py imports them all), in registration order.
 _RULES: list[Rule] = []
 _EXPLANATIONS: dict[str, Callable[[dict[str, Any], Timeline], str]] = {}
 
@@ -62,42 +64,6 @@ def explains(*invariants: str):
         return words
 
     return add
-
-
-def _families() -> None:
-    """Import every rule family once (each registers its rules and explanations as it is imported)."""
-    from spark_checkers.rules import (  # noqa: F401 - imported to register
-        duplicates,
-        durability,
-        expiry,
-        limits,
-        liveness,
-        losses,
-        meta,
-        order,
-        whitebox,
-    )
-
-
-def rules_of(table: str) -> list[Rule]:
-    """The rules over ``table``, in the order their families registered them."""
-    _families()
-    return [r for r in _RULES if r.table == table]
-
-
-def group(table: str, df) -> Rules:
-    """Every rule over ``table`` as one group over ``df`` (the table's rows)."""
-    rules = Rules(df)
-    for r in rules_of(table):
-        rules.add(r.invariant, *r.define())
-    return rules
-
-
-def explain(invariant: str, w: dict[str, Any], timeline: Timeline) -> str:
-    """A raw witness in plain words (its family's explanation), or the witness itself if it has none."""
-    _families()
-    words = _EXPLANATIONS.get(invariant)
-    return words(w, timeline) if words is not None else str(w)
 
 
 WITNESS_FIELDS = ("invariant", "sort_key", "witness")

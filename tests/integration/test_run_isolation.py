@@ -110,7 +110,7 @@ def tiny_partition(tmp_path: Path) -> Path:
 
 
 def test_network_fault_from_the_cli_is_applied_inside_the_namespace(tiny_partition, out_dir):  # noqa: F811
-    # --no-check: a Spark check inside the namespace works (measured, docs/scenarios.md) but costs 20 s to
+    # --no-check: a Spark check inside the namespace works (docs/measurements.md) but costs 20 s to
     # minutes on a loaded machine; the run's own exit code already says whether the fault was applied.
     code, stdout, stderr = _finish(_ordeal_run(tiny_partition, out_dir, "--no-check"), timeout=240)
     run_dir = Path(stdout.strip().splitlines()[-1])

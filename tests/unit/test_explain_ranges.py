@@ -4,8 +4,8 @@ so a gap cut by that cap must say it may go on (a loss of 283 messages was once 
 from __future__ import annotations
 
 from spark_checkers.collect import LOSS_ROWS_CAP
+from spark_checkers.rules.catalog import explain
 from spark_checkers.rules.losses import loss_gaps
-from spark_checkers.rules.registry import explain
 from spark_checkers.timeline import Timeline
 
 

@@ -173,7 +173,7 @@ def test_s3rver_with_two_broker_nodes_is_refused_on_load():
     assert "bad.toml: [topology]" in message and "conditional writes" in message
 
 
-def test_issue17_keys_validate():
+def test_expiry_mixes_and_failure_path_keys_validate():
     # message expiry 0 is a valid interval (MQTT 5 §3.3.2.3.3); the range names it
     v5 = MINIMAL + "\n[workload]\nprotocol_mix = { mqtt5 = 1 }\n"
     scenario = parse_scenario(v5 + 'expiry_mix = { "0" = 1, none = 1 }\n')

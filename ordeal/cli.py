@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explore": ("explore", "explore"),
     "images": ("images", "images"),
     "selftest": ("selftest", "selftest"),
+    "scoreboard": ("scoreboard", "scoreboard"),
     "spark": ("spark", "spark"),
 }
 

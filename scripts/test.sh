@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests: set everything up (idempotent), then run lint, the layer contract (import-linter, pyproject.toml
-# [tool.importlinter]) and every test tier once (pytest's testpaths: tests/unit, tests/checkers on Spark,
-# tests/integration against the real local stack; tests/README.md). Extra arguments go to pytest (e.g.
+# [tool.importlinter]) and every test tier once (pytest's testpaths: tests/integration against the real local
+# stack, tests/checkers on Spark, tests/unit; tests/README.md). Extra arguments go to pytest (e.g.
 # -k wraparound, -m "not slow").  No reruns: an intermittent failure is a finding (a test that truly needs a
 # retry says so itself, with a marker and its reason).
 set -euo pipefail

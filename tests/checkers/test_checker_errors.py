@@ -5,6 +5,7 @@ tests/unit/test_checker_inputs.py."""
 from __future__ import annotations
 
 import pytest
+from support.reports import all_unknown
 
 from spark_checkers import build
 from spark_checkers import synthetic as s
@@ -14,13 +15,6 @@ from spark_checkers.rules import losses, registry
 from spark_checkers.verdicts import FAIL, PASS, UNKNOWN
 
 SPEC = s.Spec(pairs=1, messages=5)
-
-
-def _all_unknown(reports, needle):
-    report = reports[0]
-    assert report["exit_code"] == 2
-    assert {i["verdict"] for i in report["invariants"]} == {UNKNOWN}
-    assert all(needle in (i["reason"] or "") for i in report["invariants"]), report["invariants"][0]["reason"]
 
 
 @pytest.mark.spark
@@ -53,7 +47,7 @@ def test_a_spark_job_dying_mid_check_is_unknown_never_pass(spark, tmp_path, monk
 
     run = s.write_spec(tmp_path / "run", SPEC)
     monkeypatch.setattr(build, "publishes", dying)
-    _all_unknown(check_runs([run], spark=spark), "injected task failure")
+    all_unknown(check_runs([run], spark=spark), "injected task failure")
     monkeypatch.setattr(build, "publishes", original)
     assert check_runs([run], spark=spark)[0]["exit_code"] == 0
 

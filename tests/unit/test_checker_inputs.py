@@ -8,6 +8,7 @@ from xml.etree import ElementTree as ET
 
 import pyarrow.parquet as pq
 import pytest
+from support.reports import all_unknown
 
 from contracts.invariants import BY_ID, IDS
 from contracts.topics import filter_matches
@@ -23,42 +24,35 @@ from spark_checkers.verdicts import FAIL, PASS, UNKNOWN, InvariantResult, decide
 SPEC = s.Spec(pairs=1, messages=5)
 
 
-def _all_unknown(reports, needle):
-    report = reports[0]
-    assert report["exit_code"] == 2
-    assert {i["verdict"] for i in report["invariants"]} == {UNKNOWN}
-    assert all(needle in (i["reason"] or "") for i in report["invariants"]), report["invariants"][0]["reason"]
-
-
 def test_truncated_part_is_unknown_without_spark(tmp_path):
     run = s.write_spec(tmp_path / "run", SPEC)
     part = run / "history" / "events-00000.parquet"
     part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
-    _all_unknown(check_runs([run]), "events-00000.parquet: not a readable Parquet file")
+    all_unknown(check_runs([run]), "events-00000.parquet: not a readable Parquet file")
 
 
 def test_missing_part_is_unknown(tmp_path):
     run = s.write_spec(tmp_path / "run", SPEC)
     (run / "history" / "events-00001.parquet").unlink()
-    _all_unknown(check_runs([run]), "listed in the manifest but missing")
+    all_unknown(check_runs([run]), "listed in the manifest but missing")
 
 
 def test_missing_column_is_unknown(tmp_path):
     run = s.write_spec(tmp_path / "run", SPEC)
     part = run / "history" / "events-00000.parquet"
     pq.write_table(pq.read_table(part).drop_columns(["dup"]), part)
-    _all_unknown(check_runs([run]), "missing column(s) ['dup']")
+    all_unknown(check_runs([run]), "missing column(s) ['dup']")
 
 
 def test_unknown_schema_version_is_unknown(tmp_path):
     run = s.write_spec(tmp_path / "run", SPEC, schema_version=2)
-    _all_unknown(check_runs([run]), "schema_version 2 is not one this checker knows")
+    all_unknown(check_runs([run]), "schema_version 2 is not one this checker knows")
 
 
 def test_missing_manifest_and_scenario(tmp_path):
     run = s.write_spec(tmp_path / "run", SPEC)
     (run / "scenario.json").unlink()
-    _all_unknown(check_runs([run]), "scenario.json is missing")
+    all_unknown(check_runs([run]), "scenario.json is missing")
     (run / "history" / "manifest.json").write_text("{not json")
     assert "manifest.json is not valid JSON" in open_run(run).fatal[-1]
 

@@ -8,12 +8,14 @@ default).  ``Scenario.to_dict()`` is the normalised form (every default filled i
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.credentials import Credentials, read_credentials
 from contracts.errors import UsageError
 from contracts.invariants import (
     DEFAULT_CLOCK_TOLERANCE_MS,
@@ -152,7 +154,11 @@ class TargetSpec:
     (policy "none": no limit declared, the limit rules are not applicable and no trimming is legal);
     ``persistence`` which stop an acknowledged message survives ("kill": even SIGKILL, "graceful": only a
     graceful stop, "none": neither); ``message_ttl_s`` a broker-side message lifetime (0: none).  For the
-    reference target these come from its [broker] configuration (reference_declaration)."""
+    reference target these come from its [broker] configuration (reference_declaration).
+
+    ``credentials`` ([target.credentials], contracts/credentials.py): the user name and password every MQTT
+    connection of the run sends (workload clients, readiness and protocol probes); empty = anonymous.  The
+    reference broker accepts anonymous clients, so only an external target takes them."""
 
     kind: str = "reference"
     name: str = "broker"
@@ -173,6 +179,7 @@ class TargetSpec:
     queue_policy: str = "none"
     persistence: str = "kill"
     message_ttl_s: int = 0  # 0 = messages without an expiry interval never expire
+    credentials: Credentials = Credentials()
 
     @property
     def protocol_levels(self) -> tuple[int, ...]:
@@ -331,6 +338,7 @@ class Scenario:
                 target[key] = list(target[key])
             target["files"] = dict(self.target.files)
             target["env"] = dict(self.target.env)
+            target["credentials"] = self.target.credentials.to_dict()  # every password masked
             target["promises"] = self.target.declaration()
         if self.workload.pattern == "p2p":
             del workload["publishers"], workload["subscribers"]
@@ -506,6 +514,9 @@ def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
     # "promises" is derived (scenario.json writes it); read back, it must say what the other keys say.
     derived = s.raw_table("promises")
     if kind == "reference":
+        if "credentials" in s.table:
+            raise s.fail("credentials", "...", "the reference broker accepts anonymous clients and ignores "
+                         "credentials; [target.credentials] applies to an external target (kind = \"external\")")
         s.finish()  # nothing else applies to the reference broker; its settings live in [broker]
         if derived and _plain(derived) != reference_declaration(broker):
             raise s.fail("promises", derived, "is derived from [broker]; change the [broker] keys instead")
@@ -561,6 +572,7 @@ def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
         queue_policy=policy,
         persistence=s.string("persistence", "kill", choices=PERSISTENCE_PROMISES),
         message_ttl_s=s.integer("message_ttl_s", 0, minimum=0, maximum=2**31 - 1),
+        credentials=read_credentials(s, _credentials_table(s), os.environ),
     )
     if not spec.start:
         raise s.fail("start", [], "an external target needs the argv that starts it, e.g. "
@@ -576,6 +588,14 @@ def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
                      "and message_ttl_s; set those keys instead")
     s.finish()
     return spec
+
+
+def _credentials_table(s: _Section) -> dict[str, Any]:
+    table = s._get("credentials", {}, False)
+    if not isinstance(table, dict):  # its value is not shown: it may hold a password
+        raise s.fail("credentials", "...", "must be a table: [target.credentials] with username / username_env and "
+                     "password / password_env (docs/scenarios.md, \"Client credentials\")")
+    return table
 
 
 def _refuse_inapplicable_to_external(source: str, target: TargetSpec, faults: FaultSpec,

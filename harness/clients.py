@@ -32,7 +32,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from contracts import payload as identity_codec
+from contracts.credentials import Credential
 from contracts.history_schema import Kind
+from harness import connack
 from harness.history import HistoryRecorder
 from properties.plan import PUBLISHER, ClientPlan, PublishPlan
 
@@ -191,6 +193,7 @@ class ClientSession:
     keepalive_s: int = 30
     connect_timeout_s: float = 5.0
     bind_address: str = ""  # source address of every connection ("" = the kernel's choice)
+    credential: Credential | None = None  # the user name and password every CONNECT sends (None: anonymous)
 
     paho: mqtt.Client | None = None
     previous_paho: mqtt.Client | None = None  # the last ended connection's client: its unreleased QoS 2 messages
@@ -216,6 +219,8 @@ class ClientSession:
     on_acked: Callable[[PublishPlan], None] | None = None
     on_delivered: Callable[[str, str | None, int | None], None] | None = None
     on_fresh_session: Callable[[str], None] | None = None  # CONNACK with session present 0
+    # The broker refused this client's credentials (CONNACK 3.1.1 4/5, MQTT 5 0x86/0x87/0x8C): the message.
+    on_refused: Callable[[str], None] | None = None
 
     @property
     def client_id(self) -> str:
@@ -263,6 +268,8 @@ class ClientSession:
             client = NonBlockingConnectClient(CallbackAPIVersion.VERSION2, client_id=self.client_id,
                                               protocol=mqtt.MQTTv311, clean_session=clean_session)
         client.manual_ack_set(True)  # we send each PUBACK ourselves, so the history knows it was sent
+        if self.credential is not None:
+            client.username_pw_set(self.credential.username, self.credential.password)
         if carried and self.plan.persistent and not clean_start:
             client._in_messages.update(carried)
         client.max_inflight_messages_set(65535)
@@ -311,8 +318,20 @@ class ClientSession:
             return
         code = int(reason_code.value)
         if reason_code.is_failure:
-            self._record_connect_fail("CONNACK refused", self.why, reason_code=code)
-            self.drop("refused")
+            # the code on the wire: paho reports a 3.1.1 return code as the MQTT 5 reason code of its name
+            sent = connack.wire_code(self.protocol, reason_code.getName(), code)
+            self._record_connect_fail(f"CONNACK refused: {connack.words(self.protocol, sent)}", self.why,
+                                      reason_code=sent)
+            # Inside paho's CONNACK handling: paho closes the socket itself once this callback returns (a
+            # refusal is MQTT_ERR_CONN_REFUSED / _PROTOCOL to its loop).  Cutting here re-entered loop_read,
+            # which handled the same CONNACK again and deadlocked on paho's callback lock.
+            self.drop("refused", cut=False)
+            if connack.is_auth_refusal(self.protocol, sent) and self.on_refused is not None:
+                credential = self.credential
+                self.on_refused(connack.refusal_message(
+                    f"the broker ({self.node_name})", self.client_id, self.protocol, sent,
+                    credential.username if credential is not None else None,
+                    credential is not None and credential.password is not None))
             return
         self.connected = True
         self.consecutive_failures = 0
@@ -378,15 +397,17 @@ class ClientSession:
         else:
             client.disconnect()  # paho writes DISCONNECT on the loop, then closes the socket
 
-    def drop(self, why: str) -> None:
-        """Forget the current connection without a history row of its own (used after a connect_fail)."""
+    def drop(self, why: str, *, cut: bool = True) -> None:
+        """Forget the current connection without a history row of its own (used after a connect_fail).
+        ``cut``: close its socket now; False from inside a paho callback of that client, which closes it."""
         self._drop_unsent_acks(self.paho)
         client, self.paho = self.paho, None
         self.connected = self.subscribed = False
         if client is not None:
             self.previous_paho = client
             self.closing = True
-            _cut(client)
+            if cut:
+                _cut(client)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any,
                        properties: Any) -> None:

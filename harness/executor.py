@@ -20,6 +20,10 @@ hands each (fault, stage) to this loop through a queue and waits for the evidenc
 the socket work (paho is not thread-safe) and answers once the sockets really closed (apply) or the
 reconnect's CONNACK arrived (heal).  A fault that cannot be applied raises FaultNotApplicable back to the
 nemesis, which records a fault_error row: the run is then unknown, never silently short of a fault.
+
+Every CONNECT carries the credentials ``[target.credentials]`` gives its client id.  A broker that refuses
+them (CONNACK 3.1.1 4 / 5, MQTT 5 0x86 / 0x87 / 0x8C) ends the run in whatever phase: the loop raises
+CredentialsRefused naming the client and the code in words, and the run is unknown.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from contracts.credentials import Credentials
 from harness.clients import ClientSession, Counters, SelectorLoop
 from harness.drain import OUTSTANDING_QUIET, QUIET, DrainRule, OutstandingDeliveries, drain_decision
 from harness.history import HistoryRecorder
@@ -44,6 +49,11 @@ T = TypeVar("T")
 
 class ExecutorError(RuntimeError):
     """The executor cannot go on (e.g. no client could connect at all)."""
+
+
+class CredentialsRefused(ExecutorError):
+    """The broker refused a client's credentials (CONNACK 3.1.1 4 / 5, MQTT 5 0x86 / 0x87 / 0x8C): the run
+    cannot test what it planned, so it ends unknown with the refusal named (harness/connack.py)."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,8 @@ class Executor:
     def __init__(self, plan: Plan, endpoints: Sequence[Endpoint], recorder: HistoryRecorder, *,
                  settings: ExecutorSettings | None = None, stop: threading.Event | None = None,
                  before_reconnect: Callable[[str, str], None] | None = None,
-                 before_disconnect: Callable[[str], None] | None = None):
+                 before_disconnect: Callable[[str], None] | None = None,
+                 credentials: Credentials | None = None):
         if not endpoints:
             raise ExecutorError("the target exposes no MQTT endpoint")
         self.plan = plan
@@ -91,13 +102,17 @@ class Executor:
                 plan=c, recorder=recorder, loop=self.loop, counters=self.counters, address_of=self._address,
                 publisher_names=publisher_names, keepalive_s=self.settings.keepalive_s,
                 connect_timeout_s=self.settings.connect_timeout_s, bind_address=self.settings.client_bind_address,
-                node=c.node)
+                node=c.node, credential=credentials.for_client(c.client_id) if credentials else None)
             for c in plan.clients}
+        # The first refusal of a client's credentials: the loop raises CredentialsRefused with it (once).
+        self.refusal: str | None = None
+        self._refusal_raised = False
         self.outstanding = OutstandingDeliveries()
         for session in self.sessions.values():
             session.on_acked = self._expect_deliveries
             session.on_delivered = self.outstanding.delivered
             session.on_fresh_session = self.outstanding.forget
+            session.on_refused = self._refused
         self._last_housekeeping = 0.0
         self._fault_requests: queue.Queue[tuple[Any, str, Future]] = queue.Queue()
         self._fault_waiters: list[_Waiter] = []
@@ -115,6 +130,10 @@ class Executor:
         listening = [(s.client_id, [(sub.topic_filter, sub.qos) for sub in s.plan.subscriptions])
                      for s in self.sessions.values() if s.session_persistent and s.subscribed and not s.is_publisher]
         self.outstanding.acknowledged(publish.publisher, publish.seq, publish.topic, publish.qos, listening)
+
+    def _refused(self, message: str) -> None:
+        if self.refusal is None:
+            self.refusal = message
 
     def _address(self, node: int) -> Endpoint:
         return self.endpoints[node % len(self.endpoints)]
@@ -135,6 +154,9 @@ class Executor:
             if now >= until:
                 return
             self.loop.poll(min(until - now, self.settings.max_wait_s))
+            if self.refusal is not None and not self._refusal_raised:
+                self._refusal_raised = True  # once: the teardown's own loop turns go on
+                raise CredentialsRefused(self.refusal)
             self._serve_client_faults()
             self._housekeeping()
 

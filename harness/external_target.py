@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from contracts.credentials import PROBE_CLIENT_ID
 from contracts.history_schema import Kind
 from contracts.scenario import Scenario
 from contracts.topology import Endpoint
@@ -133,9 +134,30 @@ class ExternalTarget:
             from harness.node import port_accepts
 
             return port_accepts(node.host, node.port)
-        from harness.mqtt_probe import mqtt_connect
+        level = self.spec.protocol_levels[0]
+        result = self._probe(node.host, node.port, level, timeout_s=1.0)
+        self._refuse_if_credentials_refused(result, level)
+        return result.ok
 
-        return mqtt_connect(node.host, node.port, level=self.spec.protocol_levels[0], timeout_s=1.0).ok
+    def _probe(self, host: str, port: int, level: int, timeout_s: float = 2.0) -> Any:
+        """One CONNECT of the harness's probe, with the credentials its client id gets ([target.credentials])."""
+        from harness import mqtt_probe
+
+        credential = self.spec.credentials.for_client(PROBE_CLIENT_ID)
+        return mqtt_probe.mqtt_connect(host, port, level=level, timeout_s=timeout_s, client_id=PROBE_CLIENT_ID,
+                                       username=credential.username if credential is not None else None,
+                                       password=credential.password if credential is not None else None)
+
+    def _refuse_if_credentials_refused(self, result: Any, level: int) -> None:
+        """A CONNACK refusing the probe's credentials ends the start at once (TargetError, the run unknown):
+        the broker answered, and waiting would not change its answer."""
+        if result.refused_credentials:
+            from harness.connack import refusal_message
+
+            credential = self.spec.credentials.for_client(PROBE_CLIENT_ID)
+            raise TargetError(refusal_message(
+                self.name, PROBE_CLIENT_ID, level, result.code, credential.username if credential else None,
+                credential is not None and credential.password is not None))
 
     def start(self) -> None:
         argv = [self._format(a, "start") for a in self.spec.start]
@@ -148,7 +170,10 @@ class ExternalTarget:
             # /proc/<its pid>/...; with the outer /proc it fails to boot after a restart).
             argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--", "/bin/sh", "-c",
                     '"$@" & child=$!; wait $child; exit $?', "ordeal-contain", *argv]
-        env = {key: self._format(value, f"env.{key}") for key, value in self.spec.env}
+        # The variables [target.credentials] reads, with the values the clients send (a default filled in),
+        # so a start command can make the broker's password file from them; [target] env may override.
+        env = {**self.spec.credentials.environment(),
+               **{key: self._format(value, f"env.{key}") for key, value in self.spec.env}}
         self.node = ExternalNode(self, self.name, "mqtt-broker", self.host, self.port, argv,
                                  log_path=self.log_dir / f"{self.name}.log", data_dir=self.data_dir,
                                  cwd=self.run_dir, env=env, ready_check=self._ready)
@@ -162,13 +187,14 @@ class ExternalTarget:
     def check_protocols(self) -> None:
         """Every protocol level the workload sends must get a CONNACK 0 (an honest unknown otherwise:
         'CONNECT refused for protocol version 5: ...', not 'no client could connect')."""
-        from harness.mqtt_probe import LEVEL_NAMES, mqtt_connect
+        from harness.mqtt_probe import LEVEL_NAMES
 
         for level, weight in self.scenario.workload.protocol_mix:
             if weight <= 0:
                 continue
-            result = mqtt_connect(self.host, self.port, level=level)
+            result = self._probe(self.host, self.port, level)
             self._event("protocol_probe", level=level, ok=result.ok, answer=result.detail)
+            self._refuse_if_credentials_refused(result, level)
             if not result.ok:
                 raise TargetError(f"{self.name} refused an MQTT CONNECT for protocol version "
                                   f"{LEVEL_NAMES.get(level, level)} ({result.detail}); the workload sends it")

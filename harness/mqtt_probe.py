@@ -2,7 +2,8 @@
 
 A few bytes on a plain socket (no client library state, no threads), so a readiness check can run every
 50 ms while a broker boots, and a refusal says what the broker answered: a CONNACK with a return / reason
-code, a closed connection, or silence.
+code (in words: harness/connack.py), a closed connection, or silence.  With credentials the CONNECT carries
+the user name and password (MQTT 3.1.1 and 5 §3.1.2.8-9 flags, §3.1.3.4-5 payload fields).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from harness.connack import is_auth_refusal, words
 from reference_broker.codec import encode_varint  # MQTT's variable byte integer, one definition
 
 LEVEL_NAMES = {4: "3.1.1", 5: "5"}
@@ -20,26 +22,47 @@ LEVEL_NAMES = {4: "3.1.1", 5: "5"}
 class ConnectResult:
     ok: bool
     detail: str  # what the broker answered, in words
+    code: int | None = None  # the CONNACK's return (3.1.1) / reason (5) code, if one came
+    # the CONNACK says the credentials are wrong or missing (3.1.1: 4, 5; MQTT 5: 0x86, 0x87, 0x8C)
+    refused_credentials: bool = False
 
 
-def connect_packet(level: int, client_id: str) -> bytes:
-    """A clean-start CONNECT at protocol level 4 (3.1.1) or 5, keep-alive 60 s, no will, no credentials."""
-    cid = client_id.encode()
-    variable = b"\x00\x04MQTT" + bytes([level, 0x02]) + struct.pack("!H", 60)
+USER_NAME_FLAG, PASSWORD_FLAG, CLEAN_START_FLAG = 0x80, 0x40, 0x02  # CONNECT flags (§3.1.2.3)
+
+
+def connect_packet(level: int, client_id: str, username: str | None = None, password: str | None = None) -> bytes:
+    """A clean-start CONNECT at protocol level 4 (3.1.1) or 5, keep-alive 60 s, no will; with a user name
+    (UTF-8 string) and password (binary data) after the client id when given (a password needs a user name:
+    [MQTT-3.1.2-22] in 3.1.1)."""
+    if password is not None and username is None:
+        raise ValueError("a password needs a user name (MQTT 3.1.1 [MQTT-3.1.2-22])")
+    flags = CLEAN_START_FLAG | (USER_NAME_FLAG if username is not None else 0) | (
+        PASSWORD_FLAG if password is not None else 0)
+    variable = b"\x00\x04MQTT" + bytes([level, flags]) + struct.pack("!H", 60)
     if level == 5:
         variable += b"\x00"  # no properties
-    payload = struct.pack("!H", len(cid)) + cid
+    payload = _field(client_id.encode())
+    if username is not None:
+        payload += _field(username.encode())
+    if password is not None:
+        payload += _field(password.encode())
     body = variable + payload
     return b"\x10" + encode_varint(len(body)) + body
 
 
+def _field(data: bytes) -> bytes:
+    """A UTF-8 string or binary data field: two length bytes, then the bytes (§1.5.3 / §1.5.6)."""
+    return struct.pack("!H", len(data)) + data
+
+
 def mqtt_connect(host: str, port: int, level: int = 4, timeout_s: float = 2.0,
-                 client_id: str = "ordeal-probe") -> ConnectResult:
+                 client_id: str = "ordeal-probe", username: str | None = None,
+                 password: str | None = None) -> ConnectResult:
     """Send CONNECT, read CONNACK, send DISCONNECT.  ok = a CONNACK with code 0."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.settimeout(timeout_s)
-            sock.sendall(connect_packet(level, client_id))
+            sock.sendall(connect_packet(level, client_id, username, password))
             head = _read(sock, 2)
             if not head:
                 return ConnectResult(False, f"the broker closed the connection without a CONNACK to an MQTT "
@@ -51,12 +74,13 @@ def mqtt_connect(host: str, port: int, level: int = 4, timeout_s: float = 2.0,
                 return ConnectResult(False, "a truncated CONNACK")
             code = body[1]
             if code != 0:
-                return ConnectResult(False, f"CONNACK with {'reason' if level == 5 else 'return'} code 0x{code:02x}")
+                return ConnectResult(False, words(level, code),
+                                     code=code, refused_credentials=is_auth_refusal(level, code))
             try:
                 sock.sendall(b"\xe0\x00")
             except OSError:
                 pass
-            return ConnectResult(True, "CONNACK 0")
+            return ConnectResult(True, "CONNACK 0", code=0)
     except ConnectionRefusedError:
         return ConnectResult(False, "the port refuses connections")
     except TimeoutError:

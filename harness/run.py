@@ -245,7 +245,7 @@ def connect_clients(live: LiveRun) -> None:
     live.executor = executor = Executor(
         plan, target.endpoints(), live.recorder, stop=live.stop,
         settings=ExecutorSettings(client_bind_address=target.client_bind_address()),
-        before_reconnect=probe, before_disconnect=before_disconnect)
+        before_reconnect=probe, before_disconnect=before_disconnect, credentials=scenario.target.credentials)
     # Before any client connects: a bad schedule starts nothing.  Client faults are played by the executor.
     live.nemesis = make_nemesis(plan, target, live.recorder, client_player=executor.client_fault_player())
     live.reporter.phase("connecting clients")

@@ -114,14 +114,19 @@ class HypothesisDraw:
 
 
 def plan_notes(scenario: Scenario, plan: Plan) -> list[str]:
-    """What a reader of the plan must know: a fault mix that produced no fault (the schedule did not fit)."""
+    """What a reader of the plan must know: a fault mix that produced no fault (the schedule did not fit); a
+    per-client credentials pattern that fits no client of the plan (a typo, or a plan made smaller)."""
+    notes = []
     if scenario.faults.mix and not plan.faults:
         spec = scenario.faults
-        return [f"the fault mix ({', '.join(kind for kind, _ in spec.mix)}) produced no fault with seed {plan.seed}: "
-                f"{scenario.scenario.duration_s:g} s of workload minus tail_s {spec.tail_s:g} s leaves no room for "
-                f"quiet_s {list(spec.quiet_s)} + duration_s {list(spec.duration_s)}, or no subscriber fitted; "
-                "this run tests nothing under faults"]
-    return []
+        notes.append(f"the fault mix ({', '.join(kind for kind, _ in spec.mix)}) produced no fault with seed "
+                     f"{plan.seed}: {scenario.scenario.duration_s:g} s of workload minus tail_s {spec.tail_s:g} s "
+                     f"leaves no room for quiet_s {list(spec.quiet_s)} + duration_s {list(spec.duration_s)}, or no "
+                     "subscriber fitted; this run tests nothing under faults")
+    for pattern in scenario.target.credentials.unmatched([c.client_id for c in plan.clients]):
+        notes.append(f"[[target.credentials.clients]] match = {pattern!r} fits no client of the plan (client ids: "
+                     f"{', '.join(sorted(c.client_id for c in plan.clients)[:4])}, ...); it is not used")
+    return notes
 
 
 def make_plan(scenario: Scenario, seed: int) -> Plan:

@@ -4,6 +4,10 @@ of them say the broker refused the client's credentials.  One vocabulary for the
 
 from __future__ import annotations
 
+from paho.mqtt.client import convert_connack_rc_to_reason_code
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
+
 RETURN_CODES_311 = {
     0: "connection accepted",
     1: "unacceptable protocol version",
@@ -12,42 +16,25 @@ RETURN_CODES_311 = {
     4: "bad user name or password",
     5: "not authorized",
 }
-REASON_CODES_5 = {
-    0x00: "success",
-    0x80: "unspecified error",
-    0x81: "malformed packet",
-    0x82: "protocol error",
-    0x83: "implementation specific error",
-    0x84: "unsupported protocol version",
-    0x85: "client identifier not valid",
-    0x86: "bad user name or password",
-    0x87: "not authorized",
-    0x88: "server unavailable",
-    0x89: "server busy",
-    0x8A: "banned",
-    0x8C: "bad authentication method",
-    0x90: "topic name invalid",
-    0x95: "packet too large",
-    0x97: "quota exceeded",
-    0x99: "payload format invalid",
-    0x9A: "retain not supported",
-    0x9B: "QoS not supported",
-    0x9C: "use another server",
-    0x9D: "server moved",
-    0x9F: "connection rate exceeded",
-}
 # The refusals that are about the client's credentials, per protocol level (4 = 3.1.1, 5 = MQTT 5).
 AUTH_REFUSALS = {4: frozenset({4, 5}), 5: frozenset({0x86, 0x87, 0x8C})}
-# paho-mqtt reports a 3.1.1 CONNACK as the MQTT 5 reason code of the same name (paho.mqtt._packet
-# convert_connack_rc_to_reason_code); the names back to the 3.1.1 return code on the wire.
-_PAHO_NAMES_311 = {"Success": 0, "Unsupported protocol version": 1, "Client identifier not valid": 2,
-                   "Server unavailable": 3, "Bad user name or password": 4, "Not authorized": 5}
+# paho-mqtt reports a 3.1.1 CONNACK as the MQTT 5 reason code of the same name; its own conversion, read
+# backwards, gives the 3.1.1 return code on the wire.
+_PAHO_NAMES_311 = {convert_connack_rc_to_reason_code(rc).getName(): rc for rc in RETURN_CODES_311}
+
+
+def _reason_words(code: int) -> str:
+    """MQTT 5's name of a CONNACK reason code (§3.2.2.2), as paho-mqtt knows it."""
+    try:
+        return ReasonCode(PacketTypes.CONNACK, identifier=code).getName().lower()
+    except KeyError:
+        return "reason code not defined by MQTT 5"
 
 
 def words(level: int, code: int) -> str:
     """'not authorized (CONNACK 5)' (3.1.1) / 'not authorized (CONNACK 0x87)' (MQTT 5)."""
     if level == 5:
-        return f"{REASON_CODES_5.get(code, 'reason code not defined by MQTT 5')} (CONNACK 0x{code:02X})"
+        return f"{_reason_words(code)} (CONNACK 0x{code:02X})"
     return f"{RETURN_CODES_311.get(code, 'return code not defined by MQTT 3.1.1')} (CONNACK {code})"
 
 

@@ -39,6 +39,7 @@ import jinja2
 from contracts.errors import UsageError
 from contracts.exit_codes import EXIT_UNKNOWN
 from contracts.versions import SchemaVersionError, read_json
+from ordeal.tables import aligned
 
 SCOREBOARD_VERSION = 1  # scoreboard.json (docs/schemas/scoreboard.schema.json)
 
@@ -426,11 +427,7 @@ def _closing(doc: Mapping[str, Any]) -> str:
 
 
 def text_table(doc: Mapping[str, Any]) -> str:
-    rows = [COLUMNS, *table_rows(doc)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([*lines, "", _closing(doc)])
+    return "\n".join([*aligned(COLUMNS, table_rows(doc)), "", _closing(doc)])
 
 
 def markdown(doc: Mapping[str, Any]) -> str:

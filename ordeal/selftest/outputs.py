@@ -19,6 +19,7 @@ from ordeal.selftest.judging import (
     false_alarm_figures,
 )
 from ordeal.selftest.matrix import Matrix, defect_catalog
+from ordeal.tables import aligned
 
 
 def result_document(result: SelftestResult, matrix: Matrix) -> dict[str, Any]:
@@ -114,18 +115,10 @@ def table_rows(document: Mapping[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def _aligned(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
-    rows = [header, *rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
-
-
 def text_table(document: Mapping[str, Any]) -> str:
-    lines = _aligned(COLUMNS, table_rows(document))
+    lines = aligned(COLUMNS, table_rows(document))
     if document.get("defects"):
-        lines += ["", *_aligned(SUMMARY_COLUMNS, summary_rows(document))]
+        lines += ["", *aligned(SUMMARY_COLUMNS, summary_rows(document))]
     figures = document["false_alarms"]
     runs = sum(f["runs"] for f in figures.values())
     bad = sum(f["violations"] for f in figures.values())

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
+from support.scenarios import EXTERNAL
 
 from contracts.credentials import MASK, PROBE_CLIENT_ID
 from contracts.history_schema import Kind
@@ -31,15 +32,6 @@ from harness.mqtt_probe import connect_packet
 from ordeal.cli import main
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "schemas" / "scenario.schema.json").read_text())
-EXTERNAL = """
-[scenario]
-name = "x"
-duration_s = 10
-[target]
-kind = "external"
-name = "mq"
-start = ["mosquitto", "-c", "{run_dir}/m.conf"]
-"""
 SECRET = "s3cret-Ünïcode"
 
 

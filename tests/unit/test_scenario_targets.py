@@ -4,18 +4,9 @@ them refused at load (never at run time after the broker started), naming fault,
 from __future__ import annotations
 
 import pytest
+from support.scenarios import EXTERNAL
 
 from contracts.scenario import ScenarioError, parse_scenario
-
-EXTERNAL = """
-[scenario]
-name = "x"
-duration_s = 10
-[target]
-kind = "external"
-name = "mq"
-start = ["mosquitto", "-c", "{run_dir}/m.conf"]
-"""
 
 
 def _load(extra: str = "", target: str = ""):

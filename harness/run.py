@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import harness.model  # noqa: F401  (registers the stages into the scenario model)
-from contracts.exit_codes import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN  # noqa: F401  (re-exported for callers)
+from contracts.exit_codes import EXIT_PASS, EXIT_UNKNOWN
 from contracts.history_schema import Kind, Phase
-from contracts.scenario import Scenario, load_scenario
+from contracts.scenario import Scenario, load_scenario, with_provider
 from contracts.topology import ServiceTopology, Target
 from contracts.versions import SUMMARY_VERSION
 from faults.base import FaultContext
@@ -41,7 +41,7 @@ from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
 from harness.providers import make_target
 from harness.reference_target import TopologyLender
-from properties.generate import make_plan
+from properties.generate import make_plan, plan_notes
 from properties.plan import Plan
 
 
@@ -164,8 +164,6 @@ def run_scenario(scenario_path: str | Path, seed: int, out: str | Path = "runs",
     reporter = reporter or SilentReporter()
     inputs = prepare(scenario_path, seed, out, plan=plan, provider=provider, replay_command=replay_command)
     reporter.message(f"seed {inputs.seed}  run dir {inputs.run_dir}\nreplay: {inputs.replay}")
-    from properties.generate import plan_notes
-
     outcome_notes = plan_notes(inputs.scenario, inputs.plan)
     for note in outcome_notes:
         reporter.message(f"note: {note}")
@@ -208,8 +206,6 @@ def prepare(scenario_path: str | Path, seed: int, out: str | Path, *, plan: Plan
     scenario_path = Path(scenario_path)
     scenario = load_scenario(scenario_path)  # validation first: a bad file starts nothing
     if provider is not None:  # --provider: the same scenario (and plan) on another topology provider
-        from contracts.scenario import with_provider
-
         scenario = with_provider(scenario, provider)
     if plan is None:
         plan = make_plan(scenario, seed)

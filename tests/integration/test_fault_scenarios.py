@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from contracts.exit_codes import EXIT_PASS
 from contracts.history_schema import Kind, Phase
 from contracts.scenario import find_scenario, load_scenario
 from harness.history import read_history, read_manifest
-from harness.run import EXIT_PASS, run_scenario
+from harness.run import run_scenario
 
 pytestmark = pytest.mark.integration
 

@@ -89,6 +89,8 @@ INVARIANTS: tuple[Invariant, ...] = (
               "\"committing anyway\", script errors, tracebacks, crashes)"),
     Invariant("logs.reported_lines", "Log lines the declared patterns report: counted and shown, never failing",
               reported_only=True),
+    Invariant("health.unplanned_exit", "No node of the target exited outside every planned fault (a crash, an "
+              "out-of-memory kill, a kill from outside the run)"),
     Invariant("meta.history_complete", "The history is complete and the drain ended quietly"),
     Invariant("meta.fault_bit", "Every scheduled fault applied and proved that it bit"),
     Invariant("meta.checker_error", "Every checker ran without error"),

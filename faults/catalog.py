@@ -127,25 +127,33 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 # Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
 LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart", "kafka_outage_during_save")
 
-# What an external target has: one node (node:<name>, also broker:1 / broker-random) and its clients.
-EXTERNAL_NODE_SELECTORS = ("node", "broker", "broker-random")
+# What an external target has: its nodes (node:<name>; the broker nodes also as broker:N, broker-random,
+# broker-minority, broker-majority, broker-holding:CLIENT) and its clients.
+EXTERNAL_NODE_SELECTORS = ("node", "broker", "broker-random", "broker-minority", "broker-majority",
+                           "broker-holding")
 EXTERNAL_GROUPS = ("client", "broker")
 
 
-def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mapping[str, Any]], name: str) -> str:
-    """Why a fault of ``kind`` cannot apply to an external target named ``name`` ("<key>: <why>"), or ''.
-    A black box is one broker process and its clients: no Redis Cluster, no Kafka, no storage server."""
+def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mapping[str, Any]],
+                     nodes: tuple[tuple[str, str], ...]) -> str:
+    """Why a fault of ``kind`` cannot apply to an external target whose nodes are ``nodes`` ((name, role)
+    pairs, brokers in their order), as "<key>: <why>", or ''.  A black box is its nodes and its clients: no
+    Redis Cluster, no Kafka, no storage server."""
     from faults.selectors import ROLE_GROUPS, parse_group
+
+    names = [name for name, _role in nodes]
+    brokers = [name for name, role in nodes if role == "broker"]
+    has = (f"this target has one node: node:{names[0]}" if len(names) == 1 else
+           f"this target's nodes: {', '.join(f'node:{name}' for name in names)} (brokers: broker:1..{len(brokers)})")
 
     def node_problem(text: str) -> str:
         selector = parse_selector(text)
         if selector.how not in EXTERNAL_NODE_SELECTORS:
-            return (f"it selects {text!r}, a node of the reference topology (Redis / Kafka / storage / broker "
-                    f"sessions in Redis); this target has one node: node:{name}")
-        if selector.how == "node" and selector.arg != name:
-            return f"there is no node {selector.arg!r}; this target has one node: node:{name}"
-        if selector.how == "broker" and selector.arg != "1":
-            return f"there is no broker:{selector.arg}; this target has one node: node:{name}"
+            return (f"it selects {text!r}, a node of the reference topology (Redis / Kafka / storage); {has}")
+        if selector.how == "node" and selector.arg not in names:
+            return f"there is no node {selector.arg!r}; {has}"
+        if selector.how == "broker" and int(selector.arg or 0) > len(brokers):
+            return f"there is no broker:{selector.arg}; {has}"
         return ""
 
     info = kind_info(kind)
@@ -158,17 +166,26 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
             if problem:
                 return f"targets.{kind} = {text!r}: {problem}"
     for params in variants:
+        sides: dict[str, list[str]] = {}
         for key in ("a", "b", "src", "dst"):
             for member in parse_group(params[key]) if key in params else ():
                 plain = member.lstrip("-")
                 if plain in ROLE_GROUPS and plain not in EXTERNAL_GROUPS:
                     return (f"params.{kind}.{key} = {params[key]!r}: it has no {plain} nodes (groups: client, "
-                            f"client:ID, broker, node:{name})")
+                            f"client:ID, broker, a node selector; {has})")
                 if plain in EXTERNAL_GROUPS or plain.startswith("client:"):
+                    sides.setdefault(key, []).append(plain)
                     continue
                 problem = node_problem(plain)
                 if problem:
                     return f"params.{kind}.{key} = {params[key]!r}: {problem}"
+                sides.setdefault(key, []).append(plain)
+        # Both sides only broker nodes: a partition between broker nodes, which needs two of them.
+        if len(brokers) < 2 and sides and all(
+                not any(m == "client" or m.startswith("client:") for m in members) for members in sides.values()):
+            first = next(key for key in ("a", "b", "src", "dst") if key in params)
+            return (f"params.{kind}.{first} = {params[first]!r}: a partition between broker nodes needs at least "
+                    f"two; {has}")
     return ""
 
 

@@ -36,7 +36,7 @@ from faults.base import (
     Param,
     register,
 )
-from faults.selectors import all_nodes, group_error, resolve_group, resolve_node
+from faults.selectors import all_nodes, group_error, resolve_group, resolve_nodes
 
 TABLE = "ordeal_chaos"
 NETNS_MARKER = "ORDEAL_NETNS"  # same name and value as harness/netns.py MARKER (faults may not import harness)
@@ -120,10 +120,10 @@ def addr_set(addresses: list[str]) -> str:
 def drop_rules(kind: str, a: list[str], b: list[str], percent: int | None, direction: str) -> list[str]:
     """The rule bodies (after ``add rule inet TABLE CHAIN``) for a fault; pure, unit-tested."""
     random_drop = f"numgen random mod 100 < {percent} " if percent is not None and percent < 100 else ""
-    if kind == "isolate":
-        (node,) = a
-        return [f"ip saddr {node} ip daddr != {node} counter drop",
-                f"ip daddr {node} ip saddr != {node} counter drop"]
+    if kind == "isolate":  # the nodes of a keep talking among themselves, not with anything else
+        group = a[0] if len(set(a)) == 1 else addr_set(a)
+        return [f"ip saddr {group} ip daddr != {group} counter drop",
+                f"ip daddr {group} ip saddr != {group} counter drop"]
     if kind == "reject":  # TCP from a to b answered with a reset: the sender fails at once (redis_outage)
         return [f"ip saddr {addr_set(a)} ip daddr {addr_set(b)} meta l4proto tcp counter reject with tcp reset"]
     rules = [f"ip saddr {addr_set(a)} ip daddr {addr_set(b)} {random_drop}counter drop"]
@@ -173,12 +173,13 @@ class DropFault:
         rng = ctx.rng_for(self.spec.id)
         params = self.spec.params
         if self.shape == "isolate":
-            node = resolve_node(ctx.topology, self.spec.target, rng, ctx.broker_key_prefix)
-            self.sides = {"node": {node.name: node.host}}
-            if node.host == "127.0.0.1":
-                raise FaultNotApplicable(f"fault {self.spec.id}: {node.name} listens on 127.0.0.1, shared with "
-                                         "everything; isolating it needs a topology started isolated")
-            return [node.host], [], "both", None
+            nodes = resolve_nodes(ctx.topology, self.spec.target, rng, ctx.broker_key_prefix)
+            self.sides = {"node": {node.name: node.host for node in nodes}}
+            for node in nodes:
+                if node.host == "127.0.0.1":
+                    raise FaultNotApplicable(f"fault {self.spec.id}: {node.name} listens on 127.0.0.1, shared "
+                                             "with everything; isolating it needs a topology started isolated")
+            return sorted({node.host for node in nodes}), [], "both", None
         src_key, dst_key = ("src", "dst") if self.shape in ("oneway", "reject") else ("a", "b")
         cache: dict = {}
         a = resolve_group(ctx.topology, params[src_key], rng, ctx.broker_key_prefix, cache)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+from types import SimpleNamespace
 from typing import Any
 
 import redis
@@ -27,7 +28,7 @@ from faults.base import (
     register,
 )
 from faults.redis_cluster_view import ClusterView, wait_until
-from faults.selectors import resolve_node
+from faults.selectors import SET_SELECTORS, parse_selector, resolve_node, resolve_nodes
 
 
 def _redis_role(ctx: FaultContext, node: Any) -> tuple[str | None, list[str]]:
@@ -69,7 +70,9 @@ def _promotion_check(ctx: FaultContext, node: Any, old_master_id: str, replica_i
 
 
 class _NodeFault:
-    """Shared state: the resolved node and its PID before the fault."""
+    """Shared state: the resolved node and its PID before the fault.  A selector naming a set of nodes
+    (broker-minority, broker-majority) gives one such fault per node, applied and healed together
+    (``NodeSetFault``)."""
 
     def __init__(self, spec: FaultSpec) -> None:
         self.spec = spec
@@ -77,8 +80,9 @@ class _NodeFault:
         self.pid_before: int | None = None
 
     def _resolve(self, ctx: FaultContext) -> Any:
-        self.node = resolve_node(ctx.topology, self.spec.target, ctx.rng_for(self.spec.id),
-                                 ctx.broker_key_prefix)
+        if self.node is None:
+            self.node = resolve_node(ctx.topology, self.spec.target, ctx.rng_for(self.spec.id),
+                                     ctx.broker_key_prefix)
         if not self.node.is_alive():
             raise FaultNotApplicable(f"fault {self.spec.id}: target {self.node.name} is not running")
         self.pid_before = self.node.pid
@@ -249,11 +253,51 @@ class RestartFault(_NodeFault):
         return self._bring_back(ctx)
 
 
+class NodeSetFault:
+    """A process fault on a set of nodes (a minority, a majority): the single-node fault once per node, in
+    name order; the evidence holds every node's checks (the fault bit only if it bit on each)."""
+
+    def __init__(self, spec: FaultSpec, single: type[_NodeFault]) -> None:
+        self.spec = spec
+        self.single = single
+        self.parts: list[_NodeFault] = []
+
+    @property
+    def node(self) -> Any:
+        """What the nemesis names in its rows: every node of the set ("rabbit1+rabbit3")."""
+        names = "+".join(part.node.name for part in self.parts if part.node is not None)
+        return SimpleNamespace(name=names or None)
+
+    def apply(self, ctx: FaultContext) -> Evidence:
+        nodes = resolve_nodes(ctx.topology, self.spec.target, ctx.rng_for(self.spec.id), ctx.broker_key_prefix)
+        checks: list[Check] = []
+        for node in nodes:
+            part = self.single(self.spec)
+            part.node = node
+            self.parts.append(part)
+            checks.extend(part.apply(ctx).checks)
+        return Evidence.of(*checks)
+
+    def heal(self, ctx: FaultContext) -> Evidence:
+        return Evidence.of(*(check for part in self.parts for check in part.heal(ctx).checks))
+
+
+def _factory(single: type[_NodeFault]) -> Any:
+    """The fault for a spec: one node, or (a set selector) one per node of the set."""
+
+    def make(spec: FaultSpec) -> Any:
+        if spec.target and parse_selector(spec.target).how in SET_SELECTORS:
+            return NodeSetFault(spec, single)
+        return single(spec)
+
+    return make
+
+
 _WAIT_PROMOTION = Param("wait_promotion", bool, True,
                         "for a Redis master with replicas: wait for (and require) a replica's promotion")
 
 register(KindInfo(
-    name="process_kill", category="process", target="node", factory=KillFault,
+    name="process_kill", category="process", target="node", factory=_factory(KillFault),
     description="SIGKILL the target node (at once, or for a reference-broker node at_stage = "
                 "\"persisted_commit\": right after its next persisted-topic commit); heal starts it again",
     params=(_WAIT_PROMOTION,
@@ -263,18 +307,19 @@ register(KindInfo(
                   "within this time", min=0.1, max=60.0)),
 ))
 register(KindInfo(
-    name="process_stop", category="process", target="node", factory=StopFault,
+    name="process_stop", category="process", target="node", factory=_factory(StopFault),
     description="gracefully stop the target node (SIGTERM, then SIGKILL after timeout_s); heal starts it",
     params=(Param("timeout_s", float, 10.0, "grace period before SIGKILL", min=0.1, max=120.0),
             _WAIT_PROMOTION),
 ))
 register(KindInfo(
-    name="process_pause", category="process", target="node", factory=PauseFault,
+    name="process_pause", category="process", target="node", factory=_factory(PauseFault),
     description="SIGSTOP the target node; heal sends SIGCONT",
     params=(),
 ))
 register(KindInfo(
-    name="process_restart", category="process", target="node", factory=RestartFault, instant=True,
+    name="process_restart", category="process", target="node", factory=_factory(RestartFault), instant=True,
     description="restart the target node (graceful stop, start) at the fault's start",
     params=(),
 ))
+

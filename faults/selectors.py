@@ -10,7 +10,14 @@ A selector is a short string, so plans stay plain JSON:
     kafka | storage           the Kafka-protocol broker | its storage server
     broker:N                  reference-broker node N (1-based, as in "broker-N")
     broker-random             a broker node (seeded choice)
-    broker-holding:CLIENT     the broker node holding that subscriber's connection (read from Redis)
+    broker-minority           a minority of the broker nodes (seeded choice; 1 of 3, 2 of 5; at least 1)
+    broker-majority           a majority of the broker nodes (seeded choice; 2 of 3, 3 of 5)
+    broker-holding:CLIENT     the broker node holding that client's session: the reference topology reads
+                              it from Redis; an external target asks its [target.formation] holding command,
+                              else it is the node of the client's current (or last) connection
+
+A selector names one node, except broker-minority and broker-majority, which name a set
+(``resolve_nodes``); a process fault on a set acts on each of its nodes.
 
 Network faults take *groups*: a role — ``redis``, ``broker``, ``kafka``, ``storage``, ``client`` — or
 ``client:ID``, or any node selector above; a group may also be a list of those.
@@ -25,16 +32,20 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.target_nodes import majority_size, minority_size
 from contracts.topology import NodeHandle, Topology
 from faults.base import FaultNotApplicable, FaultSpecError
 
-_NO_ARG = ("redis-random-master", "redis-random-replica", "kafka", "storage", "broker-random")
+_NO_ARG = ("redis-random-master", "redis-random-replica", "kafka", "storage", "broker-random", "broker-minority",
+           "broker-majority")
+SET_SELECTORS = ("broker-minority", "broker-majority")  # name several nodes at once
 _WITH_ARG = ("node", "redis-master-of", "redis-replica-of", "broker", "broker-holding")
 ROLE_GROUPS = ("redis", "broker", "kafka", "storage", "client")
 
 SELECTOR_HELP = (
     "node:NAME, redis-master-of:CLIENT, redis-replica-of:CLIENT, redis-random-master, "
-    "redis-random-replica, kafka, storage, broker:N, broker-random, broker-holding:CLIENT"
+    "redis-random-replica, kafka, storage, broker:N, broker-random, broker-minority, broker-majority, "
+    "broker-holding:CLIENT"
 )
 GROUP_HELP = "a role (" + ", ".join(ROLE_GROUPS) + "), client:ID, or a node selector (" + SELECTOR_HELP + ")"
 
@@ -137,6 +148,20 @@ def _choose(rng: random.Random, candidates: list[NodeHandle], what: str) -> Node
     return rng.choice(sorted(candidates, key=lambda node: node.name))
 
 
+def resolve_nodes(topology: Topology, selector: Selector | str, rng: random.Random,
+                  key_prefix: str = "") -> list[NodeHandle]:
+    """The node handles a selector means right now: one node, or a seeded minority / majority of the
+    broker nodes (in name order)."""
+    selector = parse_selector(selector) if isinstance(selector, str) else selector
+    if selector.how not in SET_SELECTORS:
+        return [resolve_node(topology, selector, rng, key_prefix)]
+    brokers = sorted(getattr(topology, "brokers", []) or [], key=lambda node: node.name)
+    if not brokers:
+        raise FaultNotApplicable(f"target {selector}: the topology has no broker nodes")
+    size = minority_size(len(brokers)) if selector.how == "broker-minority" else majority_size(len(brokers))
+    return sorted(rng.sample(brokers, size), key=lambda node: node.name)
+
+
 def resolve_node(topology: Topology, selector: Selector | str, rng: random.Random,
                  key_prefix: str = "") -> NodeHandle:
     """The node handle a selector means right now (key_prefix: the broker's Redis key prefix)."""
@@ -144,6 +169,8 @@ def resolve_node(topology: Topology, selector: Selector | str, rng: random.Rando
 
     selector = parse_selector(selector) if isinstance(selector, str) else selector
     how, arg = selector.how, selector.arg
+    if how in SET_SELECTORS:
+        raise FaultNotApplicable(f"target {selector}: names a set of nodes; this fault acts on one node")
     if how == "node":
         return node_by_name(topology, arg)
     if how in ("kafka", "storage"):
@@ -163,7 +190,8 @@ def resolve_node(topology: Topology, selector: Selector | str, rng: random.Rando
     if how == "broker-random":
         return _choose(rng, list(getattr(topology, "brokers", []) or []), "broker node")
     if how == "broker-holding":
-        name = redis_cluster_view.session_owner(topology, arg, key_prefix)
+        holding = getattr(topology, "holding_node", None)  # an external target's own answer
+        name = holding(arg) if callable(holding) else redis_cluster_view.session_owner(topology, arg, key_prefix)
         return node_by_name(topology, name)
     view = redis_cluster_view.ClusterView.read(topology)
     if how == "redis-master-of":
@@ -234,6 +262,5 @@ def _resolve_member(topology: Topology, member: str, rng: random.Random, key_pre
             raise FaultNotApplicable(f"network group {member!r}: the topology has no {member} nodes")
         return {node.name: node.host for node in nodes}
     if member not in cache:
-        cache[member] = resolve_node(topology, member, rng, key_prefix)
-    node = cache[member]
-    return {node.name: node.host}
+        cache[member] = resolve_nodes(topology, member, rng, key_prefix)
+    return {node.name: node.host for node in cache[member]}

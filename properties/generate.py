@@ -151,7 +151,8 @@ def _round(value: float) -> float:
 
 def generate_plan(scenario: Scenario, seed: int, draw: Draw) -> Plan:
     workload = scenario.workload
-    nodes = int(scenario.topology.get("broker_nodes", 1)) if scenario.target.kind == "reference" else 1
+    node_names = scenario.broker_nodes()
+    nodes = len(node_names)
     duration = scenario.scenario.duration_s
     clients: list[ClientPlan] = []
     publisher_topics: list[tuple[str, str]] = []  # (client id, topic)
@@ -159,26 +160,33 @@ def generate_plan(scenario: Scenario, seed: int, draw: Draw) -> Plan:
     # Clients.  The seeds' P2P pattern: publisher i -> europe/ua/kyiv/i/0, persistent subscriber i on
     # europe/ua/kyiv/i/+.  Fan-in: every publisher j -> europe/ua/kyiv/fanin/j, every subscriber on
     # europe/ua/kyiv/fanin/+.
+    publisher_ids, subscriber_ids = workload.client_ids()
     if workload.pattern == "p2p":
-        publisher_ids = [f"test_pub_client_{i}_0" for i in range(workload.pairs)]
         topics = [f"europe/ua/kyiv/{i}/0" for i in range(workload.pairs)]
-        subscriber_filters = [(f"test_sub_client_{i}_0", f"europe/ua/kyiv/{i}/+") for i in range(workload.pairs)]
+        subscriber_filters = [(client_id, f"europe/ua/kyiv/{i}/+") for i, client_id in enumerate(subscriber_ids)]
     else:
-        publisher_ids = [f"test_pub_client_{j}_0" for j in range(workload.publishers)]
         topics = [f"europe/ua/kyiv/fanin/{j}" for j in range(workload.publishers)]
-        subscriber_filters = [(f"test_sub_client_{k}_0", "europe/ua/kyiv/fanin/+")
-                              for k in range(workload.subscribers)]
+        subscriber_filters = [(client_id, "europe/ua/kyiv/fanin/+") for client_id in subscriber_ids]
+    fixed = {client_id: node_names.index(node) for client_id, node in workload.home_nodes}
+
+    def home(client_id: str, index: int) -> int:
+        """The client's first node: fixed per client, else round-robin or seeded ([workload] home_node)."""
+        if client_id in fixed:
+            return fixed[client_id]
+        if workload.home_node == "seeded" and nodes > 1:
+            return draw.integer(0, nodes - 1)
+        return index % nodes
 
     for index, (client_id, topic) in enumerate(zip(publisher_ids, topics, strict=True)):
         clients.append(ClientPlan(
             client_id=client_id, role=PUBLISHER, protocol=draw.weighted(workload.protocol_mix),
-            node=index % nodes, publisher_index=index))
+            node=home(client_id, index), publisher_index=index))
         publisher_topics.append((client_id, topic))
     subscriber_plans: list[ClientPlan] = []
     for index, (client_id, topic_filter) in enumerate(subscriber_filters):
         protocol = draw.weighted(workload.protocol_mix)
         subscriber_plans.append(ClientPlan(
-            client_id=client_id, role=SUBSCRIBER, protocol=protocol, node=index % nodes,
+            client_id=client_id, role=SUBSCRIBER, protocol=protocol, node=home(client_id, index),
             subscriptions=(Subscription(topic_filter, workload.subscription_qos),), persistent=True,
             session_expiry_s=scenario.subscribers.session_expiry_s if protocol == 5 else None,
             preset_last_packet_id=workload.preset_last_packet_id))

@@ -120,6 +120,7 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
     for fault_id, frows in fault_rows.items():
         _fault(timeline, fault_id, frows)
     _allow_unpromised_session_losses(timeline, guarantees)
+    _unplanned_exits(timeline)
     _phases(timeline)
     _snapshots(timeline, guarantees)
     return timeline
@@ -270,6 +271,28 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
     timeline.unknown["meta.fault_bit"] = f"{previous}; {reason}" if previous else reason
 
 
+def _unplanned_exits(timeline: Timeline) -> None:
+    """health.unplanned_exit: a node the run watched exited while no stop or kill of it was asked for
+    (harness/external_target.py DeathWatch records it as a node_event "exited")."""
+    for event in timeline.node_events:
+        if event.get("action") != "exited":
+            continue
+        detail = detail_of(event)
+        timeline.violations.setdefault("health.unplanned_exit", []).append({
+            "node": event.get("node"), "t": event["t_mono_us"], "exit_status": detail.get("exit_status"),
+            "log_tail": list(detail.get("log_tail") or [])[-8:]})
+
+
+def unplanned_exit_note(timeline: Timeline) -> str:
+    """' while node X was down: it exited at +Ts (status S) outside every planned fault', or ''."""
+    exits = timeline.violations.get("health.unplanned_exit", [])
+    if not exits:
+        return ""
+    first = exits[0]
+    return (f"; node {first['node']} had exited at +{(first['t'] - timeline.t_first) / 1e6:.1f} s (exit status "
+            f"{first['exit_status']}) outside every planned fault and was not brought back")
+
+
 def _phases(timeline: Timeline) -> None:
     if "error" in timeline.phases:
         timeline.incomplete.append(f"the run broke: {timeline.phases['error'].get('error')!r}")
@@ -280,7 +303,8 @@ def _phases(timeline: Timeline) -> None:
         owed = drain_end.get("outstanding")
         timeline.incomplete.append(
             "the drain timed out" + (f" while {owed} owed message(s) were still missing" if owed else "")
-            + f" (after {drain_end.get('elapsed_s', '?')} s, not quiet): they may still have been in flight")
+            + f" (after {drain_end.get('elapsed_s', '?')} s, not quiet): they may still have been in flight"
+            + unplanned_exit_note(timeline))
     elif drain_end.get("reason") != "quiet":
         timeline.incomplete.append(f"drain_end reason {drain_end.get('reason')!r}, expected 'quiet'")
 

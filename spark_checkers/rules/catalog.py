@@ -9,6 +9,7 @@ from spark_checkers.rules import (  # noqa: F401 - imported to register their ru
     duplicates,
     durability,
     expiry,
+    health,
     limits,
     liveness,
     losses,

@@ -13,6 +13,7 @@ import pytest
 
 import harness.model  # noqa: F401  (registers the [topology] and [broker] tables)
 from contracts.scenario import load_scenario, with_provider
+from contracts.target_nodes import NodeSpec
 from contracts.topology import AddressMode, NodeHandle, ServiceTopology, Target, Topology
 from harness.containers.node import ContainerNode
 from harness.containers.target import ContainerExternalTarget
@@ -72,7 +73,8 @@ def test_every_node_handle_class_is_a_node_handle(tmp_path):
              RedisNode("redis-1", "127.0.0.1", 7001, Path("/bin/true"), run_dir=tmp_path, appendfsync="everysec",
                        node_timeout_ms=1000),
              TansuNode(Path("/bin/true"), "127.0.0.1", 9092, tmp_path, None, ""),
-             ExternalNode(SimpleNamespace(), "mq", "mqtt-broker", "127.0.0.1", 1883, ["true"],
+             ExternalNode(SimpleNamespace(spec=SimpleNamespace(ready="mqtt")), NodeSpec("mq"), "mq", "mqtt-broker",
+                          "127.0.0.1", 1883, ["true"],
                           log_path=tmp_path / "mq.log", data_dir=tmp_path / "mq"),
              _container_node(ContainerNode, tmp_path),
              _container_node(ContainerRedisNode, tmp_path)]
@@ -88,7 +90,9 @@ def test_both_providers_topologies_are_service_topologies(tmp_path):
 
 
 def test_the_external_topology_is_a_topology(tmp_path):
-    topology = ExternalTopology(_process_node(tmp_path), "loopback")
+    node = _process_node(tmp_path)
+    node.role = "mqtt-broker"
+    topology = ExternalTopology(SimpleNamespace(nodes=[node]), "loopback")
     assert missing(topology, Topology) == []
     assert missing(topology.addresses, AddressMode) == []
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ from contracts.invariants import (
     effective_log_patterns,
     log_pattern_from_mapping,
 )
+from contracts.target_nodes import HOME_NODE_POLICIES, FormationSpec, NodeSpec, read_formation, read_nodes
+from contracts.tls import TlsSpec, read_tls
 from contracts.validation import Section, nonzero_total
 
 TIERS = ("smoke", "nightly", "soak")
@@ -56,9 +58,11 @@ class FaultCatalog:
     default_targets: Mapping[str, tuple[str, ...]]  # kind -> selectors drawn when the scenario names none
     log_losing_kinds: tuple[str, ...]  # kinds that take a node down (an in-memory Kafka log is lost)
     kafka_role_of: Callable[[str], str | None]  # selector -> 'kafka' | 'storage' | None
-    # (kind, selectors, parameter variants, target name) -> why the fault cannot apply to an external target
-    # (one broker node and its clients), naming the key: "targets.K = 'x': ..." / "params.K.a = ...: ..."; or ''
-    external_refusal: Callable[[str, tuple[str, ...], list[Mapping[str, Any]], str], str] = lambda *args: ""
+    # (kind, selectors, parameter variants, the target's (node name, role) pairs) -> why the fault cannot apply
+    # to that external target (its nodes and its clients), naming the key: "targets.K = 'x': ..." /
+    # "params.K.a = ...: ..."; or ''
+    external_refusal: Callable[[str, tuple[str, ...], list[Mapping[str, Any]], tuple[tuple[str, str], ...]],
+                               str] = lambda *args: ""
     # (provider, kinds) -> one sentence per kind that topology provider cannot play (empty: all supported)
     provider_gaps: Callable[[str, Iterable[str]], list[str]] = lambda provider, kinds: []
 
@@ -180,6 +184,33 @@ class TargetSpec:
     persistence: str = "kill"
     message_ttl_s: int = 0  # 0 = messages without an expiry interval never expire
     credentials: Credentials = Credentials()
+    tls: TlsSpec = TlsSpec()  # [target.tls] (contracts/tls.py): every MQTT connection over TLS, the run's CA
+    nodes: tuple[NodeSpec, ...] = ()  # [[target.nodes]] as declared; () = one node, named like the target
+    formation: FormationSpec = FormationSpec()  # [target.formation]: joining the nodes into one cluster
+
+    @property
+    def clustered(self) -> bool:
+        return bool(self.nodes)
+
+    def node_specs(self) -> tuple[NodeSpec, ...]:
+        """Every node with the target's keys filled in where it gives none (env and files merged over the
+        target's).  One node named like the target when [[target.nodes]] is absent."""
+        declared = self.nodes or (NodeSpec(name=self.name, host=self.host, port=self.port),)
+        resolved = []
+        for node in declared:
+            service = node.role == "service"
+            resolved.append(NodeSpec(
+                name=node.name, role=node.role, host=node.host, port=node.port,
+                start=node.start or self.start, stop=node.stop or self.stop, kill=node.kill or self.kill,
+                env=tuple(sorted({**dict(self.env), **dict(node.env)}.items())),
+                files=tuple(sorted({**dict(self.files), **dict(node.files)}.items())),
+                ready=node.ready or ("port" if service else self.ready),
+                ready_timeout_s=node.ready_timeout_s if node.ready_timeout_s is not None else self.ready_timeout_s))
+        return tuple(resolved)
+
+    def broker_node_names(self) -> tuple[str, ...]:
+        """The MQTT listeners the clients connect to, in declaration order (node index 0, 1, ...)."""
+        return tuple(node.name for node in self.node_specs() if node.role == "broker")
 
     @property
     def protocol_levels(self) -> tuple[int, ...]:
@@ -213,6 +244,18 @@ class WorkloadSpec:
     publisher_disconnects_per_minute: float = 0.0
     publisher_abrupt_fraction: float = 0.5
     publisher_offline_s: tuple[float, float] = (0.2, 1.0)
+    # Each client's first node: "round-robin" over the broker nodes in order, or "seeded" (drawn per client);
+    # ``home_nodes`` fixes it per client id (client id -> broker node name).
+    home_node: str = "round-robin"
+    home_nodes: tuple[tuple[str, str], ...] = ()
+
+    def client_ids(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(publisher ids, subscriber ids), the names every plan of this workload gives its clients."""
+        if self.pattern == "p2p":
+            return (tuple(f"test_pub_client_{i}_0" for i in range(self.pairs)),
+                    tuple(f"test_sub_client_{i}_0" for i in range(self.pairs)))
+        return (tuple(f"test_pub_client_{j}_0" for j in range(self.publishers)),
+                tuple(f"test_sub_client_{k}_0" for k in range(self.subscribers)))
 
 
 @dataclass(frozen=True)
@@ -295,6 +338,13 @@ class Scenario:
     def name(self) -> str:
         return self.scenario.name
 
+    def broker_nodes(self) -> tuple[str, ...]:
+        """The broker nodes clients connect to, by index: broker-1..N of the reference topology, or the
+        external target's broker nodes in declaration order."""
+        if self.target.kind == "reference":
+            return tuple(f"broker-{n}" for n in range(1, int(self.topology.get("broker_nodes", 1)) + 1))
+        return self.target.broker_node_names()
+
     def broker_config(self) -> dict[str, Any]:
         """The reference broker's whole configuration for this scenario: the [broker] table with the broker's
         own defaults filled in (so the checker judges limits and TTLs against the broker's values, and keeps
@@ -330,6 +380,7 @@ class Scenario:
         subscribers["offline_s"] = list(self.subscribers.offline_s)
         subscribers["session_expiry_mix"] = {str(e): w for e, w in self.subscribers.session_expiry_mix}
         workload["publisher_offline_s"] = list(self.workload.publisher_offline_s)
+        workload["home_nodes"] = dict(self.workload.home_nodes)
         if self.target.kind == "reference":
             target: dict[str, Any] = {"kind": "reference", "promises": reference_declaration(self.broker)}
         else:
@@ -339,6 +390,12 @@ class Scenario:
             target["files"] = dict(self.target.files)
             target["env"] = dict(self.target.env)
             target["credentials"] = self.target.credentials.to_dict()  # every password masked
+            target["tls"] = self.target.tls.to_dict()  # enabled, server_name, verify (no key material)
+            target["nodes"] = [node.to_dict() for node in self.target.nodes]  # as declared: reads back the same
+            target["formation"] = self.target.formation.to_dict()
+            for key in ("nodes", "formation"):
+                if not target[key]:
+                    del target[key]
             target["promises"] = self.target.declaration()
         if self.workload.pattern == "p2p":
             del workload["publishers"], workload["subscribers"]
@@ -460,9 +517,15 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     if target.kind == "external":
         _refuse_inapplicable_to_external(source, target, faults, workload)
     refuse_unsupported_faults(source, str(topology.get("provider", "local")), faults)
-
-    return Scenario(source=source, scenario=info, topology=topology, target=target, broker=broker,
-                    workload=workload, subscribers=subscribers, faults=faults, checks=checks)
+    refuse_clustered_containers(source, str(topology.get("provider", "local")), target)
+    scenario = Scenario(source=source, scenario=info, topology=topology, target=target, broker=broker,
+                        workload=workload, subscribers=subscribers, faults=faults, checks=checks)
+    nodes = scenario.broker_nodes()
+    for client_id, node in workload.home_nodes:
+        if node not in nodes:
+            raise ScenarioError(f"{source}: [workload] home_nodes.{client_id} = {node!r}: no broker node of that "
+                                f"name; the broker nodes: {', '.join(nodes)}")
+    return scenario
 
 
 def _read_info(s: _Section) -> ScenarioInfo:
@@ -517,6 +580,9 @@ def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
         if "credentials" in s.table:
             raise s.fail("credentials", "...", "the reference broker accepts anonymous clients and ignores "
                          "credentials; [target.credentials] applies to an external target (kind = \"external\")")
+        if "tls" in s.table:
+            raise s.fail("tls", "...", "the reference broker serves plain MQTT; [target.tls] applies to an external "
+                         "target (kind = \"external\") whose listener speaks TLS")
         s.finish()  # nothing else applies to the reference broker; its settings live in [broker]
         if derived and _plain(derived) != reference_declaration(broker):
             raise s.fail("promises", derived, "is derived from [broker]; change the [broker] keys instead")
@@ -573,10 +639,18 @@ def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
         persistence=s.string("persistence", "kill", choices=PERSISTENCE_PROMISES),
         message_ttl_s=s.integer("message_ttl_s", 0, minimum=0, maximum=2**31 - 1),
         credentials=read_credentials(s, _credentials_table(s), os.environ),
+        tls=read_tls(s, s._get("tls", {}, False)),
+        nodes=read_nodes(s, s._get("nodes", None, False)),
     )
-    if not spec.start:
-        raise s.fail("start", [], "an external target needs the argv that starts it, e.g. "
-                     "[\"mosquitto\", \"-c\", \"{run_dir}/mosquitto.conf\"]")
+    spec = replace(spec, formation=read_formation(s, s._get("formation", None, False), spec.nodes))
+    if spec.nodes and (spec.host or spec.port):
+        raise s.fail("host" if spec.host else "port", spec.host or spec.port, "a target with [[target.nodes]] "
+                     "gives each node its own host and port (in its [[target.nodes]] table), not the target")
+    for node in spec.node_specs():
+        if not node.start:
+            where = f"[[target.nodes]] {node.name!r} has no start and the target" if spec.nodes else "an external target"
+            raise s.fail("start", [], f"{where} needs the argv that starts it, e.g. "
+                         "[\"mosquitto\", \"-c\", \"{run_dir}/mosquitto.conf\"]")
     if bool(spec.config_file) != bool(spec.config_text):
         raise s.fail("config_file", spec.config_file, "config_file and config_text go together")
     if spec.config_file and ("/" in spec.config_file or spec.config_file.startswith(".")):
@@ -616,7 +690,8 @@ def _refuse_inapplicable_to_external(source: str, target: TargetSpec, faults: Fa
         variants = [faults.params_of(kind)] + [{name: value} for name, values in faults.choices_of(kind)
                                                for value in values]
         selectors = faults.targets_of(kind)
-        why = catalog.external_refusal(kind, selectors, variants, target.name)
+        why = catalog.external_refusal(kind, selectors, variants,
+                                       tuple((node.name, node.role) for node in target.node_specs()))
         if why:
             key, _, reason = why.partition(": ")
             raise ScenarioError(f"{source}: [faults] {key}: cannot apply to {where}: {reason}")
@@ -680,7 +755,18 @@ def _read_workload(s: _Section) -> WorkloadSpec:
                                                   d.publisher_disconnects_per_minute, minimum=0.0, maximum=600.0),
         publisher_abrupt_fraction=s.fraction("publisher_abrupt_fraction", d.publisher_abrupt_fraction),
         publisher_offline_s=s.number_range("publisher_offline_s", d.publisher_offline_s),
+        home_node=s.string("home_node", d.home_node, choices=HOME_NODE_POLICIES),
+        home_nodes=tuple(sorted(s.raw_table("home_nodes").items())),
     )
+    for client_id, node in spec.home_nodes:
+        if not isinstance(node, str) or not node:
+            raise s.fail(f"home_nodes.{client_id}", node, "must be the name of a broker node (a string)")
+    publishers, subscribers = spec.client_ids()
+    for client_id, _node in spec.home_nodes:
+        if client_id not in publishers + subscribers:
+            shown = ", ".join((publishers + subscribers)[:6]) + (", ..." if len(publishers + subscribers) > 6 else "")
+            raise s.fail(f"home_nodes.{client_id}", _node, f"no client {client_id!r} in this workload; its "
+                         f"clients: {shown}")
     if spec.preset_each_offline and not spec.preset_last_packet_id:
         raise s.fail("preset_each_offline", True, "needs preset_last_packet_id > 0 (the value each offline "
                      "window's session is preset to), e.g. preset_last_packet_id = 65500")
@@ -772,7 +858,8 @@ def _read_faults(s: _Section, target: TargetSpec | None = None) -> FaultSpec:
         default_targets = fault_catalog().default_targets
         defaults = default_targets.get(kind, ())
         if external and kind in default_targets and (kind.startswith("process_") or kind == "net_isolate"):
-            defaults = (f"node:{target.name}",)  # the one process a black-box target has
+            # the one process a black-box target has, or any broker node of a cluster
+            defaults = (f"node:{target.name}",) if not target.clustered else ("broker-random",)
         selectors = targets_raw.get(kind, defaults)
         if isinstance(selectors, str):
             selectors = [selectors]
@@ -843,7 +930,21 @@ def with_provider(scenario: Scenario, provider: str) -> Scenario:
     else:
         topology = {"provider": provider} if provider != "local" else {}
     refuse_unsupported_faults(scenario.source, provider, scenario.faults)
+    refuse_clustered_containers(scenario.source, provider, scenario.target)
     return replace(scenario, topology=topology)
+
+
+def refuse_clustered_containers(source: str, provider: str, target: TargetSpec) -> None:
+    """The containers provider runs an external target as one container without the run's TLS files; a
+    cluster or a TLS listener runs as host processes (the local provider)."""
+    if provider == "containers" and target.tls.enabled:
+        raise ScenarioError(f"{source}: [topology] provider = \"containers\": [target.tls] needs the run's own CA "
+                            "and server certificate, which the containers provider does not make; run a TLS target "
+                            "with the local provider")
+    if provider == "containers" and target.clustered:
+        raise ScenarioError(f"{source}: [topology] provider = \"containers\": [[target.nodes]] declares "
+                            f"{len(target.nodes)} nodes, and the containers provider runs an external target as "
+                            "one container; run a clustered target with the local provider")
 
 
 def _refuse_log_losing_kills(source: str, topology: Mapping[str, Any], faults: FaultSpec) -> None:

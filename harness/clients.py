@@ -21,6 +21,7 @@ import errno
 import os
 import selectors
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from contracts.credentials import Credential
 from contracts.history_schema import Kind
 from harness import connack
 from harness.history import HistoryRecorder
+from harness.tls import ClientTls, failure_words
 from properties.plan import PUBLISHER, ClientPlan, PublishPlan
 
 PROTOCOLS = {4: mqtt.MQTTv311, 5: mqtt.MQTTv5}
@@ -65,7 +67,19 @@ class NonBlockingConnectClient(mqtt.Client):
     paho's own connect blocks for up to connect_timeout, and on one shared loop a broker behind a network
     partition would stall every other client that long.  A connection that never completes is caught by
     the executor's CONNACK timeout; a refused one surfaces as a read error (connect_fail row).
-    (Overrides paho's ``_create_socket_connection``; paho-mqtt is pinned to 2.x in pyproject.toml.)"""
+    (Overrides paho's ``_create_socket_connection``; paho-mqtt is pinned to 2.x in pyproject.toml.)
+
+    TLS ([target.tls], ``use_tls``) on the same loop: paho wraps the socket and completes the handshake
+    blocking, which a non-blocking connect cannot have (and Python wraps a socket still connecting without
+    TLS at all).  So the TLS layer starts once the TCP connect is done, at the connection's first read or
+    write, and the handshake advances on the selector's readiness like any other I/O; a handshake failure
+    (a certificate that does not verify, an alert) ends the connection with its words in ``tls_error``."""
+
+    tls_server_name = ""  # the name the certificate is checked for and SNI sends (use_tls)
+    tls_error = ""  # why this connection's TLS handshake failed, in words ("" = it did not)
+    _tls: ClientTls | None = None
+    _tls_handshaking = False
+    _tls_waits_to_read = False  # the handshake waits for the broker: no write interest meanwhile (want_write)
 
     def _create_socket_connection(self) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -81,6 +95,76 @@ class NonBlockingConnectClient(mqtt.Client):
             sock.close()
             raise OSError(code, os.strerror(code))
         return sock
+
+    def use_tls(self, tls: ClientTls, host: str) -> None:
+        """Speak MQTT over TLS: verified against ``tls``'s CA for its server name (or ``host``), before connect()."""
+        self.tls_set_context(tls.context())
+        self._tls = tls
+        self.tls_server_name = tls.server_hostname(host)
+
+    def _ssl_wrap_socket(self, tcp_sock: socket.socket) -> Any:
+        self._tls_handshaking = True  # wrapped and shaken on the loop (_tls_step), not here
+        return tcp_sock
+
+    def _tls_step(self) -> None:
+        """Advance the TLS handshake; BlockingIOError while it waits for the socket (paho's 'again')."""
+        sock = self._sock
+        if not self._tls_handshaking or sock is None:
+            return
+        if not isinstance(sock, ssl.SSLSocket):
+            failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if failed:
+                raise OSError(failed, os.strerror(failed))
+            try:
+                sock.getpeername()
+            except OSError as error:
+                if error.errno != errno.ENOTCONN:
+                    raise
+                self._call_socket_register_write()  # writable once the TCP connect is done
+                raise BlockingIOError() from error
+            sock = self._ssl_context.wrap_socket(sock, server_hostname=self.tls_server_name,
+                                                 do_handshake_on_connect=False)
+            self._sock = sock
+        if sock._sslobj is None:  # shut down by a cut (_cut) before the handshake finished
+            raise ConnectionError("the TLS connection was shut down during its handshake")
+        self._tls_waits_to_read = False
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError as error:
+            self._tls_waits_to_read = True  # woken by the broker's answer, not by a writable socket
+            self._call_socket_unregister_write()
+            raise BlockingIOError() from error
+        except ssl.SSLWantWriteError as error:
+            self._call_socket_register_write()
+            raise BlockingIOError() from error
+        except ssl.SSLError as error:
+            # An OSError that is no ValueError (a certificate error is both, and paho's writer takes a
+            # ValueError for "try again"): paho ends the connection, and on_disconnect records these words.
+            self.tls_error = self.tls_error or failure_words(error, self._tls)
+            raise ConnectionAbortedError(errno.ECONNABORTED, self.tls_error) from error
+        self._tls_handshaking = False
+        self._call_socket_register_write()  # the CONNECT paho queued can go now
+
+    def want_write(self) -> bool:
+        """Not while the handshake waits for the broker: paho keeps write interest for its queued CONNECT, and
+        a socket that is always writable would turn the loop without pause until the broker answers."""
+        return not self._tls_waits_to_read and super().want_write()
+
+    def _sock_send(self, buf: bytes | bytearray) -> int:
+        self._tls_step()
+        return super()._sock_send(buf)
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        self._tls_step()
+        return super()._sock_recv(bufsize)
+
+    def loop_read(self, max_packets: int = 1) -> mqtt.MQTTErrorCode:
+        """Over TLS, also what the TLS layer already holds decrypted: the socket is not readable for it."""
+        rc = super().loop_read(max_packets)
+        while rc == mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS and isinstance(self._sock, ssl.SSLSocket) \
+                and not self._tls_handshaking and self._sock.pending():
+            rc = super().loop_read(max_packets)
+        return rc
 
     def _handle_pubrel(self) -> mqtt.MQTTErrorCode:
         """A PUBREL for a packet id this client holds no message for (released on an earlier connection, or
@@ -194,6 +278,7 @@ class ClientSession:
     connect_timeout_s: float = 5.0
     bind_address: str = ""  # source address of every connection ("" = the kernel's choice)
     credential: Credential | None = None  # the user name and password every CONNECT sends (None: anonymous)
+    tls: ClientTls | None = None  # [target.tls]: every connection over TLS, verified against the run's CA
 
     paho: mqtt.Client | None = None
     previous_paho: mqtt.Client | None = None  # the last ended connection's client: its unreleased QoS 2 messages
@@ -270,6 +355,8 @@ class ClientSession:
         client.manual_ack_set(True)  # we send each PUBACK ourselves, so the history knows it was sent
         if self.credential is not None:
             client.username_pw_set(self.credential.username, self.credential.password)
+        if self.tls is not None:
+            client.use_tls(self.tls, host)
         if carried and self.plan.persistent and not clean_start:
             client._in_messages.update(carried)
         client.max_inflight_messages_set(65535)
@@ -429,7 +516,7 @@ class ClientSession:
                 reason_code=int(reason_code.value) if reason_code is not None else None,
                 detail=detail)
         else:
-            self._record_connect_fail("connection closed before CONNACK", self.why)
+            self._record_connect_fail(getattr(client, "tls_error", "") or "connection closed before CONNACK", self.why)
         self._settle_pending("connection lost before the acknowledgement")
         _cut(client)
 

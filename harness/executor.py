@@ -41,6 +41,7 @@ from contracts.credentials import Credentials
 from harness.clients import ClientSession, Counters, SelectorLoop
 from harness.drain import OUTSTANDING_QUIET, QUIET, DrainRule, OutstandingDeliveries, drain_decision
 from harness.history import HistoryRecorder
+from harness.tls import ClientTls
 from properties.plan import CONNECT, Plan, PublishPlan, SubscriberAction
 
 Endpoint = tuple[str, int, str]  # host, port, node name
@@ -77,7 +78,7 @@ class Executor:
                  settings: ExecutorSettings | None = None, stop: threading.Event | None = None,
                  before_reconnect: Callable[[str, str], None] | None = None,
                  before_disconnect: Callable[[str], None] | None = None,
-                 credentials: Credentials | None = None):
+                 credentials: Credentials | None = None, tls: ClientTls | None = None):
         if not endpoints:
             raise ExecutorError("the target exposes no MQTT endpoint")
         self.plan = plan
@@ -102,7 +103,7 @@ class Executor:
                 plan=c, recorder=recorder, loop=self.loop, counters=self.counters, address_of=self._address,
                 publisher_names=publisher_names, keepalive_s=self.settings.keepalive_s,
                 connect_timeout_s=self.settings.connect_timeout_s, bind_address=self.settings.client_bind_address,
-                node=c.node, credential=credentials.for_client(c.client_id) if credentials else None)
+                node=c.node, credential=credentials.for_client(c.client_id) if credentials else None, tls=tls)
             for c in plan.clients}
         # The first refusal of a client's credentials: the loop raises CredentialsRefused with it (once).
         self.refusal: str | None = None
@@ -337,6 +338,11 @@ class Executor:
         return result["value"]
 
     # -- client faults -----------------------------------------------------------------------------
+    def client_node(self, client_id: str) -> str | None:
+        """The node of the client's current (or last) connection, or None before its first connect."""
+        session = self.sessions.get(client_id)
+        return session.node_name or None if session is not None else None
+
     def client_fault_player(self) -> Callable[[Any, str], Any]:
         """The nemesis' ``client_player(spec, stage) -> Evidence``; blocks its (nemesis) thread until this
         loop has played the stage.  Raises what the loop raised (FaultNotApplicable, TimeoutError)."""

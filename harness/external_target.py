@@ -1,6 +1,7 @@
-"""The external target: any MQTT broker described by an address and start / stop / kill argv lists (e.g.
-Debian's Mosquitto), run as a host process.  A black box (contracts.topology.Target with white_box false): no
-snapshot rows.  It records a ``node_event`` row for every start / ready / stop / kill it performs.  The same
+"""The external target: any MQTT broker, one node or a cluster of them, each described by an address and
+start / stop / kill argv lists (e.g. Debian's Mosquitto, a three-node RabbitMQ), run as host processes.  A
+black box (contracts.topology.Target with white_box false): no snapshot rows.  It records a ``node_event`` row
+for every start / ready / stop / kill / formation step it performs, and for every exit nobody asked for.  The same
 broker as a container: harness/containers/target.py; the reference broker: harness/reference_target.py.
 """
 
@@ -8,20 +9,27 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shlex
 import shutil
 import socket
 import stat
 import subprocess
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from contracts.credentials import PROBE_CLIENT_ID
 from contracts.history_schema import Kind
 from contracts.scenario import Scenario
+from contracts.target_nodes import NodeSpec
 from contracts.topology import Endpoint
 from harness.history import HistoryRecorder
-from harness.node import ProcessNode
+from harness.node import ProcessNode, log_tail
+from harness.tls import client_tls, tls_placeholders, write_target_tls
 from properties.plan import Plan
 
 
@@ -36,9 +44,10 @@ def free_port(host: str) -> int:
 
 
 class ExternalTopology:
-    """What the nemesis (faults/) sees of an external target: one broker node, no Redis, no Kafka.  With its
-    own 127.0.0.x address ("distinct", inside the run's private namespace) the clients keep 127.0.0.1, so
-    client <-> broker network faults match packets by address exactly as on the reference topology."""
+    """What the nemesis (faults/) sees of an external target: its broker nodes and the processes inside it
+    (``services``), no Redis, no Kafka.  With their own 127.0.0.x addresses ("distinct", inside the run's
+    private namespace) the clients keep 127.0.0.1, so client <-> node and node <-> node network faults match
+    packets by address exactly as on the reference topology."""
 
     redis_nodes: tuple = ()
     kafka = None
@@ -47,21 +56,33 @@ class ExternalTopology:
     client_hosts = None
     network_fault_place = None
 
-    def __init__(self, node: Any, address_mode: str) -> None:
+    def __init__(self, target: ExternalTarget, address_mode: str) -> None:
         from harness.addresses import AddressPlan
 
-        self.brokers = [node]
+        self.target = target
+        self.brokers = [node for node in target.nodes if node.role != SERVICE]
+        self.services = [node for node in target.nodes if node.role == SERVICE]
         self.addresses = AddressPlan(address_mode)
 
     def nodes(self) -> list[Any]:
-        return list(self.brokers)
+        return list(self.services) + list(self.brokers)
+
+    def holding_node(self, client_id: str) -> str:
+        """broker-holding:CLIENT (faults/selectors.py): the target's own answer."""
+        return self.target.holding_node(client_id)
+
+
+BROKER = "broker"  # contracts/target_nodes.py NODE_ROLES: an MQTT listener ...
+SERVICE = "service"  # ... or a process inside the target (its node handle's role, too)
 
 
 class ExternalTarget:
-    """A black-box MQTT broker started from argv.  Placeholders {run_dir} {data_dir} {log_dir} {host} {port}
-    {pid} in argv, env values and config files are replaced; {pid} is the started process (for stop / kill
-    argv).  Inside the run's private network namespace it listens on its own 127.0.0.x (unless the scenario
-    fixes a host), so network faults between the clients (127.0.0.1) and it can be applied."""
+    """A black-box MQTT broker of one or several nodes, each started from argv (contracts/target_nodes.py).
+    Placeholders {run_dir} {data_dir} {log_dir} {conf_dir} {host} {port} {pid} {node} and
+    {nodes[NAME].host} (.port .name .data_dir .conf_dir) in argv, env values and config files are replaced;
+    {pid} is the node's started process (for stop / kill argv).  Inside the run's private network namespace
+    each node listens on its own 127.0.0.x (unless the scenario fixes a host), so network faults between the
+    clients (127.0.0.1) and a node, or between two nodes, can be applied."""
 
     white_box = False
     reuse = None  # never a kept topology
@@ -76,61 +97,101 @@ class ExternalTarget:
         self.run_dir = Path(run_dir).resolve()
         self.recorder = recorder
         self.name = self.spec.name
-        self.address_mode = "loopback"
-        if self.spec.host:
-            self.host = self.spec.host
-            self.port = self.spec.port or free_port(self.host)
-        elif netns.in_private_netns():
-            self.address_mode = "distinct"
-            self.host, self.port = ALLOCATOR.distinct(self.spec.port or 1883)
-        else:
-            self.host = "127.0.0.1"
-            self.port = self.spec.port or free_port(self.host)
-        self.data_dir = self.run_dir / "data" / self.name
         self.log_dir = self.run_dir / "logs"
-        self.node = None
+        self.address_mode = "distinct" if netns.in_private_netns() else "loopback"
+        self.places: dict[str, NodePlace] = {}
+        for node in self.spec.node_specs():
+            if node.host:
+                host, port = node.host, node.port or free_port(node.host)
+            elif self.address_mode == "distinct":
+                host, port = ALLOCATOR.distinct(node.port or 1883)
+            else:
+                host, port = "127.0.0.1", node.port or free_port("127.0.0.1")
+            conf_dir = self.run_dir / "conf" / node.name if self.spec.clustered else self.run_dir
+            self.places[node.name] = NodePlace(node.name, host, port, self.run_dir / "data" / node.name, conf_dir)
+        if any(node.host for node in self.spec.node_specs()):
+            self.address_mode = "loopback"  # a host the scenario fixes: the clients keep the default source
+        taken: dict[tuple[str, int], str] = {}
+        for place in self.places.values():
+            if (place.host, place.port) in taken:
+                raise TargetError(f"[[target.nodes]] {place.name!r} and {taken[place.host, place.port]!r} would both "
+                                  f"listen on {place.host}:{place.port} (this run is not in a private network "
+                                  "namespace, so the nodes share 127.0.0.1); give each node its own port")
+            taken[place.host, place.port] = place.name
+        first = self.places[self.spec.node_specs()[0].name]
+        self.host, self.port, self.data_dir = first.host, first.port, first.data_dir  # the first node's
+        self.nodes: list[ExternalNode] = []
+        self.node = None  # the first broker node (single-node targets)
         self.topology: ExternalTopology | None = None
+        self.formed = False
+        self.client_node: Any = None  # client id -> node name of its current / last connection (the executor)
+        self.watch: DeathWatch | None = None
+        self.tls: dict[str, Any] | None = None  # [target.tls]: what prepare() made (paths, names; never the key)
 
-    def _values(self) -> dict[str, Any]:
-        return {"run_dir": self.run_dir, "data_dir": self.data_dir, "log_dir": self.log_dir, "host": self.host,
-                "port": self.port, "pid": self.node.pid if self.node is not None and self.node.pid else ""}
+    # -- placeholders --------------------------------------------------------------------------------
 
-    def _format(self, text: str, where: str) -> str:
+    def _values(self, node: str | None = None) -> dict[str, Any]:
+        place = self.places[node] if node else next(iter(self.places.values()))
+        handle = next((n for n in self.nodes if n.name == place.name), None)
+        nodes = {p.name: SimpleNamespace(name=p.name, host=p.host, port=p.port, data_dir=p.data_dir,
+                                         conf_dir=p.conf_dir) for p in self.places.values()}
+        # One node: its address is the target's (a provider may place it elsewhere: harness/containers/).
+        host, port = (place.host, place.port) if self.spec.clustered else (self.host, self.port)
+        return {"run_dir": self.run_dir, "data_dir": place.data_dir, "log_dir": self.log_dir,
+                "conf_dir": place.conf_dir, "host": host, "port": port, "node": place.name,
+                "nodes": nodes, "pid": handle.pid if handle is not None and handle.pid else "",
+                **tls_placeholders(self.run_dir, self.spec.tls)}  # [target.tls]: {tls_ca} {tls_cert} {tls_key} {tls_dir}
+
+    def _format(self, text: str, where: str, node: str | None = None, **extra: Any) -> str:
         try:
-            return text.format(**self._values())
-        except (KeyError, IndexError, ValueError) as error:
-            raise TargetError(f"[target] {where}: cannot fill in placeholders in {text!r}: {error}; allowed: "
-                              "{run_dir} {data_dir} {log_dir} {host} {port} {pid} (double braces for a literal)") from error
+            return text.format(**self._values(node), **extra)
+        except (KeyError, IndexError, ValueError, AttributeError) as error:
+            allowed = "{run_dir} {data_dir} {log_dir} {conf_dir} {host} {port} {pid} {node} {nodes[NAME].host}"
+            raise TargetError(f"[target] {where}: cannot fill in placeholders in {text!r}: {error!r}; allowed: "
+                              f"{allowed} (.port .name .data_dir .conf_dir; node names: "
+                              f"{', '.join(self.places)}; double braces for a literal)") from error
+
+    # -- life cycle ----------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        files = dict(self.spec.files)
-        if self.spec.config_file:
-            files[self.spec.config_file] = self.spec.config_text
-        for file_name, text in files.items():
-            where = "config_text" if file_name == self.spec.config_file else f"files.{file_name}"
-            (self.run_dir / file_name).write_text(self._format(text, where))
-        if self.spec.data_owner and os.geteuid() == 0:
-            try:
-                owner = pwd.getpwnam(self.spec.data_owner)
-            except KeyError:
-                raise TargetError(f"[target] data_owner = {self.spec.data_owner!r}: no such user on this machine") from None
-            for directory in (self.data_dir, self.log_dir):
-                os.chown(directory, owner.pw_uid, owner.pw_gid)
-            for parent in self.data_dir.parents:
-                mode = parent.stat().st_mode
-                if not mode & stat.S_IXOTH:
-                    raise TargetError(
-                        f"{parent} is not searchable by user {self.spec.data_owner!r} (mode {stat.filemode(mode)}), "
-                        f"so the broker cannot reach {self.data_dir}; run with --out under a directory with o+x "
-                        "(e.g. runs/ in the project)")
-        if shutil.which(self.spec.start[0]) is None and not Path(self.spec.start[0]).exists():
-            raise TargetError(f"[target] start = {list(self.spec.start)!r}: {self.spec.start[0]!r} is not "
-                              "installed (not on PATH)")
+        for node in self.spec.node_specs():
+            place = self.places[node.name]
+            place.data_dir.mkdir(parents=True, exist_ok=True)
+            place.conf_dir.mkdir(parents=True, exist_ok=True)
+            files = dict(node.files)
+            if self.spec.config_file:
+                files[self.spec.config_file] = self.spec.config_text
+            for file_name, text in files.items():
+                where = "config_text" if file_name == self.spec.config_file else f"files.{file_name}"
+                (place.conf_dir / file_name).write_text(self._format(text, where, node.name))
+            if self.spec.data_owner and os.geteuid() == 0:
+                self._chown(place.data_dir)
+            if shutil.which(node.start[0]) is None and not Path(node.start[0]).exists():
+                where = f"[[target.nodes]] {node.name!r} start" if self.spec.clustered else "start"
+                raise TargetError(f"[target] {where} = {list(node.start)!r}: {node.start[0]!r} is not "
+                                  "installed (not on PATH)")
+        # [target.tls]: the run's CA and a server certificate for every node's address, into {run_dir}/tls/
+        self.tls = write_target_tls(self.run_dir, self.spec.tls, [self.host, *(p.host for p in self.places.values())],
+                                    owner=self.spec.data_owner)
+
+    def _chown(self, data_dir: Path) -> None:
+        try:
+            owner = pwd.getpwnam(self.spec.data_owner)
+        except KeyError:
+            raise TargetError(f"[target] data_owner = {self.spec.data_owner!r}: no such user on this machine") from None
+        for directory in (data_dir, self.log_dir):
+            os.chown(directory, owner.pw_uid, owner.pw_gid)
+        for parent in data_dir.parents:
+            mode = parent.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                raise TargetError(
+                    f"{parent} is not searchable by user {self.spec.data_owner!r} (mode {stat.filemode(mode)}), "
+                    f"so the broker cannot reach {data_dir}; run with --out under a directory with o+x "
+                    "(e.g. runs/ in the project)")
 
     def _ready(self, node: Any) -> bool:
-        if self.spec.ready == "port":
+        if getattr(node, "ready_kind", self.spec.ready) == "port":
             from harness.node import port_accepts
 
             return port_accepts(node.host, node.port)
@@ -144,9 +205,13 @@ class ExternalTarget:
         from harness import mqtt_probe
 
         credential = self.spec.credentials.for_client(PROBE_CLIENT_ID)
-        return mqtt_probe.mqtt_connect(host, port, level=level, timeout_s=timeout_s, client_id=PROBE_CLIENT_ID,
-                                       username=credential.username if credential is not None else None,
-                                       password=credential.password if credential is not None else None)
+        result = mqtt_probe.mqtt_connect(host, port, level=level, timeout_s=timeout_s, client_id=PROBE_CLIENT_ID,
+                                         username=credential.username if credential is not None else None,
+                                         password=credential.password if credential is not None else None,
+                                         tls=client_tls(self.run_dir, self.spec.tls))
+        if result.tls_failed:  # [target.tls]: the broker answered; waiting will not change its certificate
+            raise TargetError(f"{self.name} ({host}:{port}): {result.detail}")
+        return result
 
     def _refuse_if_credentials_refused(self, result: Any, level: int) -> None:
         """A CONNACK refusing the probe's credentials ends the start at once (TargetError, the run unknown):
@@ -159,8 +224,10 @@ class ExternalTarget:
                 self.name, PROBE_CLIENT_ID, level, result.code, credential.username if credential else None,
                 credential is not None and credential.password is not None))
 
-    def start(self) -> None:
-        argv = [self._format(a, "start") for a in self.spec.start]
+    def _make_node(self, spec: NodeSpec) -> ExternalNode:
+        place = self.places[spec.name]
+        where = f"[[target.nodes]] {spec.name!r} " if self.spec.clustered else ""
+        argv = [self._format(a, f"{where}start", spec.name) for a in spec.start]
         if os.geteuid() == 0 and shutil.which("unshare"):
             # A broker that drops root (setuid) loses PR_SET_PDEATHSIG, so it would outlive a killed harness.
             # So: unshare (root, dies with us) -> sh, PID 1 of a new PID namespace (root, killed by
@@ -173,16 +240,96 @@ class ExternalTarget:
         # The variables [target.credentials] reads, with the values the clients send (a default filled in),
         # so a start command can make the broker's password file from them; [target] env may override.
         env = {**self.spec.credentials.environment(),
-               **{key: self._format(value, f"env.{key}") for key, value in self.spec.env}}
-        self.node = ExternalNode(self, self.name, "mqtt-broker", self.host, self.port, argv,
-                                 log_path=self.log_dir / f"{self.name}.log", data_dir=self.data_dir,
-                                 cwd=self.run_dir, env=env, ready_check=self._ready)
-        self.topology = ExternalTopology(self.node, self.address_mode)
-        self.node.start()
-        self._event("start", argv=argv, pid=self.node.pid)
-        self.node.wait_ready(self.spec.ready_timeout_s)
-        self._event("ready", pid=self.node.pid)
+               **{key: self._format(value, f"{where}env.{key}", spec.name) for key, value in spec.env}}
+        role = "mqtt-broker" if spec.role == BROKER else SERVICE
+        node = ExternalNode(self, spec, spec.name, role, place.host, place.port, argv,
+                            log_path=self.log_dir / f"{spec.name}.log", data_dir=place.data_dir,
+                            cwd=self.run_dir, env=env, ready_check=self._ready)
+        return node
+
+    def start(self) -> None:
+        specs = self.spec.node_specs()
+        self.nodes = [self._make_node(spec) for spec in specs]
+        self.node = next(node for node in self.nodes if node.role == "mqtt-broker")
+        self.topology = ExternalTopology(self, self.address_mode)
+        # Services (a database behind the broker) first and ready, then every broker node at once: the
+        # nodes of a cluster find each other while they boot (RabbitMQ's peer discovery retries meanwhile),
+        # so starting them one after another would wait for a formation that needs the later ones.
+        services = [node for node in self.nodes if node.role == SERVICE]
+        brokers = [node for node in self.nodes if node.role != SERVICE]
+        for group in (services, brokers):
+            for node in group:
+                node.start()
+                self._event("start", node, argv=node.argv, pid=node.pid)
+            for node in group:
+                node.wait_ready(node.spec.ready_timeout_s or self.spec.ready_timeout_s)
+                self._event("ready", node, pid=node.pid)
+        self.form()
         self.check_protocols()
+        self.watch = DeathWatch(self)
+        self.watch.start()
+
+    def form(self) -> None:
+        """[target.formation]: the join steps once, then its readiness (the cluster formed)."""
+        formation = self.spec.formation
+        for index, step in enumerate(formation.steps, start=1):
+            argv = [self._format(a, f"formation.steps[{index}]") for a in step]
+            result = _run_argv(argv, self._formation_env(), check=True, where=f"[target.formation] steps[{index}]")
+            self.recorder.record(Kind.NODE_EVENT, node=self.name, detail={
+                "action": "formation_step", "argv": argv, "exit": result.returncode})
+        self.wait_formed(formation.ready_timeout_s, why="start")
+        self.formed = True
+
+    def wait_formed(self, timeout_s: float, why: str) -> None:
+        """Poll [target.formation] ready until it exits 0; the cluster's own word that every node is back."""
+        ready = self.spec.formation.ready
+        if not ready:
+            return
+        argv = [self._format(a, "formation.ready") for a in ready]
+        deadline = time.monotonic() + timeout_s
+        mark = time.monotonic()
+        while True:
+            result = _run_argv(argv, self._formation_env(), where="[target.formation] ready")
+            if result.returncode == 0:
+                self.recorder.record(Kind.NODE_EVENT, node=self.name, detail={
+                    "action": "formed", "why": why, "waited_s": round(time.monotonic() - mark, 3)})
+                return
+            if time.monotonic() > deadline:
+                raise TargetError(f"{self.name}: the cluster did not form within {timeout_s:.0f} s ({why}): "
+                                  f"{shlex.join(argv)} exited {result.returncode}: "
+                                  f"{(result.stdout + result.stderr).strip()[-600:]}")
+            time.sleep(1.0)
+
+    def _formation_env(self) -> dict[str, str]:
+        """Formation commands run with the first node's environment (e.g. HOME holding an Erlang cookie)."""
+        first = self.spec.node_specs()[0]
+        return {**self.spec.credentials.environment(),
+                **{key: self._format(value, f"env.{key}", first.name) for key, value in first.env}}
+
+    def holding_node(self, client_id: str) -> str:
+        """The node holding a client's session: [target.formation] holding's output names it (a node name or
+        its address, as a whole word); without that command, the node of the client's current or last
+        connection.  FaultNotApplicable when neither can tell."""
+        from faults.base import FaultNotApplicable
+
+        command = self.spec.formation.holding
+        if command:
+            argv = [self._format(a, "formation.holding", client=client_id) for a in command]
+            result = _run_argv(argv, self._formation_env(), where="[target.formation] holding")
+            text = result.stdout + result.stderr
+            found = [node.name for node in self.nodes if node.role == "mqtt-broker" and (
+                re.search(rf"(?<![\w.-]){re.escape(node.name)}(?![\w-])", text)
+                or re.search(rf"(?<![\d.]){re.escape(node.host)}(?![\d])", text))]
+            if len(found) == 1:
+                return found[0]
+            raise FaultNotApplicable(f"broker-holding:{client_id}: {shlex.join(argv)} named "
+                                     f"{'no node' if not found else 'several nodes ' + ', '.join(found)} "
+                                     f"(output: {text.strip()[-300:]!r})")
+        name = self.client_node(client_id) if callable(self.client_node) else None
+        if not name:
+            raise FaultNotApplicable(f"broker-holding:{client_id}: {client_id!r} has not connected yet, and the "
+                                     "target declares no [target.formation] holding command")
+        return name
 
     def check_protocols(self) -> None:
         """Every protocol level the workload sends must get a CONNACK 0 (an honest unknown otherwise:
@@ -193,31 +340,39 @@ class ExternalTarget:
             if weight <= 0:
                 continue
             result = self._probe(self.host, self.port, level)
-            self._event("protocol_probe", level=level, ok=result.ok, answer=result.detail)
+            self._event("protocol_probe", self.node, level=level, ok=result.ok, answer=result.detail)
             self._refuse_if_credentials_refused(result, level)
             if not result.ok:
                 raise TargetError(f"{self.name} refused an MQTT CONNECT for protocol version "
                                   f"{LEVEL_NAMES.get(level, level)} ({result.detail}); the workload sends it")
 
     def stop(self) -> None:
-        if self.node is None:
-            return
-        pid = self.node.pid
-        self.node.stop()  # the stop argv if any, then SIGTERM, then SIGKILL; waits for the process
-        self._event("stop", pid=pid)
+        if self.watch is not None:
+            self.watch.stop()
+        # Brokers before the services they use, the last-started first.
+        for node in reversed(self.nodes):
+            pid = node.pid
+            node.stop()  # the stop argv if any, then SIGTERM, then SIGKILL; waits for the process
+            self._event("stop", node, pid=pid)
 
     def kill(self) -> None:
-        if self.node is None:
-            return
-        pid = self.node.pid
-        self.node.kill()
-        self._event("kill", pid=pid)
+        if self.watch is not None:
+            self.watch.stop()
+        for node in reversed(self.nodes):
+            pid = node.pid
+            node.kill()
+            self._event("kill", node, pid=pid)
 
-    def _event(self, action: str, **detail: Any) -> None:
-        self.recorder.record(Kind.NODE_EVENT, node=self.name, detail={"action": action, **detail})
+    def _event(self, action: str, node: Any = None, **detail: Any) -> None:
+        self.recorder.record(Kind.NODE_EVENT, node=node.name if node is not None else self.name,
+                             detail={"action": action, **detail})
 
     def endpoints(self) -> list[Endpoint]:
-        return [(self.host, self.port, self.name)]
+        """The broker nodes in declaration order: node index 0, 1, ... of the plan."""
+        if not self.spec.clustered:
+            return [(self.host, self.port, self.name)]
+        return [(place.host, place.port, place.name) for spec in self.spec.node_specs() if spec.role == BROKER
+                for place in (self.places[spec.name],)]
 
     def client_bind_address(self) -> str:
         """On its own address, the clients keep 127.0.0.1 (as with the reference topology's distinct mode)."""
@@ -229,11 +384,13 @@ class ExternalTarget:
 
     @property
     def heal_ready_timeout_s(self) -> float:
-        """A broker that boots slowly (RabbitMQ: tens of seconds) must be waited for as long as at start."""
-        return self.spec.ready_timeout_s
+        """A broker that boots slowly (RabbitMQ: tens of seconds) must be waited for as long as at start, and a
+        cluster also until it has formed again."""
+        longest = max(spec.ready_timeout_s or self.spec.ready_timeout_s for spec in self.spec.node_specs())
+        return longest + (self.spec.formation.ready_timeout_s if self.spec.formation.ready else 0.0)
 
     def log_files(self) -> None:
-        """Its log is the started node's (harness/node_logs.py reads it from the node)."""
+        """Its logs are the started nodes' (harness/node_logs.py reads them from the nodes)."""
         return None
 
     def apply_presets(self, plan: Plan) -> list[str]:
@@ -250,33 +407,115 @@ class ExternalTarget:
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "external", "mqtt": {self.name: f"{self.host}:{self.port}"},
-                "address_mode": self.address_mode, "promises": self.spec.declaration(),
-                "nodes": [self.node.describe()] if self.node is not None else []}
+        brokers = [spec.name for spec in self.spec.node_specs() if spec.role == BROKER]
+        described = {"kind": "external", "mqtt": {name: f"{self.places[name].host}:{self.places[name].port}"
+                                                  for name in brokers},
+                     "address_mode": self.address_mode, "promises": self.spec.declaration(),
+                     "nodes": [node.describe() for node in self.nodes]}
+        if self.tls:
+            described["tls"] = self.tls
+        if self.spec.clustered:
+            described["cluster"] = {"name": self.name, "brokers": brokers,
+                                    "services": [spec.name for spec in self.spec.node_specs() if spec.role != BROKER],
+                                    "formation": self.spec.formation.to_dict()}
+        return described
+
+
+@dataclass(frozen=True)
+class NodePlace:
+    """Where one node lives: its address and its directories."""
+
+    name: str
+    host: str
+    port: int
+    data_dir: Path
+    conf_dir: Path
 
 
 class ExternalNode(ProcessNode):
-    """The broker's process tree; stop / kill run the scenario's argv first (e.g. `rabbitmqctl stop`), then
-    the usual SIGTERM / SIGKILL of the process group, so the same handle serves the nemesis."""
+    """One node's process tree; stop / kill run the scenario's argv first (e.g. `rabbitmqctl stop`), then
+    the usual SIGTERM / SIGKILL of the process group, so the same handle serves the nemesis.  It remembers
+    whether its being down was asked for (a stop or kill, by the nemesis or the run), which is how an exit
+    outside every planned fault is told apart (``DeathWatch``).  Back from a fault, it is ready when it
+    answers and, in a cluster, when the cluster says it has formed again."""
 
-    def __init__(self, target: ExternalTarget, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, target: ExternalTarget, spec: NodeSpec, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.target = target
+        self.spec = spec
+        self.ready_kind = spec.ready or target.spec.ready
+        self.down_on_purpose = False
+        self.exit_reported = False
+
+    def start(self) -> None:
+        super().start()
+        self.down_on_purpose = False
+        self.exit_reported = False
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        super().wait_ready(timeout)
+        if self.target.formed:
+            self.target.wait_formed(self.target.spec.formation.ready_timeout_s, why=f"{self.name} back")
+
+    def exit_status(self) -> int | None:
+        return self._process.returncode if self._process is not None else None
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.target.spec.stop and self.is_alive():
-            _run_argv([self.target._format(a, "stop") for a in self.target.spec.stop], self.env)
+        self.down_on_purpose = True
+        if self.spec.stop and self.is_alive():
+            _run_argv([self.target._format(a, "stop", self.name) for a in self.spec.stop], self.env)
         super().stop(timeout)
 
     def kill(self) -> None:
-        if self.target.spec.kill and self.is_alive():
-            _run_argv([self.target._format(a, "kill") for a in self.target.spec.kill], self.env)
+        self.down_on_purpose = True
+        if self.spec.kill and self.is_alive():
+            _run_argv([self.target._format(a, "kill", self.name) for a in self.spec.kill], self.env)
         super().kill()
 
 
-def _run_argv(argv: list[str], env: dict[str, str] | None = None) -> None:
+class DeathWatch:
+    """Notices a node that exits outside every planned fault (a crash, an OOM kill, a kill from outside):
+    a ``node_event`` row with action "exited" — node, exit status, its last log lines — for the checkers
+    to judge (spark_checkers/timeline.py: health.unplanned_exit) and the drain's outcome to name."""
+
+    INTERVAL_S = 0.25
+
+    def __init__(self, target: ExternalTarget) -> None:
+        self.target = target
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ordeal-death-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        # Why poll: the node's process is our child (Popen); its exit is only seen by asking.  A stop or
+        # kill the nemesis asks for sets down_on_purpose first, so only an exit nobody asked for is reported,
+        # once per start of the node.
+        while not self._stop.wait(self.INTERVAL_S):
+            for node in list(self.target.nodes):
+                if node.down_on_purpose or node.exit_reported or node._process is None or node.is_alive():
+                    continue
+                node.exit_reported = True
+                self.target._event("exited", node, pid=node._process.pid, exit_status=node.exit_status(),
+                                   planned=False, log_tail=log_tail(node.log_path, 20).splitlines())
+
+
+def _run_argv(argv: list[str], env: dict[str, str] | None = None, *, check: bool = False,
+              where: str = "") -> subprocess.CompletedProcess:
+    """Run one of the target's commands (stop, kill, a formation step) to its end; ``check``: a non-zero exit
+    is a TargetError naming ``where`` and the command's output."""
     try:
-        subprocess.run(argv, check=False, timeout=30, stdin=subprocess.DEVNULL, capture_output=True,
-                       env={**os.environ, **env} if env else None)
+        result = subprocess.run(argv, check=False, timeout=60, stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, env={**os.environ, **env} if env else None)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise TargetError(f"running {shlex.join(argv)} failed: {error}") from error
+        raise TargetError(f"{where + ': ' if where else ''}running {shlex.join(argv)} failed: {error}") from error
+    if check and result.returncode != 0:
+        raise TargetError(f"{where + ': ' if where else ''}{shlex.join(argv)} exited {result.returncode}: "
+                          f"{(result.stdout + result.stderr).strip()[-600:]}")
+    return result

@@ -41,6 +41,7 @@ from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
 from harness.providers import make_target
 from harness.reference_target import TopologyLender
+from harness.tls import client_tls
 from properties.generate import make_plan, plan_notes
 from properties.plan import Plan
 
@@ -241,7 +242,10 @@ def connect_clients(live: LiveRun) -> None:
     live.executor = executor = Executor(
         plan, target.endpoints(), live.recorder, stop=live.stop,
         settings=ExecutorSettings(client_bind_address=target.client_bind_address()),
-        before_reconnect=probe, before_disconnect=before_disconnect, credentials=scenario.target.credentials)
+        before_reconnect=probe, before_disconnect=before_disconnect, credentials=scenario.target.credentials,
+        tls=client_tls(live.inputs.run_dir, scenario.target.tls))
+    if hasattr(target, "client_node"):  # an external target's broker-holding:CLIENT falls back on this
+        target.client_node = executor.client_node
     # Before any client connects: a bad schedule starts nothing.  Client faults are played by the executor.
     live.nemesis = make_nemesis(plan, target, live.recorder, client_player=executor.client_fault_player())
     live.reporter.phase("connecting clients")

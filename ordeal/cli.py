@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("broker", "broker"),
     "defects": ("broker", "defects"),
     "scenarios": ("run", "scenarios"),
+    "new-scenario": ("new_scenario", "new_scenario"),
     "plan": ("run", "plan"),
     "run": ("run", "run"),
     "check": ("check", "check"),

@@ -9,12 +9,15 @@ second ``ordeal images build`` takes seconds; a change to the working tree's ref
 the broker image.
 
 Builds run in the host's network namespace (apt-get inside needs the mirror): ``podman build --network
-host``.  A user with their own images (a TBMQ-style broker, upstream images where a registry is reachable)
-names them through ORDEAL_IMAGE_<NAME> (e.g. ORDEAL_IMAGE_BROKER); images/README.md lists pinned upstream
-tags."""
+host``; a run builds the images it lacks on first use, before it enters its own namespace
+(harness/containers/autobuild.py), one build per working tree at a time (LOCK_PATH).  A user with their own
+images (a TBMQ-style broker, upstream images where a registry is reachable) names them through
+ORDEAL_IMAGE_<NAME> (e.g. ORDEAL_IMAGE_BROKER); images/README.md lists pinned upstream tags."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -34,6 +37,7 @@ HASH_LABEL = "org.ordeal.content-hash"
 SUITE = "bookworm"
 IMAGES_DIR = REPO_ROOT / "images"
 CACHE_DIR = REPO_ROOT / ".cache" / "images"
+LOCK_PATH = REPO_ROOT / ".cache" / "images.lock"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
@@ -191,6 +195,59 @@ def expected_hash(spec: ImageSpec, hashes: dict[str, str]) -> str:
     return digest.hexdigest()[:24]
 
 
+HEARTBEAT_S = 30.0  # a build step quiet this long is said to be still running
+
+
+def _podman_step(line: str) -> str | None:
+    """podman build's own progress: its ``STEP n/m: ...`` and ``COMMIT`` lines (the rest is the steps' output)."""
+    return line if re.match(r"(STEP \d+/\d+|COMMIT)", line) else None
+
+
+def _debootstrap_phase(line: str) -> str | None:
+    """debootstrap's phases ("I: Retrieving", "I: Extracting", "I: Configuring", ...), each said once: it
+    says "I: Retrieving x" / "I: Validating x" per package."""
+    return " ".join(line.split()[:2]) if line.startswith("I: ") else None
+
+
+def stream_lines(argv: list[str], label: str, log: Callable[[str], None], *,
+                 keep: Callable[[str], str | None]) -> tuple[int, str]:
+    """Run argv and say its progress: each line whose ``keep`` key is new goes to log as "<label>: <line>",
+    and when nothing was said for HEARTBEAT_S, that it is still running (with its latest such line).
+    Returns (exit code, the output's last 3000 characters, for the error).  No thread: the CLI calls this
+    before it enters its network namespace."""
+    import select
+
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    tail, pending, latest, seen = "", b"", "started", set()
+    said = time.monotonic()
+    while True:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        chunk = os.read(fd, 65536) if ready else None
+        if chunk == b"":
+            break
+        if chunk:
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            for raw in complete:
+                line = raw.decode(errors="replace").rstrip()
+                tail = (tail + line + "\n")[-3000:]
+                key = keep(line)
+                if key is None:
+                    continue
+                latest = line
+                if key not in seen:
+                    seen.add(key)
+                    said = time.monotonic()
+                    log(f"{label}: {line[:160]}")
+        if time.monotonic() - said >= HEARTBEAT_S:
+            log(f"{label}: still running ({latest[:100]})")
+            said = time.monotonic()
+    process.stdout.close()
+    return process.wait(), (tail + pending.decode(errors="replace"))[-3000:]
+
+
 def _build_base(reference: str, content_hash: str, log: Callable[[str], None]) -> None:
     if shutil.which("debootstrap") is None:
         raise ImageError("debootstrap is not installed (apt-get install debootstrap; scripts/bootstrap.sh does)")
@@ -199,12 +256,13 @@ def _build_base(reference: str, content_hash: str, log: Callable[[str], None]) -
         shutil.rmtree(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     mirror = debian_mirror()
-    log(f"debootstrap --variant=minbase {SUITE} {root} {mirror}")
-    result = subprocess.run(["debootstrap", "--variant=minbase", SUITE, str(root), mirror],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        raise ImageError(f"debootstrap failed ({result.returncode}); is the mirror {mirror} reachable from "
-                         f"this network namespace?\n{result.stdout[-1500:]}\n{result.stderr[-1500:]}")
+    log(f"debian-base: debootstrap --variant=minbase {SUITE} {root} {mirror}")
+    returncode, tail = stream_lines(["debootstrap", "--variant=minbase", SUITE, str(root), mirror],
+                                    "debian-base", log, keep=_debootstrap_phase)
+    if returncode != 0:
+        raise ImageError(f"debootstrap failed ({returncode}); is the mirror {mirror} reachable from "
+                         f"this network namespace?\n{tail}")
+    log("debian-base: podman import")
     tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
     imported = subprocess.run(["podman", "import", "--change", f"LABEL {HASH_LABEL}={content_hash}",
                                "--change", "CMD [\"/bin/bash\"]", "-", reference],
@@ -223,11 +281,15 @@ def _build(spec: ImageSpec, content_hash: str, log: Callable[[str], None]) -> No
     context.mkdir(parents=True)
     shutil.copy2(IMAGES_DIR / spec.name / "Containerfile", context / "Containerfile")
     if spec.fill:
+        log(f"{spec.name}: preparing the build context (files, pinned Python packages)")
         spec.fill(context)
-    log(f"podman build {spec.reference} (from {image_reference(spec.parent)})")
-    _podman("build", "--network", "host", "--pull=never", "--build-arg", f"BASE={image_reference(spec.parent)}",
+    log(f"{spec.name}: podman build {spec.reference} (from {image_reference(spec.parent)})")
+    args = ["build", "--network", "host", "--pull=never", "--build-arg", f"BASE={image_reference(spec.parent)}",
             "--label", f"{HASH_LABEL}={content_hash}", "-t", spec.reference, "-f",
-            str(context / "Containerfile"), str(context))
+            str(context / "Containerfile"), str(context)]
+    returncode, tail = stream_lines(["podman", *args], spec.name, log, keep=_podman_step)
+    if returncode != 0:
+        raise ImageError(f"podman {' '.join(args)} failed ({returncode}):\n{tail}")
     shutil.rmtree(context)
 
 
@@ -237,7 +299,7 @@ def build_all(names: list[str] | None = None, *, force: bool = False,
     ("reused" | "built"), seconds."""
     if shutil.which("podman") is None:
         raise ImageError("podman is not installed; run scripts/bootstrap.sh as root (apt-get install podman)")
-    if os.environ.get("ORDEAL_NETNS") == "private":
+    if os.environ.get("ORDEAL_NETNS") in ("private", "reexec"):  # harness/netns.py MARKER
         raise ImageError("`ordeal images build` needs the host's network (apt-get and debootstrap reach the "
                          "Debian mirror); run it outside the run's private network namespace")
     wanted = set(names or BY_NAME)
@@ -248,6 +310,29 @@ def build_all(names: list[str] | None = None, *, force: bool = False,
     for spec in reversed(IMAGES):
         if spec.name in wanted and spec.parent:
             wanted.add(spec.parent)
+    with _build_lock(log):
+        return _build_wanted(wanted, force, log)
+
+
+@contextlib.contextmanager
+def _build_lock(log: Callable[[str], None]):
+    """One build at a time per working tree (the build contexts under .cache/images/ are shared): a second
+    ``ordeal images build``, or two runs building their images on first use, waits, then reuses what the
+    first built."""
+    LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_PATH, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another image build of this tree to finish ({LOCK_PATH})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_wanted(wanted: set[str], force: bool, log: Callable[[str], None]) -> list[dict]:
     hashes: dict[str, str] = {}
     records = []
     for spec in IMAGES:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from contracts.scenario import Scenario
+from harness.containers.autobuild import external_images, missing_message
 from harness.containers.engine import RUN_LABEL, Engine
-from harness.containers.images import image_reference, missing_images
+from harness.containers.images import image_reference
 from harness.containers.node import ContainerNode
 from harness.containers.sandbox import cgroup_parent
 from harness.containers.topology import GATEWAY, SUBNET, TARGET_HOST, _drop_bridge_rules, _host, run_id_for
@@ -32,6 +33,9 @@ class ContainerExternalTarget(ExternalTarget):
         self.engine: Engine | None = None
 
     def prepare(self) -> None:
+        if self.spec.tls.enabled:  # the run's certificates are made for host processes (harness/tls.py)
+            raise TargetError("[target.tls] enabled = true: the containers provider does not make the run's TLS "
+                              "certificates; run a TLS target with the local provider")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # The broker may drop root to a user of the image (mosquitto does): its uid is not the host's, so
@@ -42,11 +46,10 @@ class ContainerExternalTarget(ExternalTarget):
 
     def start(self) -> None:
         self.engine = Engine.start(self.run_dir, self.run_id)
-        missing = missing_images(["debian-base", self.spec.name]) if not os.environ.get(
-            f"ORDEAL_IMAGE_{self.spec.name.upper()}") else []
+        missing = missing_message(external_images(self.spec.name), f"an external target named {self.spec.name!r} "
+                                  f"runs the image {self.image}")
         if missing:
-            raise TargetError(f"container image(s) not built: {', '.join(missing)}; run `ordeal images build` "
-                              f"(an external target named {self.spec.name!r} runs the image {self.image})")
+            raise TargetError(missing)
         self.engine.client.networks.create(
             self.network, driver="bridge", labels={RUN_LABEL: self.run_id},
             ipam={"Driver": "default", "Config": [{"Subnet": str(SUBNET), "Gateway": GATEWAY}]})

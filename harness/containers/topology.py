@@ -19,8 +19,9 @@ import re
 import time
 from pathlib import Path
 
+from harness.containers.autobuild import missing_message, reference_images
 from harness.containers.engine import RUN_LABEL, Engine
-from harness.containers.images import image_reference, missing_images
+from harness.containers.images import image_reference
 from harness.containers.node import ContainerNode
 from harness.containers.sandbox import cgroup_parent
 from harness.kafka import BUCKET, MOTO_KEYS, _create_bucket, _s3_answers
@@ -77,14 +78,7 @@ class ContainerTopology(TopologyBase):
 
     # -- life --------------------------------------------------------------------------------------
     def images_needed(self) -> list[str]:
-        names = ["debian-base", "redis"]
-        if self.config.kafka_storage != "none":
-            names.append("kafka")
-        if self.config.storage_kind():
-            names.append("s3")
-        if self.config.broker_nodes:
-            names.append("broker")
-        return names
+        return reference_images(self.config)
 
     def start(self) -> None:
         if self.started or self.nodes():
@@ -97,10 +91,11 @@ class ContainerTopology(TopologyBase):
         try:
             self.engine = Engine.start(self.run_dir, self.run_id)
             self.timings.update(self.engine.timings)
-            missing = missing_images(self.images_needed())
+            # built on first use before the run entered its namespace (harness/containers/autobuild.py); here
+            # only checked: inside the namespace the Debian mirror cannot be reached
+            missing = missing_message(self.images_needed(), "in the host's network namespace, as root")
             if missing:
-                raise NodeError(f"container image(s) not built: {', '.join(missing)}; run `ordeal images build` "
-                                "(in the host's network namespace, as root) first")
+                raise NodeError(missing)
             self.engine.client.networks.create(
                 self.network, driver="bridge", labels={RUN_LABEL: self.run_id},
                 ipam={"Driver": "default", "Config": [{"Subnet": str(SUBNET), "Gateway": GATEWAY}]})

@@ -12,6 +12,7 @@ import click
 import harness.model  # noqa: F401  (registers the stages into the scenario model)
 from contracts.scenario import find_scenario, load_scenario
 from ordeal.commands.durations import parse_duration
+from ordeal.commands.images import build_missing_images
 from ordeal.commands.isolation import enter_isolation, isolation_option
 from ordeal.commands.spark import spark_options
 
@@ -66,7 +67,8 @@ def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | N
     settings = ExploreSettings(budget_s=parse_duration(budget), corpus=corpus, out=out, seed_start=seed_start,
                                spark_master=spark_master, overlap_checks=not serial_checks,
                                keep_topology=not fresh_topology, topology_spares=topology_spares)
-    load_scenario(path)  # a bad scenario is refused here, before the namespace re-exec
+    build_missing_images(load_scenario(path))  # a bad scenario is refused here, before the namespace re-exec;
+    # on the containers provider its missing images are built here, in the host's network
     click.echo(f"network: {enter_isolation(isolated)}", err=True)  # every seed runs in this namespace
     result = explore_runs(path, settings, log=lambda line: click.echo(line))
     for line in summary_lines(result):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import click
@@ -25,12 +26,37 @@ def build(names: tuple[str, ...], force: bool, as_json: bool) -> None:
 
     began = time.monotonic()
     try:
-        records = build_all(list(names) or None, force=force, log=lambda text: click.echo(text, err=True))
+        records = build_all(list(names) or None, force=force,
+                            log=lambda text: click.echo(f"[{time.monotonic() - began:6.1f} s] {text}", err=True))
     except ImageError as error:
         raise UsageError(str(error)) from None
     click.echo(f"images ready in {time.monotonic() - began:.1f} s", err=True)
     if as_json:
         click.echo(json.dumps(records, indent=2))
+
+
+def build_missing_images(scenario=None, *, names: list[str] | None = None) -> None:
+    """Before a command that starts runs enters its private network namespace (where the Debian mirror cannot
+    be reached): build the images its scenario (contracts.scenario.Scenario, or the image ``names``) needs on
+    the containers provider and lacks, with progress on stderr (harness/containers/autobuild.py).  When they
+    cannot be built here, say why once and go on: the run then stops at its start with the not-built error
+    naming the same reason (as with ORDEAL_BUILD_IMAGES=0).  A build that started and failed: exit 3."""
+    if (scenario is None and not names) or os.environ.get("ORDEAL_NETNS") in ("reexec", "private"):
+        return  # inside the namespace already (the command's isolated re-run): the run's own check says why
+    from harness.containers.autobuild import ENV, ensure_images, images_for_scenario
+    from harness.containers.images import ImageError, image_reference
+
+    wanted = names if names is not None else images_for_scenario(scenario)
+    if not wanted:
+        return
+    try:
+        outcome = ensure_images(wanted, lambda text: click.echo(text, err=True))
+    except ImageError as error:
+        raise UsageError(f"building the container images on first use failed ({ENV}=0 turns it off): "
+                         f"{error}") from None
+    if outcome.why_not:
+        click.echo(f"images: not built: {', '.join(image_reference(name) for name in outcome.missing)}; "
+                   f"not built on first use: {outcome.why_not}", err=True)
 
 
 @images.command(name="list")

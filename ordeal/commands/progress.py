@@ -36,4 +36,5 @@ class RichReporter:
         self.progress.update(self.task, completed=elapsed_s, stats=stats)
 
     def message(self, text: str) -> None:
-        self.progress.console.print(text)
+        # plain text: "[target.tls]" / "[target.credentials]" in a message are keys, not rich markup
+        self.progress.console.print(text, markup=False)

@@ -11,6 +11,7 @@ import click
 import harness.model  # noqa: F401  (registers the stages into the scenario model)
 from contracts.errors import UsageError
 from contracts.scenario import load_scenario
+from ordeal.commands.images import build_missing_images
 from ordeal.commands.isolation import enter_isolation, isolation_option
 from ordeal.commands.spark import spark_options
 
@@ -35,7 +36,8 @@ def replay(run_dir: str, out: Path, spark_master: str | None, check: bool, isola
     from ordeal.replay import replay as replay_run
 
     stored = load_stored_run(run_dir)
-    load_scenario(stored.scenario_path)  # a bad scenario is refused here, before the namespace re-exec
+    build_missing_images(load_scenario(stored.scenario_path))  # a bad scenario is refused here, before the
+    # namespace re-exec; on the containers provider its missing images are built here, in the host's network
     where = enter_isolation(isolated)  # after the input checks, before any thread starts
     console = Console(stderr=True)
     console.print(f"network: {where}")

@@ -12,6 +12,7 @@ import click
 import harness.model  # noqa: F401  (registers the stages into the scenario model)
 from contracts.exit_codes import EXIT_USAGE
 from contracts.scenario import ScenarioError, default_scenarios_dir, find_scenario, load_scenario
+from ordeal.commands.images import build_missing_images
 from ordeal.commands.isolation import enter_isolation, isolation_option
 from ordeal.commands.progress import RichReporter
 from ordeal.commands.spark import spark_options
@@ -39,7 +40,8 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
     path = find_scenario(scenario)
     loaded = load_scenario(path)  # an invalid file must fail here, before a run directory exists
     if provider is not None:
-        with_provider(loaded, provider)  # e.g. a fault the provider lacks: refused before anything starts
+        loaded = with_provider(loaded, provider)  # e.g. a fault the provider lacks: refused before anything
+    build_missing_images(loaded)  # containers provider: images built on first use, in the host's network
     where = enter_isolation(isolated)
     console = Console(stderr=True)
     console.print(f"network: {where}")

@@ -10,6 +10,7 @@ import click
 import harness.model  # noqa: F401  (registers the stages into the scenario model)
 from contracts.scenario import load_scenario
 from ordeal.commands.durations import parse_duration
+from ordeal.commands.images import build_missing_images
 from ordeal.commands.isolation import enter_isolation, isolation_option
 from ordeal.commands.spark import spark_options
 
@@ -44,7 +45,8 @@ def shrink(run_dir: str, runs_rule: str, max_attempts: int, budget: str, invaria
     from ordeal.shrink import shrink as shrink_run
 
     stored = load_stored_run(run_dir)
-    load_scenario(stored.scenario_path)  # a bad scenario is refused here, before the namespace re-exec
+    build_missing_images(load_scenario(stored.scenario_path))  # a bad scenario is refused here, before the
+    # namespace re-exec; on the containers provider its missing images are built here, in the host's network
     settings = ShrinkSettings(runs=RunsRule.parse(runs_rule), max_attempts=max_attempts,
                               budget_s=parse_duration(budget), target=frozenset(invariants),
                               spark_master=spark_master, batch=batch, keep_topology=not fresh_topology)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import sys
 import time
@@ -35,6 +36,7 @@ from harness.binaries import MissingBinaryError
 from harness.local.host_topology import LocalTopology
 from harness.node import NodeError
 from harness.topology_config import TopologyConfig
+from ordeal.commands.images import build_missing_images
 
 DEFAULT_BROKERS = 2  # `ordeal up` without --scenario: a two-node broker cluster
 
@@ -114,6 +116,12 @@ def up(scenario: Path | None, brokers: int | None, check: bool, isolated: bool, 
     began = time.monotonic()
     if provider == "containers":
         isolated = True
+    if os.environ.get(netns.MARKER) not in ("reexec", "private"):  # not yet in the namespace: the host's network
+        config, _ = _topology_config(scenario, brokers)
+        if (provider or config.provider) == "containers":
+            from harness.containers.autobuild import reference_images
+
+            build_missing_images(names=reference_images(config))  # on first use, with progress on stderr
     if isolated and not netns.finish_reexec():
         try:
             netns.reexec_isolated([sys.executable, "-m", "ordeal.cli", *sys.argv[1:]])

@@ -360,7 +360,8 @@ def test_the_readiness_and_protocol_probes_send_the_probe_s_credentials(tmp_path
 
     sent = []
 
-    def answer(host, port, *, level, timeout_s, client_id, username, password):
+    def answer(host, port, *, level, timeout_s, client_id, username, password, tls):
+        assert tls is None  # no [target.tls]: plain MQTT
         sent.append((level, client_id, username, password))
         return mqtt_probe.ConnectResult(True, "CONNACK 0", code=0)
 

@@ -4,9 +4,12 @@ broker-holding:CLIENT) checked at load and resolved against a running topology."
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
+import jsonschema
 import pytest
 from support.scenarios import EXTERNAL
 
@@ -17,6 +20,7 @@ from faults.base import FaultNotApplicable
 from faults.network import drop_rules
 from faults.selectors import resolve_group, resolve_node, resolve_nodes
 
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "schemas" / "scenario.schema.json").read_text())
 THREE = """
 [[target.nodes]]
 name = "n1"
@@ -74,11 +78,14 @@ ready_timeout_s = 99
     assert scenario.broker_nodes() == ("b1", "b2")  # the service is no MQTT endpoint
 
 
-def test_the_declared_nodes_read_back_from_scenario_json_unchanged():
+def test_the_declared_nodes_read_back_from_scenario_json_unchanged_and_match_its_schema():
     scenario = _load(THREE.replace('name = "n2"', 'name = "n2"\nport = 1999\n[target.nodes.env]\nX = "y"'),
-                     target='[target.formation]\nready = ["true"]\nholding = ["echo", "{client}"]')
-    again = scenario_from_mapping(scenario.to_dict(), source="scenario.json")
-    assert again.target == scenario.target
+                     target='[target.formation]\nready = ["true"]\nholding = ["echo", "{client}"]',
+                     extra='[workload]\nhome_node = "seeded"\n[workload.home_nodes]\ntest_pub_client_0_0 = "n2"\n')
+    written = json.loads(json.dumps(scenario.to_dict()))
+    jsonschema.validate(written, SCHEMA)
+    again = scenario_from_mapping(written, source="scenario.json")
+    assert again.target == scenario.target and again.workload == scenario.workload
 
 
 @pytest.mark.parametrize("nodes,needle", [

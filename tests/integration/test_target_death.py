@@ -1,0 +1,84 @@
+"""A target that dies outside every planned fault is noticed and judged: Debian's Mosquitto, started by a
+wrapper that SIGKILLs it a few seconds into the workload (no fault in the plan), gives a ``node_event``
+"exited" row with the node, the exit status and its last log lines, the report fails
+``health.unplanned_exit`` with that witness in words, and the drain's outcome names the node.  The near-miss
+twin, the same broker killed by a planned ``process_kill``, records no "exited" row."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.capabilities import missing_capability
+
+from contracts.exit_codes import EXIT_FAIL
+from contracts.history_schema import Kind
+from contracts.scenario import find_scenario
+from harness.history import read_history
+
+pytestmark = [pytest.mark.integration]
+
+# Mosquitto in the background, SIGKILLed after 4 s by its own wrapper: to the harness the node just exits.
+WRAPPED_START = ('start = ["/bin/sh", "-c", "mosquitto -c {run_dir}/mosquitto.conf & broker=$!; sleep 4; '
+                 'kill -9 $broker; wait $broker"]')
+
+
+@pytest.fixture
+def out():
+    if shutil.which("mosquitto") is None:
+        missing_capability("mosquitto not installed: run scripts/bootstrap.sh (as root it installs the mosquitto "
+                           "package with apt-get)")
+    base = Path(tempfile.mkdtemp(prefix="ordeal-death-", dir="/tmp"))  # Mosquitto drops root: o+x needed
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _scenario(base: Path, start: str, extra: str = "") -> Path:
+    text = find_scenario("mosquitto-smoke").read_text()
+    start_line = 'start = ["mosquitto", "-c", "{run_dir}/mosquitto.conf"]'
+    assert start_line in text
+    text = text.replace(start_line, start).replace("duration_s = 6", "duration_s = 10").replace(
+        "drain_timeout_s = 30", "drain_timeout_s = 8").replace('name = "mosquitto-smoke"', 'name = "death"')
+    path = base / "death.toml"
+    path.write_text(text + extra)
+    return path
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_a_broker_that_dies_on_its_own_fails_unplanned_exit_with_node_status_and_log_lines(out):
+    from ordeal.pipeline import run as run_and_check
+
+    result = run_and_check(_scenario(out, WRAPPED_START), 1, out / "runs", print_table=False)
+    rows = read_history(result.run_dir / "history").to_pylist()
+    exited = [r for r in rows if r["kind"] == Kind.NODE_EVENT and json.loads(r["detail"] or "{}").get("action") == "exited"]
+    assert len(exited) == 1, [json.loads(r["detail"]) for r in rows if r["kind"] == Kind.NODE_EVENT]
+    detail = json.loads(exited[0]["detail"])
+    assert exited[0]["node"] == "mosquitto" and detail["exit_status"] == 137 and detail["planned"] is False
+    assert any("mosquitto" in line.lower() for line in detail["log_tail"]), detail["log_tail"]
+    assert result.exit_code == EXIT_FAIL
+    report = json.loads((result.run_dir / "report.json").read_text())
+    verdicts = {i["id"]: i for i in report["invariants"]}
+    death = verdicts["health.unplanned_exit"]
+    assert death["verdict"] == "fail" and death["count"] == 1
+    words = json.dumps(death)
+    assert "node mosquitto exited at" in words and "exit status 137" in words and "last log lines" in words
+
+
+@pytest.mark.timeout(300)
+def test_a_planned_kill_is_no_unplanned_exit(out):
+    from harness.run import SilentReporter, run_scenario
+
+    faults = ("\n[faults]\nmix = { process_kill = 1 }\nquiet_s = [2, 3]\nduration_s = [1, 2]\ntail_s = 4\n"
+              "max_faults = 1\n")
+    result = run_scenario(_scenario(out, 'start = ["mosquitto", "-c", "{run_dir}/mosquitto.conf"]', faults), 1,
+                          out / "runs", reporter=SilentReporter(), check=False)
+    rows = read_history(result.run_dir / "history").to_pylist()
+    actions = [json.loads(r["detail"] or "{}").get("action") for r in rows if r["kind"] == Kind.NODE_EVENT]
+    assert "kill" in actions and "exited" not in actions, actions

@@ -167,6 +167,9 @@ class _StopFault(_NodeFault):
             raise FaultNotApplicable(f"fault {self.spec.id}: at_stage = {stage!r} needs a reference-broker node, "
                                      f"not {node.name} ({node.role})")
         timeout = float(self.spec.params.get("stage_timeout_s", 5.0))
+        expect_exit = getattr(node, "expect_exit", None)
+        if callable(expect_exit):  # it kills itself on purpose: no unplanned exit (harness/death_watch.py)
+            expect_exit()
         os.kill(self.pid_before, signal.SIGUSR1)
         died, _, waited = wait_until(lambda: (not node.is_alive(), {}), timeout, interval_s=0.01)
         node.kill()  # reaps a node that died at its stage; kills one that did not get there

@@ -15,7 +15,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from contracts.scenario import Scenario
 from contracts.target_nodes import NodeSpec
 from contracts.topology import Endpoint
 from harness.history import HistoryRecorder
-from harness.node import ProcessNode, log_tail
+from harness.node import ProcessNode
 from harness.tls import client_tls, tls_placeholders, write_target_tls
 from properties.plan import Plan
 
@@ -70,6 +69,11 @@ class ExternalTopology:
     def holding_node(self, client_id: str) -> str:
         """broker-holding:CLIENT (faults/selectors.py): the target's own answer."""
         return self.target.holding_node(client_id)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """After every fault is healed (the nemesis' heal_all): a cluster has formed again, in its own words."""
+        if self.target.formed:
+            self.target.wait_formed(max(timeout_s, self.target.spec.formation.ready_timeout_s), why="heal_all")
 
 
 BROKER = "broker"  # contracts/target_nodes.py NODE_ROLES: an MQTT listener ...
@@ -125,7 +129,6 @@ class ExternalTarget:
         self.topology: ExternalTopology | None = None
         self.formed = False
         self.client_node: Any = None  # client id -> node name of its current / last connection (the executor)
-        self.watch: DeathWatch | None = None
         self.tls: dict[str, Any] | None = None  # [target.tls]: what prepare() made (paths, names; never the key)
 
     # -- placeholders --------------------------------------------------------------------------------
@@ -266,8 +269,6 @@ class ExternalTarget:
                 self._event("ready", node, pid=node.pid)
         self.form()
         self.check_protocols()
-        self.watch = DeathWatch(self)
-        self.watch.start()
 
     def form(self) -> None:
         """[target.formation]: the join steps once, then its readiness (the cluster formed)."""
@@ -347,8 +348,6 @@ class ExternalTarget:
                                   f"{LEVEL_NAMES.get(level, level)} ({result.detail}); the workload sends it")
 
     def stop(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
         # Brokers before the services they use, the last-started first.
         for node in reversed(self.nodes):
             pid = node.pid
@@ -356,8 +355,6 @@ class ExternalTarget:
             self._event("stop", node, pid=pid)
 
     def kill(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
         for node in reversed(self.nodes):
             pid = node.pid
             node.kill()
@@ -434,31 +431,25 @@ class NodePlace:
 
 class ExternalNode(ProcessNode):
     """One node's process tree; stop / kill run the scenario's argv first (e.g. `rabbitmqctl stop`), then
-    the usual SIGTERM / SIGKILL of the process group, so the same handle serves the nemesis.  It remembers
-    whether its being down was asked for (a stop or kill, by the nemesis or the run), which is how an exit
-    outside every planned fault is told apart (``DeathWatch``).  Back from a fault, it is ready when it
-    answers and, in a cluster, when the cluster says it has formed again."""
+    the usual SIGTERM / SIGKILL of the process group, so the same handle serves the nemesis.  Back from a
+    fault, it is ready when it answers and, in a cluster, when the cluster says it has formed again."""
 
     def __init__(self, target: ExternalTarget, spec: NodeSpec, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.target = target
         self.spec = spec
         self.ready_kind = spec.ready or target.spec.ready
-        self.down_on_purpose = False
-        self.exit_reported = False
+        self.rejoining = False
 
     def start(self) -> None:
         super().start()
-        self.down_on_purpose = False
-        self.exit_reported = False
+        self.rejoining = self.target.formed  # started again after the cluster formed: it must rejoin
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         super().wait_ready(timeout)
-        if self.target.formed:
+        if self.rejoining:
             self.target.wait_formed(self.target.spec.formation.ready_timeout_s, why=f"{self.name} back")
-
-    def exit_status(self) -> int | None:
-        return self._process.returncode if self._process is not None else None
+            self.rejoining = False
 
     def stop(self, timeout: float = 10.0) -> None:
         self.down_on_purpose = True
@@ -471,39 +462,6 @@ class ExternalNode(ProcessNode):
         if self.spec.kill and self.is_alive():
             _run_argv([self.target._format(a, "kill", self.name) for a in self.spec.kill], self.env)
         super().kill()
-
-
-class DeathWatch:
-    """Notices a node that exits outside every planned fault (a crash, an OOM kill, a kill from outside):
-    a ``node_event`` row with action "exited" — node, exit status, its last log lines — for the checkers
-    to judge (spark_checkers/timeline.py: health.unplanned_exit) and the drain's outcome to name."""
-
-    INTERVAL_S = 0.25
-
-    def __init__(self, target: ExternalTarget) -> None:
-        self.target = target
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ordeal-death-watch", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        # Why poll: the node's process is our child (Popen); its exit is only seen by asking.  A stop or
-        # kill the nemesis asks for sets down_on_purpose first, so only an exit nobody asked for is reported,
-        # once per start of the node.
-        while not self._stop.wait(self.INTERVAL_S):
-            for node in list(self.target.nodes):
-                if node.down_on_purpose or node.exit_reported or node._process is None or node.is_alive():
-                    continue
-                node.exit_reported = True
-                self.target._event("exited", node, pid=node._process.pid, exit_status=node.exit_status(),
-                                   planned=False, log_tail=log_tail(node.log_path, 20).splitlines())
 
 
 def _run_argv(argv: list[str], env: dict[str, str] | None = None, *, check: bool = False,

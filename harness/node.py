@@ -180,6 +180,10 @@ class ProcessNode(Node):
         self.started_at: float | None = None
         self.log_offset = 0  # where this run's output starts in the (appended) log
         self._process: subprocess.Popen | None = None
+        # Whether its being down was asked for (a stop, a kill, a fault that makes it exit): how an exit nobody
+        # asked for is told apart (harness/death_watch.py); ``exit_reported``: that exit is recorded once.
+        self.down_on_purpose = False
+        self.exit_reported = False
 
     @property
     def pid(self) -> int | None:
@@ -211,6 +215,16 @@ class ProcessNode(Node):
                                   stdout=log, stderr=subprocess.STDOUT)
         self.paused = False
         self.started_at = time.monotonic()
+        self.down_on_purpose = False
+        self.exit_reported = False
+
+    def expect_exit(self) -> None:
+        """The node is about to exit on purpose (a fault that makes it kill itself): no unplanned exit."""
+        self.down_on_purpose = True
+
+    def exit_status(self) -> int | None:
+        """The exit status of its last process (negative: the signal that ended it), None while it runs."""
+        return self._process.returncode if self._process is not None else None
 
     def log_since_start(self) -> str:
         try:
@@ -271,6 +285,7 @@ class ProcessNode(Node):
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful: SIGTERM (and SIGCONT, in case it is paused), SIGKILL after ``timeout``."""
+        self.down_on_purpose = True
         if self._process is None:
             return
         if self._process.poll() is None:
@@ -284,6 +299,7 @@ class ProcessNode(Node):
 
     def kill(self) -> None:
         """SIGKILL the whole process group and wait until the process is gone."""
+        self.down_on_purpose = True
         if self._process is None:
             return
         self._finish()

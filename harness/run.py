@@ -36,6 +36,7 @@ from contracts.versions import SUMMARY_VERSION
 from faults.base import FaultContext
 from faults.nemesis import Nemesis, schedule_from_slots
 from faults.network import heal_all_network
+from harness.death_watch import DeathWatch
 from harness.drain import PIPELINE_EMPTY, pipeline_wait_decision
 from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
@@ -138,6 +139,7 @@ class LiveRun:
     target: Target | None = None
     executor: Executor | None = None
     nemesis: Nemesis | None = None
+    watch: DeathWatch | None = None
     healed_all: bool = False
 
 
@@ -226,6 +228,8 @@ def start_target(live: LiveRun, keeper: TopologyLender | None) -> None:
     live.reporter.phase("starting the target")
     target.prepare()
     target.start()
+    if target.topology is not None:  # from here on, a node that exits with nobody asking is a finding
+        live.watch = DeathWatch(target.topology.nodes, live.recorder).start()
     live.timings["target_start_s"] = round(time.monotonic() - live.began, 3)
     (inputs.run_dir / "topology.json").write_text(json.dumps(target.describe(), indent=2, default=str) + "\n")
     live.outcome["notes"] += target.apply_presets(inputs.plan)
@@ -328,6 +332,8 @@ def tear_down(live: LiveRun, close_reason: str) -> bool:
         _abandon_nemesis(live.nemesis)  # a broken or interrupted run: no fault may outlive it
     if live.executor is not None:
         _quietly(live.executor.close)
+    if live.watch is not None:
+        live.watch.stop()  # before the target stops its nodes
     target = live.target
     if target is not None:
         live.reporter.phase("stopping the target")

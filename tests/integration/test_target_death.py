@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 from support.capabilities import missing_capability
+from support.dirs import searchable_tmp
 
 from contracts.exit_codes import EXIT_FAIL
 from contracts.history_schema import Kind
@@ -31,12 +31,8 @@ def out():
     if shutil.which("mosquitto") is None:
         missing_capability("mosquitto not installed: run scripts/bootstrap.sh (as root it installs the mosquitto "
                            "package with apt-get)")
-    base = Path(tempfile.mkdtemp(prefix="ordeal-death-", dir="/tmp"))  # Mosquitto drops root: o+x needed
-    base.chmod(0o755)
-    try:
+    with searchable_tmp("ordeal-death-") as base:  # Mosquitto drops root: o+x needed
         yield base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _scenario(base: Path, start: str, extra: str = "") -> Path:

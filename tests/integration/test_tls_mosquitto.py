@@ -15,13 +15,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
 from support.capabilities import missing_capability
+from support.dirs import searchable_tmp
 
 from contracts.exit_codes import EXIT_PASS, EXIT_UNKNOWN
 from contracts.history_schema import Kind
@@ -64,12 +64,8 @@ def base():
     if shutil.which("mosquitto") is None:
         missing_capability("mosquitto not installed: run scripts/bootstrap.sh (as root it installs the mosquitto "
                            "package with apt-get)")
-    directory = Path(tempfile.mkdtemp(prefix="ordeal-tls-", dir="/tmp"))
-    directory.chmod(0o755)
-    try:
+    with searchable_tmp("ordeal-tls-") as directory:
         yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ def validate_ids(ids: list[str] | tuple[str, ...], where: str) -> tuple[str, ...
 # shown, never failing), "ignore" (an exception: the line is matched by no later pattern).  The first
 # pattern that matches a line decides it, so an exception is declared before the rule it narrows.
 LOG_VERDICTS = ("fail", "report", "ignore")
-LOG_PRESETS = ("reference", "mosquitto", "rabbitmq", "none")
+LOG_PRESETS = ("reference", "mosquitto", "rabbitmq", "ejabberd", "none")
 # A line the harness itself writes into a node's log (one per start: the argv), never judged.
 HARNESS_LOG_MARKER = "=== ordeal: "
 
@@ -205,13 +205,21 @@ def _rabbitmq_log_patterns() -> tuple[LogPattern, ...]:
             LogPattern("rabbitmq_warning", r"\[warning\] ", "report", why="RabbitMQ logged a warning", source=src))
 
 
+def _ejabberd_log_patterns() -> tuple[LogPattern, ...]:
+    # ejabberd 23.01 (Debian; its mod_mqtt): "<date> <time> [error] <pid>@module:function:line message".
+    src = "default:ejabberd"
+    return (LogPattern("ejabberd_error", r"\[(?:error|critical|alert|emergency)\] ", "fail",
+                       why="ejabberd logged an error", source=src),
+            LogPattern("ejabberd_warning", r"\[warning\] ", "report", why="ejabberd logged a warning", source=src))
+
+
 def default_log_preset(target_kind: str, start: tuple[str, ...] | list[str] = ()) -> str:
     """The preset a scenario gets when its [checks.logs] names none: the reference topology's, or for an
-    external target the one its start program names (mosquitto, rabbitmq-server), else none."""
+    external target the one its start program names (mosquitto, rabbitmq-server, ejabberdctl), else none."""
     if target_kind == "reference":
         return "reference"
     program = str(start[0]).rsplit("/", 1)[-1] if start else ""
-    for preset in ("mosquitto", "rabbitmq"):
+    for preset in ("mosquitto", "rabbitmq", "ejabberd"):
         if preset in program:
             return preset
     return "none"
@@ -224,6 +232,8 @@ def default_log_patterns(preset: str, broker: dict | None = None) -> tuple[LogPa
         return _mosquitto_log_patterns()
     if preset == "rabbitmq":
         return _rabbitmq_log_patterns()
+    if preset == "ejabberd":
+        return _ejabberd_log_patterns()
     if preset == "none":
         return ()
     raise ValueError(f"unknown log preset {preset!r}; expected one of {', '.join(LOG_PRESETS)}")

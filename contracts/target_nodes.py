@@ -23,6 +23,7 @@ from contracts.validation import Section
 NODE_ROLES = ("broker", "service")  # broker: an MQTT listener clients connect to; service: a process inside
 READY_CHECKS = ("mqtt", "port")
 HOME_NODE_POLICIES = ("round-robin", "seeded")
+START_ORDERS = ("together", "in_order")
 MAX_NODES = 16  # every node is its own 127.0.0.x inside the run's namespace, and a process on 2 cores
 # The placeholders a node's argv, env values and files may use; {nodes[NAME].host} / .port / .name /
 # .data_dir name another node (a formation list, a peer's address in a config file).
@@ -71,16 +72,19 @@ class FormationSpec:
     ready: tuple[str, ...] = ()
     ready_timeout_s: float = 120.0
     holding: tuple[str, ...] = ()
+    # "together": every broker node started at once, then each waited for (peers find each other while they
+    # boot); "in_order": each started and ready before the next (a broker whose nodes race at first boot).
+    start: str = "together"
 
     @property
     def declared(self) -> bool:
-        return bool(self.steps or self.ready or self.holding)
+        return bool(self.steps or self.ready or self.holding or self.start != "together")
 
     def to_dict(self) -> dict[str, Any]:
         if not self.declared:
             return {}
         return {"steps": [list(step) for step in self.steps], "ready": list(self.ready),
-                "ready_timeout_s": self.ready_timeout_s, "holding": list(self.holding)}
+                "ready_timeout_s": self.ready_timeout_s, "holding": list(self.holding), "start": self.start}
 
 
 def read_nodes(s: Section, raw: Any) -> tuple[NodeSpec, ...]:
@@ -173,6 +177,7 @@ def read_formation(s: Section, raw: Any, nodes: tuple[NodeSpec, ...]) -> Formati
         ready=f.strings("ready"),
         ready_timeout_s=f.number("ready_timeout_s", FormationSpec.ready_timeout_s, above=0.0, maximum=1800.0),
         holding=f.strings("holding"),
+        start=f.string("start", FormationSpec.start, choices=START_ORDERS),
     )
     f.finish()
     if spec.declared and len(nodes) < 2:

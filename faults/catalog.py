@@ -165,9 +165,12 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
             problem = node_problem(text)
             if problem:
                 return f"targets.{kind} = {text!r}: {problem}"
+    if kind == "net_partition_ring" and len(brokers) < 5:
+        return (f"mix.{kind}: a majorities ring needs at least 5 broker nodes (with fewer, every pair is within a "
+                f"majority's reach and nothing would be cut); {has}")
     for params in variants:
         sides: dict[str, list[str]] = {}
-        for key in ("a", "b", "src", "dst"):
+        for key in ("a", "b", "src", "dst", "group"):
             for member in parse_group(params[key]) if key in params else ():
                 plain = member.lstrip("-")
                 if plain in ROLE_GROUPS and plain not in EXTERNAL_GROUPS:
@@ -183,7 +186,7 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
         # Both sides only broker nodes: a partition between broker nodes, which needs two of them.
         if len(brokers) < 2 and sides and all(
                 not any(m == "client" or m.startswith("client:") for m in members) for members in sides.values()):
-            first = next(key for key in ("a", "b", "src", "dst") if key in params)
+            first = next(key for key in ("a", "b", "src", "dst", "group") if key in params)
             return (f"params.{kind}.{first} = {params[first]!r}: a partition between broker nodes needs at least "
                     f"two; {has}")
     return ""

@@ -124,12 +124,25 @@ def drop_rules(kind: str, a: list[str], b: list[str], percent: int | None, direc
         group = a[0] if len(set(a)) == 1 else addr_set(a)
         return [f"ip saddr {group} ip daddr != {group} counter drop",
                 f"ip daddr {group} ip saddr != {group} counter drop"]
+    if kind == "ring":  # a: the ring's addresses in ring order
+        return [rule for x, y in ring_cuts(a) for rule in (f"ip saddr {x} ip daddr {y} counter drop",
+                                                           f"ip saddr {y} ip daddr {x} counter drop")]
     if kind == "reject":  # TCP from a to b answered with a reset: the sender fails at once (redis_outage)
         return [f"ip saddr {addr_set(a)} ip daddr {addr_set(b)} meta l4proto tcp counter reject with tcp reset"]
     rules = [f"ip saddr {addr_set(a)} ip daddr {addr_set(b)} {random_drop}counter drop"]
     if direction == "both":
         rules.append(f"ip saddr {addr_set(b)} ip daddr {addr_set(a)} {random_drop}counter drop")
     return rules
+
+
+def ring_cuts(ring: list[str]) -> list[tuple[str, str]]:
+    """Jepsen's majorities ring: the nodes in a ring, each keeping its links to the nearest ceil((m - 1) / 2) on
+    either side (m: a majority of them), so that every node sees a majority and no two see the same one; every
+    other pair is cut.  Five nodes: each keeps its two neighbours, five pairs are cut.  Pure, unit-tested."""
+    count = len(ring)
+    keep = -(-(count // 2) // 2)  # ceil((m - 1) / 2) with m = count // 2 + 1
+    return [(ring[i], ring[j]) for i in range(count) for j in range(i + 1, count)
+            if min(j - i, count - (j - i)) > keep]
 
 
 def parse_counters(nft_json: str) -> list[dict[str, int]]:
@@ -180,6 +193,15 @@ class DropFault:
                     raise FaultNotApplicable(f"fault {self.spec.id}: {node.name} listens on 127.0.0.1, shared "
                                              "with everything; isolating it needs a topology started isolated")
             return sorted({node.host for node in nodes}), [], "both", None
+        if self.shape == "ring":
+            members = resolve_group(ctx.topology, params["group"], rng, ctx.broker_key_prefix)
+            if len(members) < RING_MIN_NODES:
+                raise FaultNotApplicable(f"fault {self.spec.id}: a majorities ring needs at least {RING_MIN_NODES} "
+                                         f"nodes; group {params['group']!r} has {len(members)}: {sorted(members)}")
+            order = sorted(members)
+            rng.shuffle(order)  # which nodes are neighbours: seeded
+            self.sides = {"ring": {name: members[name] for name in order}}
+            return [members[name] for name in order], [], "both", None
         src_key, dst_key = ("src", "dst") if self.shape in ("oneway", "reject") else ("a", "b")
         cache: dict = {}
         a = resolve_group(ctx.topology, params[src_key], rng, ctx.broker_key_prefix, cache)
@@ -194,7 +216,8 @@ class DropFault:
         family = self.place.family
         require_private_netns(f"fault {self.spec.id} ({self.spec.kind})", self.place)
         a, b, direction, percent = self._sides(ctx)
-        rules = drop_rules(self.shape if self.shape in ("isolate", "reject") else "drop", a, b, percent, direction)
+        rules = drop_rules(self.shape if self.shape in ("isolate", "reject", "ring") else "drop", a, b, percent,
+                           direction)
         chains = self.place.chains(self.chain)
         script = "\n".join([f"add table {family} {TABLE}", *(line for chain, hook in chains for line in (
             f"add chain {family} {TABLE} {chain} {{ type filter hook {hook} priority 0; policy accept; }}",
@@ -408,6 +431,13 @@ register(KindInfo(
     description="drop packets from group src to group dst only (dst's replies still flow)",
     params=(Param("src", (str, list), help="senders: " + _GROUP_HELP, check=group_error),
             Param("dst", (str, list), help="receivers: " + _GROUP_HELP, check=group_error)),
+))
+RING_MIN_NODES = 5  # with fewer, every pair is within a majority's reach: nothing would be cut
+register(KindInfo(
+    name="net_partition_ring", category="network", target="none", factory=lambda spec: DropFault(spec, "ring"),
+    description="Jepsen's majorities ring: the group's nodes (at least 5) in a seeded ring, each still reaching "
+                "its nearest neighbours (a majority with itself), every other pair cut both ways",
+    params=(Param("group", (str, list), "broker", "the ring's nodes: " + _GROUP_HELP, check=group_error),),
 ))
 register(KindInfo(
     name="net_isolate", category="network", target="node", factory=lambda spec: DropFault(spec, "isolate"),

@@ -256,11 +256,13 @@ class ExternalTarget:
         self.node = next(node for node in self.nodes if node.role == "mqtt-broker")
         self.topology = ExternalTopology(self, self.address_mode)
         # Services (a database behind the broker) first and ready, then every broker node at once: the
-        # nodes of a cluster find each other while they boot (RabbitMQ's peer discovery retries meanwhile),
-        # so starting them one after another would wait for a formation that needs the later ones.
+        # nodes of a cluster find each other while they boot, so starting them one after another could wait
+        # for a formation that needs the later ones; [target.formation] start = "in_order" does that instead
+        # (RabbitMQ 3.10's MQTT plugin sometimes elects no leader when three nodes boot at once).
         services = [node for node in self.nodes if node.role == SERVICE]
         brokers = [node for node in self.nodes if node.role != SERVICE]
-        for group in (services, brokers):
+        together = self.spec.formation.start == "together"
+        for group in [services] + ([brokers] if together else [[node] for node in brokers]):
             for node in group:
                 node.start()
                 self._event("start", node, argv=node.argv, pid=node.pid)

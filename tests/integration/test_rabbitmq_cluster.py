@@ -38,6 +38,13 @@ def _events(rows: list[dict]) -> list[tuple[str, str, dict]]:
             for r in rows if r["kind"] == Kind.NODE_EVENT]
 
 
+def _failing(run_dir: Path) -> list:
+    """What a failed check found: each failing or unknown invariant with its count, reason and first witnesses."""
+    report = json.loads((run_dir / "report.json").read_text())
+    return [(i["id"], i["verdict"], i["count"], i.get("reason"), [w.get("text") for w in i.get("witnesses", [])[:3]])
+            for i in report["invariants"] if i["verdict"] in ("fail", "unknown")]
+
+
 def _fault_rows(rows: list[dict]) -> list[dict]:
     return [{**r, "detail": json.loads(r["detail"] or "{}")} for r in rows
             if r["kind"] in (Kind.FAULT_START, Kind.FAULT_EVIDENCE, Kind.FAULT_HEAL, Kind.FAULT_ERROR)]
@@ -61,7 +68,7 @@ def test_the_cluster_forms_clients_use_every_node_and_take_sessions_over_across_
         takeovers.setdefault(row["client"], []).append(row["node"])
     moved = {client: nodes for client, nodes in takeovers.items() if len(set(nodes)) > 1}
     assert moved, f"a session taken over on another node: {takeovers}"
-    assert result.exit_code == EXIT_PASS, (result.summary.get("error"), result.summary.get("check"))
+    assert result.exit_code == EXIT_PASS, _failing(result.run_dir)
     topology = json.loads((result.run_dir / "topology.json").read_text())
     assert set(topology["cluster"]["brokers"]) == NODES and len(set(topology["mqtt"].values())) == 3
 

@@ -78,3 +78,40 @@ def test_a_planned_kill_is_no_unplanned_exit(out):
     rows = read_history(result.run_dir / "history").to_pylist()
     actions = [json.loads(r["detail"] or "{}").get("action") for r in rows if r["kind"] == Kind.NODE_EVENT]
     assert "kill" in actions and "exited" not in actions, actions
+
+
+SERVICE_NODES = """
+[[target.nodes]]
+name = "sidecar"
+role = "service"
+start = ["python3", "-m", "http.server", "{port}", "--bind", "{host}", "--directory", "{data_dir}"]
+port = 8080
+[[target.nodes]]
+name = "mosquitto"
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_process_inside_the_target_is_a_node_of_its_own_that_faults_reach(out):
+    """A service node (here a plain HTTP server beside Mosquitto): started and ready before the broker, on
+    its own address, killed by the nemesis as node:sidecar and brought back by the heal; the broker node stays
+    the clients' only endpoint."""
+    from harness.run import SilentReporter, run_scenario
+
+    text = _scenario(out, 'start = ["mosquitto", "-c", "{conf_dir}/mosquitto.conf"]').read_text()
+    text = text.replace('host = "127.0.0.1"\nport = 0                      # a free loopback port, chosen at run time\n', "")
+    faults = ("\n[faults]\nmix = { process_kill = 1 }\ntargets = { process_kill = ['node:sidecar'] }\n"
+              "quiet_s = [2, 3]\nduration_s = [1, 2]\ntail_s = 4\nmax_faults = 1\n")
+    path = out / "service.toml"
+    path.write_text(text.replace("[workload]", SERVICE_NODES + "\n[workload]") + faults)
+    result = run_scenario(path, 1, out / "runs", reporter=SilentReporter(), check=False)
+    rows = read_history(result.run_dir / "history").to_pylist()
+    events = [(r["node"], json.loads(r["detail"] or "{}").get("action")) for r in rows if r["kind"] == Kind.NODE_EVENT]
+    assert events.index(("sidecar", "ready")) < events.index(("mosquitto", "start")), events
+    assert ("sidecar", "kill") in events and ("sidecar", "start") in events[events.index(("sidecar", "kill")):]
+    evidence = [r for r in rows if r["kind"] == Kind.FAULT_EVIDENCE]
+    assert evidence and all(r["bit"] for r in evidence) and {r["node"] for r in evidence} == {"sidecar"}
+    assert {r["node"] for r in rows if r["kind"] == Kind.CONNECT} == {"mosquitto"}
+    assert not [a for _n, a in events if a == "exited"]
+    topology = json.loads((result.run_dir / "topology.json").read_text())
+    assert topology["cluster"]["services"] == ["sidecar"] and list(topology["mqtt"]) == ["mosquitto"]

@@ -15,7 +15,7 @@ from faults.selectors import parse_group, parse_selector
 
 EXPECTED_KINDS = {
     "process_kill", "process_stop", "process_pause", "process_restart", "redis_failover",
-    "net_partition", "net_partition_oneway", "net_isolate", "net_lossy", "net_bandwidth",
+    "net_partition", "net_partition_oneway", "net_partition_ring", "net_isolate", "net_lossy", "net_bandwidth",
     "client_flap", "client_reconnect_storm", "redis_write_stall", "redis_outage", "kafka_outage_during_save",
 }
 

@@ -238,3 +238,23 @@ def test_reconnects_to_another_node_change_node():
 ])
 def test_bad_home_nodes_are_refused_at_load(extra, needle):
     assert needle in _refused(extra=extra)
+
+
+def test_a_majorities_ring_of_five_cuts_the_five_non_neighbour_pairs_and_each_node_sees_a_majority():
+    from faults.network import ring_cuts
+
+    ring = [f"127.0.0.{i}" for i in range(2, 7)]
+    cuts = ring_cuts(ring)
+    assert len(cuts) == 5 and all(abs(ring.index(x) - ring.index(y)) in (2, 3) for x, y in cuts)
+    seen = {node: {node} | {other for other in ring if (node, other) not in cuts and (other, node) not in cuts}
+            for node in ring}
+    assert all(len(view) == 3 for view in seen.values()) and len({frozenset(v) for v in seen.values()}) == 5
+    assert ring_cuts(ring[:3]) == [] and len(ring_cuts([f"127.0.1.{i}" for i in range(7)])) == 7
+    assert drop_rules("ring", ring, [], None, "both")[:2] == [
+        "ip saddr 127.0.0.2 ip daddr 127.0.0.4 counter drop", "ip saddr 127.0.0.4 ip daddr 127.0.0.2 counter drop"]
+
+
+def test_a_majorities_ring_on_three_nodes_is_refused_at_load_and_loads_on_five():
+    assert "a majorities ring needs at least 5 broker nodes" in _refused(extra="[faults]\nmix = { net_partition_ring = 1 }\n")
+    five = "".join(f'[[target.nodes]]\nname = "n{i}"\n' for i in range(1, 6))
+    assert _load(five, "[faults]\nmix = { net_partition_ring = 1 }\n").faults.mix

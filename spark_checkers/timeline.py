@@ -160,6 +160,7 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
     timeline.new_sessions[client] = []
     timeline.disconnects[client] = []
     timeline.connects[client] = []
+    last_node: str | None = None  # the node of the last accepted connect: where the session was
 
     def close_all(t_end: int) -> None:
         for topic_filter, (t_from, granted) in open_subs.items():
@@ -188,7 +189,7 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
             if (row.get("clean_start") is False and was_persistent and not expired and last_disconnect is not None
                     and row.get("session_present") is False):
                 timeline.violations.setdefault("durability.session_lost", []).append({
-                    "client": client, "t": t, "seq": row["seq"], "node": row.get("node"),
+                    "client": client, "t": t, "seq": row["seq"], "node": row.get("node"), "node_before": last_node,
                     "t_disconnect": last_disconnect["t_mono_us"], "session_expiry_s": previous_expiry})
             # A legal new session after an earlier one (durability.discarded_session_delivery): the client asked for
             # a clean start, or the old session ended by itself (expired, or not persistent) and the broker agrees.
@@ -205,7 +206,7 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
                 if is_persistent(row):
                     timeline.persistent_fresh_seqs[client].append(row["seq"])
                 close_all(t)  # a new session: whatever was subscribed before is gone
-            persistent, had_session = is_persistent(row), True
+            persistent, had_session, last_node = is_persistent(row), True, row.get("node")
             session_expiry = row.get("session_expiry_s") if row.get("protocol") == 5 else None
             online, last_disconnect = True, None
         elif kind == Kind.DISCONNECT:
@@ -289,7 +290,7 @@ def unplanned_exit_note(timeline: Timeline) -> str:
     if not exits:
         return ""
     first = exits[0]
-    return (f"; node {first['node']} had exited at +{(first['t'] - timeline.t_first) / 1e6:.1f} s (exit status "
+    return (f"; node {first['node']} had exited at {(first['t'] - timeline.t_first) / 1e6:.3f} s (exit status "
             f"{first['exit_status']}) outside every planned fault and was not brought back")
 
 

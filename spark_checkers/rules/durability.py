@@ -135,5 +135,9 @@ def _session_lost_allowed(w: dict[str, Any], timeline: Timeline) -> str:
 @explains("durability.session_lost")
 def _session_lost(w: dict[str, Any], timeline: Timeline) -> str:
     o = timeline.t_first
-    return (f"{w['client']} reconnected at {seconds(w.get('t'), o)} (offline since {seconds(w.get('t_disconnect'), o)}) "
-            "without clean start, but the broker answered session present = 0.")
+    where = ""
+    if w.get("node") and w.get("node_before"):  # a cluster's witness says where the session was and went
+        where = (f" on {w['node']}, its session last on {w['node_before']}" if w["node"] != w["node_before"]
+                 else f" on {w['node']}, the node its session was on")
+    return (f"{w['client']} reconnected at {seconds(w.get('t'), o)}{where} (offline since "
+            f"{seconds(w.get('t_disconnect'), o)}) without clean start, but the broker answered session present = 0.")

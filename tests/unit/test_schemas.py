@@ -82,3 +82,13 @@ def test_readers_refuse_an_unknown_version_naming_the_file_and_the_known_ones(tm
     (run_dir / "summary.json").write_text(json.dumps({**summary, "schema_version": 3}))
     with pytest.raises(SchemaVersionError, match=r"summary.json: schema_version 3"):
         record_check(run_dir, 0)
+
+
+def test_the_scenario_schema_names_the_log_presets_and_formation_orders_the_code_knows():
+    from contracts.invariants import LOG_PRESETS
+    from contracts.target_nodes import START_ORDERS
+
+    schema = json.loads((SCHEMAS / "scenario.schema.json").read_text())
+    assert schema["properties"]["checks"]["properties"]["logs"]["properties"]["preset"]["enum"] == list(LOG_PRESETS)
+    formation = schema["properties"]["target"]["properties"]["formation"]["properties"]
+    assert formation["start"]["enum"] == list(START_ORDERS)

@@ -258,3 +258,26 @@ def test_a_majorities_ring_on_three_nodes_is_refused_at_load_and_loads_on_five()
     assert "a majorities ring needs at least 5 broker nodes" in _refused(extra="[faults]\nmix = { net_partition_ring = 1 }\n")
     five = "".join(f'[[target.nodes]]\nname = "n{i}"\n' for i in range(1, 6))
     assert _load(five, "[faults]\nmix = { net_partition_ring = 1 }\n").faults.mix
+
+
+def test_a_session_lost_across_nodes_names_both_nodes_and_its_twin_on_one_node_says_so():
+    from spark_checkers.guarantees import Guarantees
+    from spark_checkers.rules.catalog import explain
+    from spark_checkers.timeline import build_timeline
+
+    guarantees = Guarantees.from_scenario(json.loads(json.dumps(_load().to_dict())))
+
+    def rows(second_node: str) -> list[dict]:
+        common = {"client": "s", "protocol": 4, "clean_start": False, "detail": None}
+        return [{**common, "kind": "connect", "seq": 1, "t_mono_us": 1_000_000, "node": "n1", "session_present": False},
+                {**common, "kind": "disconnect", "seq": 2, "t_mono_us": 2_000_000, "node": "n1"},
+                {**common, "kind": "connect", "seq": 3, "t_mono_us": 3_000_000, "node": second_node,
+                 "session_present": False}]
+
+    moved = build_timeline("r", rows("n2"), guarantees)
+    (witness,) = moved.violations["durability.session_lost"]
+    assert "s reconnected at 2.000 s on n2, its session last on n1 (offline since" in explain(
+        "durability.session_lost", witness, moved)
+    same = build_timeline("r", rows("n1"), guarantees)
+    assert "on n1, the node its session was on" in explain("durability.session_lost",
+                                                          same.violations["durability.session_lost"][0], same)

@@ -206,9 +206,15 @@ def _rabbitmq_log_patterns() -> tuple[LogPattern, ...]:
 
 
 def _ejabberd_log_patterns() -> tuple[LogPattern, ...]:
-    # ejabberd 23.01 (Debian; its mod_mqtt): "<date> <time> [error] <pid>@module:function:line message".
+    # ejabberd 23.01 (Debian; its mod_mqtt) on its console: "<date> <time>+00:00 [error] message"; an Erlang
+    # process's crash is "[error] ** Generic server <pid> terminating", "[error] CRASH REPORT:" and
+    # "[error] SUPERVISOR REPORT:", each record with its continuation lines (ejabberd-cluster-kill: a
+    # publisher's session process crashing in mod_mqtt_mnesia's routing while a peer node is down or
+    # rejoining, its client then disconnected with "Internal server error", a [warning]).
     src = "default:ejabberd"
-    return (LogPattern("ejabberd_error", r"\[(?:error|critical|alert|emergency)\] ", "fail",
+    return (LogPattern("ejabberd_crash", r"\[(?:error|critical)\] (?:\*\* Generic server |CRASH REPORT|SUPERVISOR REPORT)",
+                       "fail", why="an Erlang process of ejabberd crashed", source=src),
+            LogPattern("ejabberd_error", r"\[(?:error|critical|alert|emergency)\] ", "fail",
                        why="ejabberd logged an error", source=src),
             LogPattern("ejabberd_warning", r"\[warning\] ", "report", why="ejabberd logged a warning", source=src))
 

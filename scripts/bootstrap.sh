@@ -8,7 +8,8 @@ cd "$here"
 
 need_apt=()
 # rabbitmq-server: RabbitMQ's MQTT plugin, a shipped black-box target (scenarios/rabbitmq-*.toml).
-for pair in redis-server:redis-server mosquitto:mosquitto nft:nftables ip:iproute2 unshare:util-linux java:openjdk-17-jre-headless node:nodejs npm:npm /usr/lib/rabbitmq/bin/rabbitmq-server:rabbitmq-server; do
+# ejabberd: ejabberd's mod_mqtt, a clustered black-box target (scenarios/ejabberd-cluster-*.toml).
+for pair in redis-server:redis-server mosquitto:mosquitto nft:nftables ip:iproute2 unshare:util-linux java:openjdk-17-jre-headless node:nodejs npm:npm /usr/lib/rabbitmq/bin/rabbitmq-server:rabbitmq-server /usr/sbin/ejabberdctl:ejabberd; do
   bin="${pair%%:*}"; pkg="${pair#*:}"
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_apt+=("$pkg")
 done
@@ -17,8 +18,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     echo "bootstrap: apt-get install ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
-    # Debian starts daemons on install (RabbitMQ also its epmd); Ordeal runs its own: forbid that for the
-    # install (policy-rc.d exit 101 = "action not allowed"), unless the machine already has a policy.
+    # Debian starts daemons on install (RabbitMQ and ejabberd also an epmd); Ordeal runs its own: forbid that
+    # for the install (policy-rc.d exit 101 = "action not allowed"; invoke-rc.d and deb-systemd-invoke both
+    # ask it), unless the machine already has a policy.
     own_policy=""
     if [ ! -e /usr/sbin/policy-rc.d ]; then
       printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && own_policy=1
@@ -26,9 +28,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
     if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
     # Debian starts these as services on install; Ordeal runs its own, so stop the system ones.
-    for svc in redis-server mosquitto rabbitmq-server; do
+    for svc in redis-server mosquitto rabbitmq-server ejabberd; do
       if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
-      if [ -x "/etc/init.d/$svc" ]; then "/etc/init.d/$svc" stop >/dev/null 2>&1 || true; fi
+      # Not ejabberd's init script: its stop runs `ejabberdctl stopped`, which may `epmd -kill` the host's epmd.
+      if [ "$svc" != ejabberd ] && [ -x "/etc/init.d/$svc" ]; then "/etc/init.d/$svc" stop >/dev/null 2>&1 || true; fi
     done
   else
     echo "bootstrap: missing system packages: ${need_apt[*]} (not root: install them yourself; continuing)" >&2

@@ -44,6 +44,9 @@ class Guarantees:
     queue_policy: str = "drop_oldest"
     persistence: str = "kill"
     target_name: str = ""
+    # Every node of the target (an external cluster's [[target.nodes]], else its one node: target_name): a
+    # fault on any of them is a fault of the target its declared persistence speaks of.
+    target_nodes: tuple[str, ...] = ()
     mqtt_versions: tuple[str, ...] = ("3.1.1", "5")
     fault_mix: tuple[str, ...] = ()  # the scenario's fault kinds (a mix that produced no fault is noted)
     # The log oracle: the patterns every node's log is judged by, in the order they are tried (scenario.json
@@ -54,6 +57,11 @@ class Guarantees:
     @property
     def unpromised_faults(self) -> tuple[str, ...]:
         return UNPROMISED_FAULTS[self.persistence]
+
+    def of_target(self, node: str | None) -> bool:
+        """Whether a fault on ``node`` (None: no named node; "a+b": each node of a set) hits the target."""
+        names = set(self.target_nodes) | ({self.target_name} if self.target_name else set())
+        return not names or node is None or any(part in names for part in node.split("+"))
 
     @property
     def white_box(self) -> bool:
@@ -133,7 +141,9 @@ class Guarantees:
         versions = tuple(promises.get("mqtt_versions") or ("3.1.1", "5"))
         preset, patterns = _log_patterns(checks, target, broker, kind, source)
         return cls(limit, ttl, tolerance, allowed, kind, source, pipeline_slack_ms=slack, queue_policy=policy,
-                   persistence=persistence, target_name=str(target.get("name") or ""), mqtt_versions=versions,
+                   persistence=persistence, target_name=str(target.get("name") or ""),
+                   target_nodes=tuple(str(n.get("name")) for n in target.get("nodes") or () if isinstance(n, Mapping)),
+                   mqtt_versions=versions,
                    fault_mix=mix, log_patterns=patterns, log_preset=preset)
 
 

@@ -130,7 +130,7 @@ def _allow_unpromised_session_losses(timeline: Timeline, g: Guarantees) -> None:
     """A session lost across a fault the target's declared persistence does not cover (a kill of a broker that
     promises only a graceful stop) was never promised: durability.session_lost_allowed, not a violation."""
     faults = [f for f in timeline.faults if f.kind in g.unpromised_faults
-              and (not g.target_name or f.node in (None, g.target_name))]
+              and g.of_target(f.node)]
     lost = timeline.violations.get("durability.session_lost", [])
     if not faults or not lost:
         return

@@ -85,4 +85,4 @@ def unpromised_fault_times(timeline: Timeline, g) -> list[int]:
     broker that promises only a graceful stop): a message lost to one is *allowed*, not a violation."""
     kinds = g.unpromised_faults
     return sorted(f.t_start for f in timeline.faults
-                  if f.kind in kinds and (not g.target_name or f.node in (None, g.target_name)))
+                  if f.kind in kinds and g.of_target(f.node))

@@ -85,7 +85,7 @@ def test_a_one_node_kill_bites_with_evidence_heals_and_the_cluster_re_forms(out)
     evidence = [f for f in faults if f["kind"] == Kind.FAULT_EVIDENCE]
     apply, heal = evidence[0], evidence[-1]
     assert apply["bit"] and apply["node"] in NODES, apply
-    assert {c["name"] for c in apply["detail"]["checks"]} >= {"pid gone", "port refuses"}
+    assert {c["what"] for c in apply["detail"]["checks"]} >= {"pid gone", "port refuses"}
     assert heal["bit"] and heal["detail"]["stage"] == "heal", heal
     events = _events(rows)
     victim = apply["node"]
@@ -105,10 +105,10 @@ def test_a_partition_of_one_node_from_the_other_two_bites_and_heals(out):
     faults = _fault_rows(rows)
     assert not [f for f in faults if f["kind"] == Kind.FAULT_ERROR], faults
     apply, heal = [f for f in faults if f["kind"] == Kind.FAULT_EVIDENCE][:2]
-    sides = next(c for c in apply["detail"]["checks"] if c["name"] == "drop rules installed")["observed"]["sides"]
+    sides = next(c for c in apply["detail"]["checks"] if c["what"] == "drop rules installed")["observed"]["sides"]
     assert len(sides["a"]) == 1 and len(sides["b"]) == 2 and set(sides["a"]) | set(sides["b"]) == NODES, sides
     assert apply["bit"], apply
-    dropped = next(c for c in heal["detail"]["checks"] if c["name"] == "packets dropped")
+    dropped = next(c for c in heal["detail"]["checks"] if c["what"] == "packets dropped")
     assert heal["bit"] and dropped["observed"]["packets"] > 0, heal
     drain = next(json.loads(r["detail"]) for r in rows if r["kind"] == Kind.PHASE
                  and json.loads(r["detail"] or "{}").get("phase") == "drain_end")

@@ -112,22 +112,22 @@ def test_a_broker_without_a_config_file_has_no_config_keys():
 
 def test_the_commented_cluster_example_names_the_nodes_keys_and_the_docs(tmp_path: Path):
     text = render(skeleton("mybroker", START, config=_config(tmp_path), port=1883))
-    assert "see docs/scenarios.md, Clustered targets" in text
+    assert "See docs/scenarios.md, Clustered targets" in text
     block = [line for line in text.splitlines() if line.startswith("# [[target.nodes]]")]
     assert len(block) == 2
-    for key in ("# name = \"mybroker-1\"", "# host = ", "# port = ", "# start = "):
+    for key in ("# name = \"mybroker-1\"", "# [target.formation]", "# steps = ", "# ready = "):
         assert key in text
     # uncommented as the comment says (no host / port on the target, the fault on a node): it loads
     uncommented = []
     for line in text.splitlines():
         if line.startswith(("host = ", "port = ")):
             continue  # the target's own
-        if line.startswith(("# [[target.nodes]]", "# name = ", "# host = ", "# port = ", "# start = ")):
+        if line.startswith(("# [[target.nodes]]", "# name = ", "# [target.formation]", "# steps = ", "# ready = ")):
             line = line[2:]
         uncommented.append(line.replace('"node:mybroker"', '"node:mybroker-1"'))
-    nodes = parse_scenario("\n".join(uncommented)).target.nodes
-    assert [(node.name, node.host, node.port) for node in nodes] == [("mybroker-1", "127.0.0.11", 1883),
-                                                                     ("mybroker-2", "127.0.0.12", 1883)]
+    target = parse_scenario("\n".join(uncommented)).target
+    assert [(node.name, node.host, node.port) for node in target.nodes] == [("mybroker-1", "", 0), ("mybroker-2", "", 0)]
+    assert target.formation.steps and target.formation.ready
 
 
 @pytest.mark.parametrize("name, start, message", [

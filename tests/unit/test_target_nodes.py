@@ -281,3 +281,27 @@ def test_a_session_lost_across_nodes_names_both_nodes_and_its_twin_on_one_node_s
     same = build_timeline("r", rows("n1"), guarantees)
     assert "on n1, the node its session was on" in explain("durability.session_lost",
                                                           same.violations["durability.session_lost"][0], same)
+
+
+@pytest.mark.parametrize("persistence,killed,allowed", [
+    ("none", "n2", True),          # a kill the cluster never promised to survive, on one of its nodes
+    ("none", "n1+n3", True),       # ... on a minority of them
+    ("kill", "n2", False),         # near-miss: the same loss where the cluster promised to survive a kill
+])
+def test_a_session_lost_to_a_kill_of_a_cluster_node_is_judged_by_the_cluster_s_promise(persistence, killed, allowed):
+    from spark_checkers.guarantees import Guarantees
+    from spark_checkers.timeline import build_timeline
+
+    scenario = _load(target=f'persistence = "{persistence}"')
+    guarantees = Guarantees.from_scenario(json.loads(json.dumps(scenario.to_dict())))
+    common = {"client": "s", "protocol": 4, "clean_start": False, "detail": None}
+    fault = {"kind": "fault_start", "fault_id": "f01", "fault_kind": "process_kill", "node": killed, "client": None,
+             "detail": None}
+    rows = [{**common, "kind": "connect", "seq": 1, "t_mono_us": 1_000_000, "node": "n2", "session_present": False},
+            {**fault, "seq": 2, "t_mono_us": 1_900_000},
+            {**fault, "kind": "fault_evidence", "seq": 3, "t_mono_us": 1_950_000, "bit": True},
+            {**common, "kind": "disconnect", "seq": 4, "t_mono_us": 2_000_000, "node": "n2"},
+            {**common, "kind": "connect", "seq": 5, "t_mono_us": 3_000_000, "node": "n1", "session_present": False}]
+    timeline = build_timeline("r", rows, guarantees)
+    assert bool(timeline.violations.get("durability.session_lost_allowed")) is allowed
+    assert bool(timeline.violations.get("durability.session_lost")) is not allowed

@@ -194,10 +194,12 @@ def _mosquitto_log_patterns() -> tuple[LogPattern, ...]:
 def _rabbitmq_log_patterns() -> tuple[LogPattern, ...]:
     # RabbitMQ 3.10 ("<time> [error] <pid> ..."; a multi-line report repeats the prefix on every line).
     src = "default:rabbitmq"
-    return (LogPattern("rabbitmq_shutdown_report", r"errorContext: shutdown_error\n.*\breason: shutdown$", "report",
+    return (LogPattern("rabbitmq_shutdown_report", r"errorContext: shutdown_error\n.*\breason: (?:shutdown|noproc)$",
+                       "report",
                        why="RabbitMQ 3.10 reports, at [error], a channel supervisor whose child stopped with the normal "
-                           "reason shutdown while an MQTT connection closed (rabbitmq-partition-1: at the drain's "
-                           "disconnects and at SIGTERM; docs/findings.md)", source=src),
+                           "reason shutdown, or was already gone (noproc), while an MQTT connection closed "
+                           "(rabbitmq-partition-1: at the drain's disconnects, at SIGTERM, at a partition's timed-out "
+                           "connection; docs/findings.md)", source=src),
             LogPattern("rabbitmq_crash", r"\[(?:error|critical)\] .*(?:CRASH REPORT|crasher:|Supervisor: )",
                        "fail", why="an Erlang process of RabbitMQ crashed", source=src),
             LogPattern("rabbitmq_error", r"\[(?:error|critical)\] ", "fail", why="RabbitMQ logged an error",

@@ -239,6 +239,8 @@ SHUTDOWN_REPORT = """    supervisor: {<0.828.0>,amqp_channel_sup_sup}
 
 
 @pytest.mark.parametrize("reason, expected", [("shutdown", "rabbitmq_shutdown_report"),
+                                              ("noproc", "rabbitmq_shutdown_report"),
+                                              ("noproc_elsewhere", "rabbitmq_error"),
                                               ("{{badmatch,x}}", "rabbitmq_error")])
 def test_a_rabbitmq_supervisor_report_is_judged_as_a_whole(reason, expected):
     stamp = "2026-11-24 11:28:39.124846+00:00 [error] <0.828.0>"

@@ -421,7 +421,8 @@ def _closing(doc: Mapping[str, Any]) -> str:
     if doc["skipped_copies"]:
         line += f"; {len(doc['skipped_copies'])} copies of runs skipped (explore corpus entries, shrink results)"
     if doc["unchecked"]:
-        line += (f"; {len(doc['unchecked'])} runs never checked, not counted (no report.json: "
+        count = len(doc["unchecked"])
+        line += (f"; {count} run{'s' if count != 1 else ''} never checked, not counted (no report.json: "
                  f"{', '.join(doc['unchecked'])})")
     return line
 

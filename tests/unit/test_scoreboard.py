@@ -185,7 +185,7 @@ def test_the_cli_prints_the_table_and_exits_0_whatever_the_runs_found(stored: Pa
     assert any(line.startswith("reference (2 nodes)") and "durability.lost 19 (2 runs)" in line for line in lines)
     assert "7 runs: 2 pass, 2 violation, 1 allowed, 2 unknown" in result.output
     assert "1 copies of runs skipped" in result.output
-    assert f"1 runs never checked, not counted (no report.json: {stored / 'mosquitto-hung'})" in result.output
+    assert f"1 run never checked, not counted (no report.json: {stored / 'mosquitto-hung'})" in result.output
     assert result.output.startswith(text_table(build([stored])))
     # one run directory alone is a path too
     one = CliRunner().invoke(main, ["scoreboard", str(stored / "mosquitto-kill")])

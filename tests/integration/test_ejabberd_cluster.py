@@ -78,6 +78,7 @@ def test_the_cluster_forms_clients_use_every_node_and_take_sessions_over_across_
     assert set(topology["cluster"]["brokers"]) == NODES and len(set(topology["mqtt"].values())) == 3
 
 
+@pytest.mark.nightly  # CI has RabbitMQ's node kill; this one runs in the nightly tier
 @pytest.mark.timeout(900)
 def test_a_one_node_kill_bites_with_evidence_heals_and_the_cluster_re_forms(out):
     from harness.run import SilentReporter, run_scenario

@@ -95,6 +95,7 @@ def test_a_one_node_kill_bites_with_evidence_heals_and_the_cluster_re_forms(out)
     assert not [e for e in events if e[1] == "exited"], "a planned kill is no unplanned exit"
 
 
+@pytest.mark.nightly  # the longest of the three (a 60 s workload): kept out of .ci/run for its time
 @pytest.mark.timeout(1200)
 def test_a_partition_of_one_node_from_the_other_two_bites_and_heals(out):
     from harness.run import SilentReporter, run_scenario

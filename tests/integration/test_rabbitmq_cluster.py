@@ -98,6 +98,9 @@ def test_a_one_node_kill_bites_with_evidence_heals_and_the_cluster_re_forms(out)
 @pytest.mark.nightly  # the longest of the three (a 60 s workload): kept out of .ci/run for its time
 @pytest.mark.timeout(1200)
 def test_a_partition_of_one_node_from_the_other_two_bites_and_heals(out):
+    """RabbitMQ 3.10 has been seen to leave the paused node's rabbit application booting for good after the heal
+    ("Global hang workaround: global state ... seems broken": docs/findings.md); then the heal's fault_error fails
+    this test. That is a finding about the broker, not a flake of the test."""
     from harness.run import SilentReporter, run_scenario
 
     result = run_scenario(find_scenario("rabbitmq-cluster-partition"), 1, out / "partition",

@@ -130,6 +130,7 @@ def all_nodes(topology: Topology) -> list[NodeHandle]:
         node = getattr(topology, attribute, None)
         if node is not None:
             nodes.append(node)
+    nodes.extend(getattr(topology, "services", []) or [])  # processes inside an external target
     nodes.extend(getattr(topology, "brokers", []) or [])
     return nodes
 

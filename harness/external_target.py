@@ -122,8 +122,10 @@ class ExternalTarget:
                                   f"listen on {place.host}:{place.port} (this run is not in a private network "
                                   "namespace, so the nodes share 127.0.0.1); give each node its own port")
             taken[place.host, place.port] = place.name
-        first = self.places[self.spec.node_specs()[0].name]
-        self.host, self.port, self.data_dir = first.host, first.port, first.data_dir  # the first node's
+        # The first broker node's: where the protocol probe goes (a service node speaks no MQTT).
+        self.first_broker = next(node.name for node in self.spec.node_specs() if node.role == BROKER)
+        first = self.places[self.first_broker]
+        self.host, self.port, self.data_dir = first.host, first.port, first.data_dir
         self.nodes: list[ExternalNode] = []
         self.node = None  # the first broker node (single-node targets)
         self.topology: ExternalTopology | None = None
@@ -134,7 +136,7 @@ class ExternalTarget:
     # -- placeholders --------------------------------------------------------------------------------
 
     def _values(self, node: str | None = None) -> dict[str, Any]:
-        place = self.places[node] if node else next(iter(self.places.values()))
+        place = self.places[node or self.first_broker]
         handle = next((n for n in self.nodes if n.name == place.name), None)
         nodes = {p.name: SimpleNamespace(name=p.name, host=p.host, port=p.port, data_dir=p.data_dir,
                                          conf_dir=p.conf_dir) for p in self.places.values()}

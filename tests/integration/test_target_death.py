@@ -110,8 +110,10 @@ def test_a_process_inside_the_target_is_a_node_of_its_own_that_faults_reach(out)
     result = run_scenario(path, 1, out / "runs", reporter=SilentReporter(), check=False)
     rows = read_history(result.run_dir / "history").to_pylist()
     events = [(r["node"], json.loads(r["detail"] or "{}").get("action")) for r in rows if r["kind"] == Kind.NODE_EVENT]
+    faults_seen = [(r["kind"], r.get("detail")) for r in rows if r["kind"].startswith("fault")]
     assert events.index(("sidecar", "ready")) < events.index(("mosquitto", "start")), events
-    assert ("sidecar", "kill") in events and ("sidecar", "start") in events[events.index(("sidecar", "kill")):]
+    assert ("sidecar", "kill") in events, (faults_seen, result.summary.get("error"))
+    assert ("sidecar", "start") in events[events.index(("sidecar", "kill")):]
     evidence = [r for r in rows if r["kind"] == Kind.FAULT_EVIDENCE]
     assert evidence and all(r["bit"] for r in evidence) and {r["node"] for r in evidence} == {"sidecar"}
     assert {r["node"] for r in rows if r["kind"] == Kind.CONNECT} == {"mosquitto"}

@@ -27,7 +27,20 @@ from contracts.invariants import (
     effective_log_patterns,
     log_pattern_from_mapping,
 )
-from contracts.target_nodes import HOME_NODE_POLICIES, FormationSpec, NodeSpec, read_formation, read_nodes
+from contracts.target_nodes import (
+    BROKER,
+    HOME_NODE_POLICIES,
+    READY_CHECKS,
+    SERVICE,
+    FormationSpec,
+    NodeSpec,
+    read_env,
+    read_files,
+    read_formation,
+    read_host,
+    read_name,
+    read_nodes,
+)
 from contracts.tls import TlsSpec, read_tls
 from contracts.validation import Section, nonzero_total
 
@@ -144,7 +157,6 @@ class ScenarioInfo:
 MQTT_VERSIONS = {"3.1.1": 4, "5": 5}  # the names a target declares -> the protocol level a CONNECT carries
 QUEUE_POLICIES = ("none", "drop_oldest", "drop_newest", "reject")
 PERSISTENCE_PROMISES = ("kill", "graceful", "none")
-READY_CHECKS = ("mqtt", "port")
 
 
 @dataclass(frozen=True)
@@ -198,7 +210,7 @@ class TargetSpec:
         declared = self.nodes or (NodeSpec(name=self.name, host=self.host, port=self.port),)
         resolved = []
         for node in declared:
-            service = node.role == "service"
+            service = node.role == SERVICE
             resolved.append(NodeSpec(
                 name=node.name, role=node.role, host=node.host, port=node.port,
                 start=node.start or self.start, stop=node.stop or self.stop, kill=node.kill or self.kill,
@@ -210,7 +222,7 @@ class TargetSpec:
 
     def broker_node_names(self) -> tuple[str, ...]:
         """The MQTT listeners the clients connect to, in declaration order (node index 0, 1, ...)."""
-        return tuple(node.name for node in self.node_specs() if node.role == "broker")
+        return tuple(node.name for node in self.node_specs() if node.role == BROKER)
 
     @property
     def protocol_levels(self) -> tuple[int, ...]:
@@ -517,7 +529,7 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     if target.kind == "external":
         _refuse_inapplicable_to_external(source, target, faults, workload)
     refuse_unsupported_faults(source, str(topology.get("provider", "local")), faults)
-    refuse_clustered_containers(source, str(topology.get("provider", "local")), target)
+    refuse_unsupported_on_containers(source, str(topology.get("provider", "local")), target)
     scenario = Scenario(source=source, scenario=info, topology=topology, target=target, broker=broker,
                         workload=workload, subscribers=subscribers, faults=faults, checks=checks)
     nodes = scenario.broker_nodes()
@@ -587,24 +599,10 @@ def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
         if derived and _plain(derived) != reference_declaration(broker):
             raise s.fail("promises", derived, "is derived from [broker]; change the [broker] keys instead")
         return TargetSpec(kind="reference")
-    host = s.string("host", "")
-    if host and not host.startswith("127."):
-        raise s.fail("host", host, "must be a loopback address (127.0.0.0/8), or empty to let the run pick one "
-                     "(its own address inside the run's private namespace); traffic stays on this machine")
-    name = s.string("name", "broker", non_empty=True)
-    if not all(c.isalnum() or c in "-_" for c in name):
-        raise s.fail("name", name, "may only contain letters, digits, '-' and '_' (it names the log file)")
-    files = s.raw_table("files")
-    for file_name, text in files.items():
-        if not isinstance(text, str):
-            raise s.fail(f"files.{file_name}", text, "must be the file's text (a string)")
-        if "/" in file_name or file_name.startswith(".") or not file_name:
-            raise s.fail(f"files.{file_name}", "...", "the key must be a plain file name (written into the run "
-                         "directory)")
-    env = s.raw_table("env")
-    for var, value in env.items():
-        if not isinstance(value, str) or not var.replace("_", "").isalnum():
-            raise s.fail(f"env.{var}", value, "must be NAME = \"value\" (a string; names of letters, digits, _)")
+    host = read_host(s)
+    name = read_name(s, "broker", what="the log file")
+    files = read_files(s, written_to="the run directory")
+    env = read_env(s)
     versions = s.strings("mqtt_versions", TargetSpec.mqtt_versions)
     for version in versions:
         if version not in MQTT_VERSIONS:
@@ -628,8 +626,8 @@ def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
         kill=s.strings("kill"),
         config_file=s.string("config_file", ""),
         config_text=s.string("config_text", ""),
-        files=tuple(sorted(files.items())),
-        env=tuple(sorted(env.items())),
+        files=files,
+        env=env,
         data_owner=s.string("data_owner", ""),
         ready_timeout_s=s.number("ready_timeout_s", 10.0, above=0.0, maximum=600.0),
         ready=s.string("ready", "mqtt", choices=READY_CHECKS),
@@ -758,14 +756,14 @@ def _read_workload(s: _Section) -> WorkloadSpec:
         home_node=s.string("home_node", d.home_node, choices=HOME_NODE_POLICIES),
         home_nodes=tuple(sorted(s.raw_table("home_nodes").items())),
     )
+    publishers, subscribers = spec.client_ids()
+    clients = publishers + subscribers
     for client_id, node in spec.home_nodes:
         if not isinstance(node, str) or not node:
             raise s.fail(f"home_nodes.{client_id}", node, "must be the name of a broker node (a string)")
-    publishers, subscribers = spec.client_ids()
-    for client_id, _node in spec.home_nodes:
-        if client_id not in publishers + subscribers:
-            shown = ", ".join((publishers + subscribers)[:6]) + (", ..." if len(publishers + subscribers) > 6 else "")
-            raise s.fail(f"home_nodes.{client_id}", _node, f"no client {client_id!r} in this workload; its "
+        if client_id not in clients:
+            shown = ", ".join(clients[:6]) + (", ..." if len(clients) > 6 else "")
+            raise s.fail(f"home_nodes.{client_id}", node, f"no client {client_id!r} in this workload; its "
                          f"clients: {shown}")
     if spec.preset_each_offline and not spec.preset_last_packet_id:
         raise s.fail("preset_each_offline", True, "needs preset_last_packet_id > 0 (the value each offline "
@@ -919,8 +917,6 @@ def refuse_unsupported_faults(source: str, provider: str, faults: FaultSpec) -> 
 def with_provider(scenario: Scenario, provider: str) -> Scenario:
     """The scenario run on another topology provider (``--provider``): [topology] provider replaced,
     validated again (a fault the provider lacks is refused here, before anything starts)."""
-    from dataclasses import replace
-
     try:  # the topology model says which providers exist
         topology_model().normalise({"provider": provider}, "--provider")
     except ValueError as error:
@@ -930,11 +926,11 @@ def with_provider(scenario: Scenario, provider: str) -> Scenario:
     else:
         topology = {"provider": provider} if provider != "local" else {}
     refuse_unsupported_faults(scenario.source, provider, scenario.faults)
-    refuse_clustered_containers(scenario.source, provider, scenario.target)
+    refuse_unsupported_on_containers(scenario.source, provider, scenario.target)
     return replace(scenario, topology=topology)
 
 
-def refuse_clustered_containers(source: str, provider: str, target: TargetSpec) -> None:
+def refuse_unsupported_on_containers(source: str, provider: str, target: TargetSpec) -> None:
     """The containers provider runs an external target as one container without the run's TLS files; a
     cluster or a TLS listener runs as host processes (the local provider)."""
     if provider == "containers" and target.tls.enabled:

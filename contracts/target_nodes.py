@@ -20,24 +20,53 @@ from typing import Any
 
 from contracts.validation import Section
 
-NODE_ROLES = ("broker", "service")  # broker: an MQTT listener clients connect to; service: a process inside
-READY_CHECKS = ("mqtt", "port")
+BROKER, SERVICE = "broker", "service"  # an MQTT listener clients connect to; a process inside the target
+NODE_ROLES = (BROKER, SERVICE)
+READY_CHECKS = ("mqtt", "port")  # "mqtt": an MQTT CONNECT gets a CONNACK; "port": the port accepts TCP
 HOME_NODE_POLICIES = ("round-robin", "seeded")
 START_ORDERS = ("together", "in_order")
-MAX_NODES = 16  # every node is its own 127.0.0.x inside the run's namespace, and a process on 2 cores
-# The placeholders a node's argv, env values and files may use; {nodes[NAME].host} / .port / .name /
-# .data_dir name another node (a formation list, a peer's address in a config file).
-NODE_PLACEHOLDERS = ("run_dir", "data_dir", "log_dir", "conf_dir", "host", "port", "pid", "node", "nodes")
-FORMATION_PLACEHOLDERS = ("run_dir", "log_dir", "nodes", "client")
+MAX_NODES = 16  # each node a process (often a VM) of its own on the run's machine
 
 
-def valid_name(name: str) -> bool:
-    return bool(name) and all(c.isalnum() or c in "-_" for c in name)
+# -- keys a node and the target read alike (the target's [target], each node's [[target.nodes]]) ---------------
+
+def read_name(s: Section, default: str, *, what: str, required: bool = False) -> str:
+    """A node name: it names log files and directories, so letters, digits, '-' and '_' only."""
+    name = s.string("name", default, required=required, non_empty=True)
+    if not all(c.isalnum() or c in "-_" for c in name):
+        raise s.fail("name", name, f"may only contain letters, digits, '-' and '_' (it names {what})")
+    return name
+
+
+def read_host(s: Section) -> str:
+    host = s.string("host", "")
+    if host and not host.startswith("127."):
+        raise s.fail("host", host, "must be a loopback address (127.0.0.0/8), or empty to let the run pick one "
+                     "(its own address inside the run's private namespace); traffic stays on this machine")
+    return host
+
+
+def read_env(s: Section) -> tuple[tuple[str, str], ...]:
+    env = s.raw_table("env")
+    for var, value in env.items():
+        if not isinstance(value, str) or not var.replace("_", "").isalnum():
+            raise s.fail(f"env.{var}", value, "must be NAME = \"value\" (a string; names of letters, digits, _)")
+    return tuple(sorted(env.items()))
+
+
+def read_files(s: Section, *, written_to: str) -> tuple[tuple[str, str], ...]:
+    files = s.raw_table("files")
+    for file_name, text in files.items():
+        if not isinstance(text, str):
+            raise s.fail(f"files.{file_name}", text, "must be the file's text (a string)")
+        if "/" in file_name or file_name.startswith(".") or not file_name:
+            raise s.fail(f"files.{file_name}", "...", f"the key must be a plain file name (written into {written_to})")
+    return tuple(sorted(files.items()))
 
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node as declared.  ``None`` / empty means "the target's" (``resolve`` fills it in)."""
+    """One node as declared.  ``None`` / empty means "the target's" (TargetSpec.node_specs fills it in)."""
 
     name: str
     role: str = "broker"
@@ -55,7 +84,7 @@ class NodeSpec:
         """As declared (so a scenario.json reads back to the same scenario): defaults left out."""
         out: dict[str, Any] = {"name": self.name}
         for key, value in asdict(self).items():
-            if key == "name" or value in ("", 0, (), None) or (key == "role" and value == "broker"):
+            if key == "name" or value in ("", 0, (), None) or (key == "role" and value == BROKER):
                 continue
             out[key] = dict(value) if key in ("env", "files") else list(value) if isinstance(value, tuple) else value
         return out
@@ -108,11 +137,9 @@ def read_nodes(s: Section, raw: Any) -> tuple[NodeSpec, ...]:
         seen[node.name] = index
     endpoints: dict[tuple[str, int], str] = {}
     for index, node in enumerate(nodes, start=1):
-        if not node.port:
-            continue
         # Without an explicit host every node gets its own 127.0.0.x inside the run's namespace, so the same
         # port on all of them is the usual case; only the same port on the same declared host collides.
-        if not node.host:
+        if not (node.host and node.port):
             continue
         key = (node.host, node.port)
         if key in endpoints:
@@ -120,42 +147,28 @@ def read_nodes(s: Section, raw: Any) -> tuple[NodeSpec, ...]:
                           f"{node.host}:{node.port} (node {endpoints[key]!r} listens there too); give each node its "
                           "own port or host")
         endpoints[key] = node.name
-    if not any(node.role == "broker" for node in nodes):
+    if not any(node.role == BROKER for node in nodes):
         raise s.fail("nodes", [node.name for node in nodes], "no node has role \"broker\": at least one node "
                      "must be an MQTT listener the clients connect to")
     return tuple(nodes)
 
 
 def _read_node(s: Section) -> NodeSpec:
-    name = s.string("name", required=True, non_empty=True)
-    if not valid_name(name):
-        raise s.fail("name", name, "may only contain letters, digits, '-' and '_' (it names the node's log file "
-                     "and directories)")
-    host = s.string("host", "")
-    if host and not host.startswith("127."):
-        raise s.fail("host", host, "must be a loopback address (127.0.0.0/8), or empty to let the run pick one")
-    env = s.raw_table("env")
-    for var, value in env.items():
-        if not isinstance(value, str) or not var.replace("_", "").isalnum():
-            raise s.fail(f"env.{var}", value, "must be NAME = \"value\" (a string; names of letters, digits, _)")
-    files = s.raw_table("files")
-    for file_name, text in files.items():
-        if not isinstance(text, str):
-            raise s.fail(f"files.{file_name}", text, "must be the file's text (a string)")
-        if "/" in file_name or file_name.startswith(".") or not file_name:
-            raise s.fail(f"files.{file_name}", "...", "the key must be a plain file name (written into the "
-                         "node's {conf_dir})")
+    name = read_name(s, "", what="the node's log file and directories", required=True)
+    host = read_host(s)
+    env = read_env(s)
+    files = read_files(s, written_to="the node's {conf_dir}")
     timeout = s._get("ready_timeout_s", None, False)
     node = NodeSpec(
         name=name,
-        role=s.string("role", "broker", choices=NODE_ROLES),
+        role=s.string("role", BROKER, choices=NODE_ROLES),
         host=host,
         port=s.integer("port", 0, minimum=0, maximum=65535),
         start=s.strings("start"),
         stop=s.strings("stop"),
         kill=s.strings("kill"),
-        env=tuple(sorted(env.items())),
-        files=tuple(sorted(files.items())),
+        env=env,
+        files=files,
         ready=s.string("ready", "", choices=("",) + READY_CHECKS),
         ready_timeout_s=None if timeout is None else s.number("ready_timeout_s", 10.0, above=0.0, maximum=600.0),
     )

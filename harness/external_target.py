@@ -24,7 +24,7 @@ from typing import Any
 from contracts.credentials import PROBE_CLIENT_ID
 from contracts.history_schema import Kind
 from contracts.scenario import Scenario
-from contracts.target_nodes import NodeSpec
+from contracts.target_nodes import BROKER, SERVICE, NodeSpec
 from contracts.topology import Endpoint
 from harness.history import HistoryRecorder
 from harness.node import ProcessNode
@@ -76,10 +76,6 @@ class ExternalTopology:
             self.target.wait_formed(max(timeout_s, self.target.spec.formation.ready_timeout_s), why="heal_all")
 
 
-BROKER = "broker"  # contracts/target_nodes.py NODE_ROLES: an MQTT listener ...
-SERVICE = "service"  # ... or a process inside the target (its node handle's role, too)
-
-
 class ExternalTarget:
     """A black-box MQTT broker of one or several nodes, each started from argv (contracts/target_nodes.py).
     Placeholders {run_dir} {data_dir} {log_dir} {conf_dir} {host} {port} {pid} {node} and
@@ -103,8 +99,9 @@ class ExternalTarget:
         self.name = self.spec.name
         self.log_dir = self.run_dir / "logs"
         self.address_mode = "distinct" if netns.in_private_netns() else "loopback"
+        self.node_specs = self.spec.node_specs()  # every node with the target's keys filled in
         self.places: dict[str, NodePlace] = {}
-        for node in self.spec.node_specs():
+        for node in self.node_specs:
             if node.host:
                 host, port = node.host, node.port or free_port(node.host)
             elif self.address_mode == "distinct":
@@ -113,7 +110,7 @@ class ExternalTarget:
                 host, port = "127.0.0.1", node.port or free_port("127.0.0.1")
             conf_dir = self.run_dir / "conf" / node.name if self.spec.clustered else self.run_dir
             self.places[node.name] = NodePlace(node.name, host, port, self.run_dir / "data" / node.name, conf_dir)
-        if any(node.host for node in self.spec.node_specs()):
+        if any(node.host for node in self.node_specs):
             self.address_mode = "loopback"  # a host the scenario fixes: the clients keep the default source
         taken: dict[tuple[str, int], str] = {}
         for place in self.places.values():
@@ -123,7 +120,7 @@ class ExternalTarget:
                                   "namespace, so the nodes share 127.0.0.1); give each node its own port")
             taken[place.host, place.port] = place.name
         # The first broker node's: where the protocol probe goes (a service node speaks no MQTT).
-        self.first_broker = next(node.name for node in self.spec.node_specs() if node.role == BROKER)
+        self.first_broker = self.spec.broker_node_names()[0]
         first = self.places[self.first_broker]
         self.host, self.port, self.data_dir = first.host, first.port, first.data_dir
         self.nodes: list[ExternalNode] = []
@@ -160,7 +157,7 @@ class ExternalTarget:
 
     def prepare(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for node in self.spec.node_specs():
+        for node in self.node_specs:
             place = self.places[node.name]
             place.data_dir.mkdir(parents=True, exist_ok=True)
             place.conf_dir.mkdir(parents=True, exist_ok=True)
@@ -253,8 +250,7 @@ class ExternalTarget:
         return node
 
     def start(self) -> None:
-        specs = self.spec.node_specs()
-        self.nodes = [self._make_node(spec) for spec in specs]
+        self.nodes = [self._make_node(spec) for spec in self.node_specs]
         self.node = next(node for node in self.nodes if node.role == "mqtt-broker")
         self.topology = ExternalTopology(self, self.address_mode)
         # Services (a database behind the broker) first and ready, then every broker node at once: the
@@ -269,7 +265,7 @@ class ExternalTarget:
                 node.start()
                 self._event("start", node, argv=node.argv, pid=node.pid)
             for node in group:
-                node.wait_ready(node.spec.ready_timeout_s or self.spec.ready_timeout_s)
+                node.wait_ready(node.spec.ready_timeout_s)
                 self._event("ready", node, pid=node.pid)
         self.form()
         self.check_protocols()
@@ -307,7 +303,7 @@ class ExternalTarget:
 
     def _formation_env(self) -> dict[str, str]:
         """Formation commands run with the first node's environment (e.g. HOME holding an Erlang cookie)."""
-        first = self.spec.node_specs()[0]
+        first = self.node_specs[0]
         return {**self.spec.credentials.environment(),
                 **{key: self._format(value, f"env.{key}", first.name) for key, value in first.env}}
 
@@ -372,8 +368,7 @@ class ExternalTarget:
         """The broker nodes in declaration order: node index 0, 1, ... of the plan."""
         if not self.spec.clustered:
             return [(self.host, self.port, self.name)]
-        return [(place.host, place.port, place.name) for spec in self.spec.node_specs() if spec.role == BROKER
-                for place in (self.places[spec.name],)]
+        return [(self.places[name].host, self.places[name].port, name) for name in self.spec.broker_node_names()]
 
     def client_bind_address(self) -> str:
         """On its own address, the clients keep 127.0.0.1 (as with the reference topology's distinct mode)."""
@@ -387,7 +382,7 @@ class ExternalTarget:
     def heal_ready_timeout_s(self) -> float:
         """A broker that boots slowly (RabbitMQ: tens of seconds) must be waited for as long as at start, and a
         cluster also until it has formed again."""
-        longest = max(spec.ready_timeout_s or self.spec.ready_timeout_s for spec in self.spec.node_specs())
+        longest = max(spec.ready_timeout_s for spec in self.node_specs)
         return longest + (self.spec.formation.ready_timeout_s if self.spec.formation.ready else 0.0)
 
     def log_files(self) -> None:
@@ -408,7 +403,7 @@ class ExternalTarget:
         return None
 
     def describe(self) -> dict[str, Any]:
-        brokers = [spec.name for spec in self.spec.node_specs() if spec.role == BROKER]
+        brokers = list(self.spec.broker_node_names())
         described = {"kind": "external", "mqtt": {name: f"{self.places[name].host}:{self.places[name].port}"
                                                   for name in brokers},
                      "address_mode": self.address_mode, "promises": self.spec.declaration(),
@@ -417,7 +412,7 @@ class ExternalTarget:
             described["tls"] = self.tls
         if self.spec.clustered:
             described["cluster"] = {"name": self.name, "brokers": brokers,
-                                    "services": [spec.name for spec in self.spec.node_specs() if spec.role != BROKER],
+                                    "services": [spec.name for spec in self.node_specs if spec.role == SERVICE],
                                     "formation": self.spec.formation.to_dict()}
         return described
 

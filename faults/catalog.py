@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from contracts import scenario as scenario_model
+from contracts.target_nodes import BROKER
 from faults import client, failure_paths, network, process, redis_failover  # noqa: F401  (registration side effects)
 from faults.base import (
     FAULT_KINDS,
@@ -23,6 +24,7 @@ from faults.base import (
     normalise_params,
     registered_kinds,
 )
+from faults.network import RING_MIN_NODES
 from faults.selectors import SELECTOR_HELP, kafka_role_of, parse_selector
 
 __all__ = ["FAULT_KINDS", "validate_spec", "build_fault", "is_client_fault", "kinds_by_category",
@@ -132,6 +134,7 @@ LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart", "kafka_ou
 EXTERNAL_NODE_SELECTORS = ("node", "broker", "broker-random", "broker-minority", "broker-majority",
                            "broker-holding")
 EXTERNAL_GROUPS = ("client", "broker")
+GROUP_KEYS = ("a", "b", "src", "dst", "group")  # the parameters of the network kinds that hold groups
 
 
 def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mapping[str, Any]],
@@ -142,7 +145,7 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
     from faults.selectors import ROLE_GROUPS, parse_group
 
     names = [name for name, _role in nodes]
-    brokers = [name for name, role in nodes if role == "broker"]
+    brokers = [name for name, role in nodes if role == BROKER]
     has = (f"this target has one node: node:{names[0]}" if len(names) == 1 else
            f"this target's nodes: {', '.join(f'node:{name}' for name in names)} (brokers: broker:1..{len(brokers)})")
 
@@ -165,29 +168,24 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
             problem = node_problem(text)
             if problem:
                 return f"targets.{kind} = {text!r}: {problem}"
-    if kind == "net_partition_ring" and len(brokers) < 5:
-        return (f"mix.{kind}: a majorities ring needs at least 5 broker nodes (with fewer, every pair is within a "
-                f"majority's reach and nothing would be cut); {has}")
+    if kind == "net_partition_ring" and len(brokers) < RING_MIN_NODES:
+        return (f"mix.{kind}: a majorities ring needs at least {RING_MIN_NODES} broker nodes (with fewer, every pair "
+                f"is within a majority's reach and nothing would be cut); {has}")
     for params in variants:
-        sides: dict[str, list[str]] = {}
-        for key in ("a", "b", "src", "dst", "group"):
-            for member in parse_group(params[key]) if key in params else ():
+        keys = [key for key in GROUP_KEYS if key in params]
+        with_clients = False  # a side holds clients: a partition of clients from nodes, which one node allows
+        for key in keys:
+            for member in parse_group(params[key]):
                 plain = member.lstrip("-")
                 if plain in ROLE_GROUPS and plain not in EXTERNAL_GROUPS:
                     return (f"params.{kind}.{key} = {params[key]!r}: it has no {plain} nodes (groups: client, "
                             f"client:ID, broker, a node selector; {has})")
-                if plain in EXTERNAL_GROUPS or plain.startswith("client:"):
-                    sides.setdefault(key, []).append(plain)
-                    continue
-                problem = node_problem(plain)
-                if problem:
+                if plain == "client" or plain.startswith("client:"):
+                    with_clients = True
+                elif plain != "broker" and (problem := node_problem(plain)):
                     return f"params.{kind}.{key} = {params[key]!r}: {problem}"
-                sides.setdefault(key, []).append(plain)
-        # Both sides only broker nodes: a partition between broker nodes, which needs two of them.
-        if len(brokers) < 2 and sides and all(
-                not any(m == "client" or m.startswith("client:") for m in members) for members in sides.values()):
-            first = next(key for key in ("a", "b", "src", "dst", "group") if key in params)
-            return (f"params.{kind}.{first} = {params[first]!r}: a partition between broker nodes needs at least "
+        if keys and not with_clients and len(brokers) < 2:
+            return (f"params.{kind}.{keys[0]} = {params[keys[0]]!r}: a partition between broker nodes needs at least "
                     f"two; {has}")
     return ""
 

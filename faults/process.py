@@ -325,4 +325,3 @@ register(KindInfo(
     description="restart the target node (graceful stop, start) at the fault's start",
     params=(),
 ))
-

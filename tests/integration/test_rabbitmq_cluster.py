@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 from support.capabilities import missing_capability
+from support.clusters import (
+    assert_formed_with_clients_on_every_node,
+    assert_one_node_kill_bit_healed_and_re_formed,
+    failing,
+    fault_rows,
+    sessions_taken_over,
+)
 from support.dirs import searchable_tmp
 
 from contracts.exit_codes import EXIT_PASS
@@ -33,23 +40,6 @@ def out():
         yield base
 
 
-def _events(rows: list[dict]) -> list[tuple[str, str, dict]]:
-    return [(r["node"], (detail := json.loads(r["detail"] or "{}")).get("action"), detail)
-            for r in rows if r["kind"] == Kind.NODE_EVENT]
-
-
-def _failing(run_dir: Path) -> list:
-    """What a failed check found: each failing or unknown invariant with its count, reason and first witnesses."""
-    report = json.loads((run_dir / "report.json").read_text())
-    return [(i["id"], i["verdict"], i["count"], i.get("reason"), [w.get("text") for w in i.get("witnesses", [])[:3]])
-            for i in report["invariants"] if i["verdict"] in ("fail", "unknown")]
-
-
-def _fault_rows(rows: list[dict]) -> list[dict]:
-    return [{**r, "detail": json.loads(r["detail"] or "{}")} for r in rows
-            if r["kind"] in (Kind.FAULT_START, Kind.FAULT_EVIDENCE, Kind.FAULT_HEAL, Kind.FAULT_ERROR)]
-
-
 @pytest.mark.spark
 @pytest.mark.timeout(1200)  # three Erlang VMs boot (tens of seconds), the run, then the check on Spark
 def test_the_cluster_forms_clients_use_every_node_and_take_sessions_over_across_nodes(out):
@@ -57,20 +47,9 @@ def test_the_cluster_forms_clients_use_every_node_and_take_sessions_over_across_
 
     result = run_and_check(find_scenario("rabbitmq-cluster-smoke"), 1, out / "smoke", print_table=False)
     rows = read_history(result.run_dir / "history").to_pylist()
-    events = _events(rows)
-    assert {node for node, action, _ in events if action == "ready"} == NODES
-    formed = [detail for _node, action, detail in events if action == "formed"]
-    assert formed and formed[0]["why"] == "start", events
-    connects = [r for r in rows if r["kind"] == Kind.CONNECT]
-    assert {r["node"] for r in connects} == NODES, "clients on every node"
-    takeovers = {}
-    for row in connects:
-        takeovers.setdefault(row["client"], []).append(row["node"])
-    moved = {client: nodes for client, nodes in takeovers.items() if len(set(nodes)) > 1}
-    assert moved, f"a session taken over on another node: {takeovers}"
-    assert result.exit_code == EXIT_PASS, _failing(result.run_dir)
-    topology = json.loads((result.run_dir / "topology.json").read_text())
-    assert set(topology["cluster"]["brokers"]) == NODES and len(set(topology["mqtt"].values())) == 3
+    connects = assert_formed_with_clients_on_every_node(result.run_dir, rows, NODES)
+    assert sessions_taken_over(connects), f"a session taken over on another node (session present there): {connects}"
+    assert result.exit_code == EXIT_PASS, failing(result.run_dir)
 
 
 @pytest.mark.timeout(1200)
@@ -79,20 +58,7 @@ def test_a_one_node_kill_bites_with_evidence_heals_and_the_cluster_re_forms(out)
 
     result = run_scenario(find_scenario("rabbitmq-cluster-kill"), 1, out / "kill", reporter=SilentReporter(),
                           check=False)
-    rows = read_history(result.run_dir / "history").to_pylist()
-    faults = _fault_rows(rows)
-    assert not [f for f in faults if f["kind"] == Kind.FAULT_ERROR], faults
-    evidence = [f for f in faults if f["kind"] == Kind.FAULT_EVIDENCE]
-    apply, heal = evidence[0], evidence[-1]
-    assert apply["bit"] and apply["node"] in NODES, apply
-    assert {c["what"] for c in apply["detail"]["checks"]} >= {"pid gone", "port refuses"}
-    assert heal["bit"] and heal["detail"]["stage"] == "heal", heal
-    events = _events(rows)
-    victim = apply["node"]
-    assert (victim, "kill") in [(n, a) for n, a, _ in events]
-    back = [detail for _n, action, detail in events if action == "formed" and detail["why"] == f"{victim} back"]
-    assert back, f"the cluster re-formed after {victim} came back: {events}"
-    assert not [e for e in events if e[1] == "exited"], "a planned kill is no unplanned exit"
+    assert_one_node_kill_bit_healed_and_re_formed(read_history(result.run_dir / "history").to_pylist(), NODES)
 
 
 @pytest.mark.nightly  # the longest of the three (a 60 s workload): kept out of .ci/run for its time
@@ -106,7 +72,7 @@ def test_a_partition_of_one_node_from_the_other_two_bites_and_heals(out):
     result = run_scenario(find_scenario("rabbitmq-cluster-partition"), 1, out / "partition",
                           reporter=SilentReporter(), check=False)
     rows = read_history(result.run_dir / "history").to_pylist()
-    faults = _fault_rows(rows)
+    faults = fault_rows(rows)
     assert not [f for f in faults if f["kind"] == Kind.FAULT_ERROR], faults
     apply, heal = [f for f in faults if f["kind"] == Kind.FAULT_EVIDENCE][:2]
     sides = next(c for c in apply["detail"]["checks"] if c["what"] == "drop rules installed")["observed"]["sides"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.capabilities import missing_capability
+from support.clusters import node_events
 from support.dirs import searchable_tmp
 
 from contracts.history_schema import Kind
@@ -79,7 +80,7 @@ def test_a_planned_kill_is_no_unplanned_exit(out):
     result = run_scenario(_scenario(out, 'start = ["mosquitto", "-c", "{run_dir}/mosquitto.conf"]', faults), 1,
                           out / "runs", reporter=SilentReporter(), check=False)
     rows = read_history(result.run_dir / "history").to_pylist()
-    actions = [json.loads(r["detail"] or "{}").get("action") for r in rows if r["kind"] == Kind.NODE_EVENT]
+    actions = [action for _node, action, _detail in node_events(rows)]
     assert "kill" in actions and "exited" not in actions, actions
 
 
@@ -109,7 +110,7 @@ def test_a_process_inside_the_target_is_a_node_of_its_own_that_faults_reach(out)
     path.write_text(text.replace("[workload]", SERVICE_NODES + "\n[workload]") + faults)
     result = run_scenario(path, 1, out / "runs", reporter=SilentReporter(), check=False)
     rows = read_history(result.run_dir / "history").to_pylist()
-    events = [(r["node"], json.loads(r["detail"] or "{}").get("action")) for r in rows if r["kind"] == Kind.NODE_EVENT]
+    events = [(node, action) for node, action, _detail in node_events(rows)]
     faults_seen = [(r["kind"], r.get("detail")) for r in rows if r["kind"].startswith("fault")]
     assert events.index(("sidecar", "ready")) < events.index(("mosquitto", "start")), events
     assert ("sidecar", "kill") in events, (faults_seen, result.summary.get("error"))

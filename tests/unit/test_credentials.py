@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
-from support.scenarios import EXTERNAL
+from support.scenarios import EXTERNAL, SCENARIO_SCHEMA
 
 from contracts.credentials import MASK, PROBE_CLIENT_ID
 from contracts.history_schema import Kind
@@ -31,7 +31,6 @@ from harness import connack
 from harness.mqtt_probe import connect_packet
 from ordeal.cli import main
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "schemas" / "scenario.schema.json").read_text())
 SECRET = "s3cret-Ünïcode"
 
 
@@ -192,15 +191,15 @@ def test_scenario_json_with_credentials_matches_its_schema_and_a_clear_password_
     scenario = _load(f'[target.credentials]\nusername = "u"\npassword = "{SECRET}"\n'
                      '[[target.credentials.clients]]\nmatch = "test_sub_*"\nusername = "s"\npassword_env = "SUB_PASSWORD"\n')
     document = json.loads(json.dumps(scenario.to_dict()))
-    jsonschema.validate(document, SCHEMA)
+    jsonschema.validate(document, SCENARIO_SCHEMA)
     leaked = json.loads(json.dumps(document))
     leaked["target"]["credentials"]["password"] = SECRET
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(leaked, SCHEMA)
+        jsonschema.validate(leaked, SCENARIO_SCHEMA)
     leaked = json.loads(json.dumps(document))
     leaked["target"]["credentials"]["clients"][0]["password"] = SECRET
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(leaked, SCHEMA)
+        jsonschema.validate(leaked, SCENARIO_SCHEMA)
 
 
 def test_the_shipped_auth_scenario_reads_its_password_from_the_environment(monkeypatch):

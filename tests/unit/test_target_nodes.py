@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from types import SimpleNamespace
 
 import jsonschema
 import pytest
-from support.scenarios import EXTERNAL
+from support.scenarios import EXTERNAL, SCENARIO_SCHEMA
 
 import faults.catalog  # noqa: F401  (registers the fault kinds)
 from contracts.scenario import ScenarioError, parse_scenario, scenario_from_mapping
@@ -20,7 +19,6 @@ from faults.base import FaultNotApplicable
 from faults.network import drop_rules
 from faults.selectors import resolve_group, resolve_node, resolve_nodes
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "schemas" / "scenario.schema.json").read_text())
 THREE = """
 [[target.nodes]]
 name = "n1"
@@ -83,7 +81,7 @@ def test_the_declared_nodes_read_back_from_scenario_json_unchanged_and_match_its
                      target='[target.formation]\nready = ["true"]\nholding = ["echo", "{client}"]',
                      extra='[workload]\nhome_node = "seeded"\n[workload.home_nodes]\ntest_pub_client_0_0 = "n2"\n')
     written = json.loads(json.dumps(scenario.to_dict()))
-    jsonschema.validate(written, SCHEMA)
+    jsonschema.validate(written, SCENARIO_SCHEMA)
     again = scenario_from_mapping(written, source="scenario.json")
     assert again.target == scenario.target and again.workload == scenario.workload
 

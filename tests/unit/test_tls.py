@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 from cryptography import x509
-from support.scenarios import EXTERNAL
+from support.scenarios import EXTERNAL, SCENARIO_SCHEMA
 
 from contracts.exit_codes import EXIT_USAGE
 from contracts.scenario import ScenarioError, parse_scenario, scenario_from_mapping
@@ -32,7 +32,6 @@ from harness.tls import (
 )
 from ordeal.cli import main
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "schemas" / "scenario.schema.json").read_text())
 TLS_ON = "[target.tls]\nenabled = true\n"
 
 
@@ -58,7 +57,7 @@ def test_the_tls_keys_are_written_to_scenario_json_and_read_back_the_same():
     assert scenario.target.tls == TlsSpec(enabled=True, server_name="mqtt.example.test", verify=False)
     written = scenario.to_dict()
     assert written["target"]["tls"] == {"enabled": True, "server_name": "mqtt.example.test", "verify": False}
-    jsonschema.validate(written, SCHEMA)
+    jsonschema.validate(written, SCENARIO_SCHEMA)
     assert scenario_from_mapping(json.loads(json.dumps(written)), source="scenario.json").target.tls == \
         scenario.target.tls
 

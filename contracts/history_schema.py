@@ -20,7 +20,10 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions a checker reads.  Version 2 added the columns of V2_COLUMNS and the kinds qos2_received and
+# pubrel_received; a version 1 history reads with those columns null (nothing of them was recorded).
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 PART_GLOB = "events-*.parquet"
 PARQUET_META_KEY = b"ordeal.history.schema_version"
@@ -38,11 +41,17 @@ class Kind:
     CONNECT = "connect"  # CONNACK received: session_present, reason_code, clean_start, session_expiry_s
     CONNECT_FAIL = "connect_fail"  # connection attempt failed (refused, timeout)
     DISCONNECT = "disconnect"  # initiator: client | server | harness ; abrupt: socket closed, no DISCONNECT
-    SUBSCRIBE_ACK = "subscribe_ack"  # SUBACK: topic = filter, qos = granted QoS (>= 0x80 = refused)
+    SUBSCRIBE_ACK = "subscribe_ack"  # SUBACK: topic = filter, qos = granted QoS; refused: reason_code >= 0x80
     UNSUBSCRIBE_ACK = "unsubscribe_ack"
     # Subscriber side.
     DELIVERY = "delivery"  # a PUBLISH received by a subscriber, identity decoded from the payload
     DELIVERY_ACK_SENT = "delivery_ack_sent"  # PUBACK (QoS 1) / PUBCOMP (QoS 2) sent by the subscriber
+    # The QoS 2 flow on the subscriber side.  paho hands a QoS 2 message to the application (a DELIVERY row)
+    # only at its PUBREL; these two rows show the steps before: the PUBLISH arrived and was answered with
+    # PUBREC (identity, packet_id, dup as on a DELIVERY row), and a PUBREL arrived for packet_id
+    # (detail.known: whether the client held a message for that packet id).
+    QOS2_RECEIVED = "qos2_received"
+    PUBREL_RECEIVED = "pubrel_received"
     # The system and the nemesis.
     NODE_EVENT = "node_event"  # detail: {"action": start|stop|kill|pause|resume|restart|ready, ...}
     FAULT_START = "fault_start"
@@ -56,7 +65,7 @@ class Kind:
 
     ALL = (
         PUBLISH_INVOKE, PUBLISH_ACK, PUBLISH_FAIL, PUBLISH_INDETERMINATE, CONNECT, CONNECT_FAIL, DISCONNECT,
-        SUBSCRIBE_ACK, UNSUBSCRIBE_ACK, DELIVERY, DELIVERY_ACK_SENT, NODE_EVENT, FAULT_START, FAULT_HEAL,
+        SUBSCRIBE_ACK, UNSUBSCRIBE_ACK, DELIVERY, DELIVERY_ACK_SENT, QOS2_RECEIVED, PUBREL_RECEIVED, NODE_EVENT, FAULT_START, FAULT_HEAL,
         FAULT_EVIDENCE, FAULT_ERROR, SESSION_SNAPSHOT, PHASE,
     )
 
@@ -115,6 +124,15 @@ EVENT_SCHEMA = pa.schema(
         pa.field("last_packet_id", pa.int64()),
         pa.field("orphan_payloads", pa.int64()),  # payload keys with no ZSET member
         pa.field("dangling_refs", pa.int64()),  # ZSET members whose payload key is gone
+        # MQTT 5 properties a broker forwards (schema version 2).  props: the properties a broker must forward
+        # unchanged (payload format indicator, content type, correlation data, response topic, user
+        # properties) as canonical JSON (contracts/mqtt_properties.py), on publish_invoke as sent and on
+        # delivery as received; null on MQTT 3.1.1 and when none was sent / received.  sub_ids: a delivery's
+        # subscription identifiers, comma-separated in the order received (null: none).  packet_size: the
+        # whole PUBLISH packet as received, in bytes (fixed header included).
+        pa.field("props", pa.string()),
+        pa.field("sub_ids", pa.string()),
+        pa.field("packet_size", pa.int32()),
         # Anything else, as a JSON object (fault parameters, evidence, snapshot members, phase details).
         pa.field("detail", pa.string()),
     ],
@@ -122,6 +140,7 @@ EVENT_SCHEMA = pa.schema(
 )
 
 COLUMNS = tuple(EVENT_SCHEMA.names)
+V2_COLUMNS = ("props", "sub_ids", "packet_size")  # absent from a version 1 history (read as null)
 REQUIRED_COLUMNS = ("seq", "t_mono_us", "t_wall_us", "kind")
 
 

@@ -39,6 +39,14 @@ class Invariant:
     # Counted, but what it counts the target never promised to prevent (its declaration): verdict "allowed".
     declared_allowance: bool = False
     queue_policies: tuple[str, ...] = ()  # a limits rule: applicable only under these declared queue policies
+    # The normative statement it checks, in words, with its id in the MQTT specifications ("[MQTT-3.8.4-8] The
+    # QoS of ... MUST be the minimum of ..."); or the broker behaviour it comes from.  Shown beside a failing
+    # verdict in every report; docs/invariants.md lists the same statements.
+    statement: str = ""
+    # Needs a history of schema version 2 (contracts/history_schema.py V2_COLUMNS / kinds): unknown on an older one.
+    needs_v2: bool = False
+    # Judged only over MQTT 5 connections (an MQTT 3.1.1 history cannot show it: not applicable).
+    mqtt5_only: bool = False
 
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -46,6 +54,10 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("durability.lost_allowed", "Owed message lost to a fault the target never promised to survive "
               "(its declared persistence)", needs_complete_history=True, declared_allowance=True),
     Invariant("durability.session_lost", "Persistent session not present on reconnect"),
+    Invariant("durability.session_returned", "A session the broker reported lost (session present 0) presented again "
+              "on a later reconnect"),
+    Invariant("durability.expired_session_present", "Session present 1 on a reconnect after the session's expiry "
+              "interval had elapsed", mqtt5_only=True),
     Invariant("durability.session_lost_allowed", "Persistent session lost to a fault the target never promised to "
               "survive (its declared persistence)", declared_allowance=True),
     Invariant("durability.phantom", "Delivered but never published, or body differs from what was published"),
@@ -60,6 +72,23 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("order.dup_flag", "DUP set on a first delivery, or missing on a resend"),
     Invariant("order.resend_within_connection", "MQTT 5 PUBLISH resent within the connection it was sent on "
               "(resends only on a reconnect, [MQTT-4.4.0-1])"),
+    Invariant("qos.upgraded", "Delivered at a higher QoS than it was published with"),
+    Invariant("qos.above_grant", "Delivered at a higher QoS than every matching subscription was granted"),
+    Invariant("qos.downgraded", "Delivered at a lower QoS than the minimum of its published QoS and the granted QoS"),
+    Invariant("qos2.pubrel_not_resent", "A QoS 2 message the subscriber answered with PUBREC never released "
+              "(PUBREL) after its session resumed", needs_complete_history=True, needs_v2=True),
+    Invariant("expiry.property_missing", "MQTT 5 message published with a Message Expiry Interval forwarded without "
+              "it", needs_v2=False, mqtt5_only=True),
+    Invariant("props.forwarded_changed", "Payload format, content type, correlation data, response topic or user "
+              "properties not forwarded unchanged", needs_v2=True, mqtt5_only=True),
+    Invariant("props.subscription_ids", "Subscription identifiers of a delivery not those of the matching "
+              "subscriptions", needs_v2=True, mqtt5_only=True),
+    Invariant("props.retain_as_published", "RETAIN flag of a forwarded message not as the subscription's Retain As "
+              "Published option requires"),
+    Invariant("flow.receive_maximum", "More unacknowledged QoS > 0 PUBLISH packets sent to a client than its Receive "
+              "Maximum", mqtt5_only=True),
+    Invariant("flow.packet_too_large", "PUBLISH sent to a client larger than its Maximum Packet Size", needs_v2=True,
+              mqtt5_only=True),
     Invariant("expiry.delivered_expired", "Delivered after its expiry (beyond the clock tolerance)"),
     Invariant("expiry.remaining_not_reduced", "MQTT 5 remaining expiry not reduced by the time it waited"),
     Invariant("expiry.dropped_early", "Message with an expiry interval dropped before it expired",
@@ -91,6 +120,8 @@ INVARIANTS: tuple[Invariant, ...] = (
               reported_only=True),
     Invariant("health.unplanned_exit", "No node of the target exited outside every planned fault (a crash, an "
               "out-of-memory kill, a kill from outside the run)"),
+    Invariant("health.unresponsive", "No node of the target stopped answering (its readiness probe failing for "
+              "longer than the probe's grace) outside every planned fault"),
     Invariant("meta.history_complete", "The history is complete and the drain ended quietly"),
     Invariant("meta.fault_bit", "Every scheduled fault applied and proved that it bit"),
     Invariant("meta.checker_error", "Every checker ran without error"),

@@ -445,7 +445,10 @@ class ClientSession:
         filters = self.sub_mids.pop(mid, [])
         for topic_filter, code in zip(filters, reason_codes, strict=False):
             self.recorder.record(Kind.SUBSCRIBE_ACK, client=self.client_id, node=self.node_name,
-                                 protocol=self.protocol, topic=topic_filter, qos=int(code.value),
+                                 protocol=self.protocol, topic=topic_filter,
+                                 # a refusal (>= 0x80) is a reason code: the qos column (int8) cannot hold it
+                                 qos=int(code.value) if int(code.value) < 0x80 else None,
+                                 reason_code=int(code.value) if int(code.value) >= 0x80 else None,
                                  packet_id=mid)
         if not self.sub_mids:
             self.subscribed = True

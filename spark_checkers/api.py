@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.history_schema import SCHEMA_VERSION
 from contracts.invariants import INVARIANTS
 from contracts.versions import REPORT_VERSION
 from spark_checkers import CHECKER_VERSION, context
@@ -20,9 +21,10 @@ from spark_checkers.collect import WITNESS_CAP, collect_all, collect_context, co
 from spark_checkers.defaults import WARM_UP_BIG_EVENTS, WARM_UP_BIG_ROUNDS, WARM_UP_MIN_EVENTS
 from spark_checkers.engine.spark_session import SparkUnavailable, choose, describe, spark_session
 from spark_checkers.job import sizing
-from spark_checkers.job.codes import CODED, Names, lookup_names
+from spark_checkers.job.codes import CODED, Names, code_of, lookup_names
 from spark_checkers.job.columns import UNREAD_COLUMNS
 from spark_checkers.job.events import RunSpec, collect_small, collect_topics, load_events
+from spark_checkers.job.metrics import WINDOW_LOST, WINDOW_OWED, window_key
 from spark_checkers.job.metrics import metric_rows as summed_metric_rows
 from spark_checkers.job.timing import timed
 from spark_checkers.loader import RunInput, local_run_dir, open_run
@@ -242,7 +244,47 @@ def _merged(outcome: RunOutcome) -> tuple[dict[str, int], dict[str, list[dict]],
             counts[invariant] = counts.get(invariant, 0) + len(found)
             witnesses.setdefault(invariant, []).extend(found)
         _last_packet_id(timeline, metrics.get("last_packet_id", {}), counts, witnesses)
+        _session_windows(witnesses, metrics)
     return counts, witnesses, metrics
+
+
+SESSION_INVARIANTS = ("durability.session_lost", "durability.session_lost_allowed", "durability.session_returned")
+
+
+def _session_windows(witnesses: dict[str, list[dict]], metrics: dict[str, dict[str, float]]) -> None:
+    """Each lost or returned session's witness with the acknowledged messages its offline window owed
+    (``acked_owed``) and how many of them were never delivered (``acked_lost``, by cause): the reconnect that
+    ends the window is ``window_c`` (the loss itself, or the reconnect where the session came back)."""
+    owed, lost = metrics.get(WINDOW_OWED, {}), metrics.get(WINDOW_LOST, {})
+    for invariant in SESSION_INVARIANTS:
+        for w in witnesses.get(invariant, []):
+            if w.get("window_c") is None or w.get("client") is None:
+                continue
+            key = window_key(code_of(w["client"]), w["window_c"])
+            by_cause = {k.rsplit("|", 1)[1]: int(v) for k, v in lost.items() if k.rsplit("|", 1)[0] == key}
+            w["acked_owed"], w["acked_lost"] = int(owed.get(key, 0)), sum(by_cause.values())
+            w["lost_by_cause"] = by_cause
+
+
+def _covers(invariant: str, witnesses: list[dict], metrics: dict[str, dict[str, float]],
+            timeline: Timeline | None) -> dict[str, int]:
+    """What a durability verdict judged, in acknowledged messages (report.json "covers")."""
+    totals = metrics.get("count", {})
+    if invariant in LOSS_INVARIANTS:
+        return {"acknowledged": int(totals.get("acked", 0)), "owed": int(totals.get("owed", 0))}
+    if invariant in SESSION_INVARIANTS:
+        windows = {(w.get("client"), w.get("window_c")): w for w in witnesses if w.get("window_c") is not None}
+        covers = {"sessions": len(witnesses),
+                  "acknowledged_owed": sum(w.get("acked_owed", 0) for w in windows.values()),
+                  "acknowledged_lost": sum(w.get("acked_lost", 0) for w in windows.values())}
+        if invariant == "durability.session_lost" and timeline is not None:
+            covers["resumes_judged"] = sum(1 for rows in timeline.connects.values() for r in rows
+                                           if r.get("clean_start") is False)
+        return covers
+    if invariant.startswith("durability."):
+        return {"delivered_messages": int(totals.get("delivered_messages", 0)),
+                "acknowledged": int(totals.get("acked", 0))}
+    return {}
 
 
 def _contexts(spark, events, inputs: list[RunInput], outcomes: dict[str, RunOutcome]) -> None:
@@ -303,14 +345,18 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
                                        incomplete=tuple(incomplete), unknown_reason=reason,
                                        white_box=g.white_box if g else True,
                                        queue_policy=g.queue_policy if g else "drop_oldest",
-                                       allowance=_allowance(g))
+                                       allowance=_allowance(g), history_version=_history_version(run),
+                                       mqtt5=timeline is None or _has_mqtt5(timeline))
         shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count,
                                     outcome.contexts.get(invariant.id, []))
         if invariant.id == "liveness.unseen_over_time":
             count = int(sum(metrics.get("unseen_delta_per_bucket", {}).values()))
             details["owed"] = metrics.get("count", {}).get("owed", 0)
+        covers = _covers(invariant.id, witnesses.get(invariant.id, []), metrics, timeline)
+        if invariant.id in SESSION_INVARIANTS and covers.get("sessions"):
+            details["acknowledged_lost_with_sessions"] = covers["acknowledged_lost"]
         results.append(InvariantResult(invariant.id, invariant.title, verdict, count, tuple(shown), why, allowed,
-                                       invariant.reported_only, details))
+                                       invariant.reported_only, details, covers))
     code = exit_code(results)
     return {
         "schema_version": REPORT_VERSION,
@@ -335,6 +381,15 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
         "environment": {"python": sys.version.split()[0], "platform": platform.platform(),
                         "spark_master": master, "pyspark": _pyspark_version(), "check_seconds": round(elapsed, 2)},
     }
+
+
+def _history_version(run: RunInput) -> int:
+    version = (run.manifest or {}).get("schema_version")
+    return version if isinstance(version, int) else SCHEMA_VERSION
+
+
+def _has_mqtt5(timeline: Timeline) -> bool:
+    return any(row.get("protocol") == 5 for rows in timeline.connects.values() for row in rows)
 
 
 def _log_findings(run: RunInput, g, timeline: Timeline | None, fatal: tuple[str, ...]) -> dict[str, LogFinding]:

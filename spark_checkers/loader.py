@@ -14,7 +14,15 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
 
-from contracts.history_schema import COLUMNS, EVENT_SCHEMA, MANIFEST_NAME, PARQUET_META_KEY, SCHEMA_VERSION
+from contracts.history_schema import (
+    COLUMNS,
+    EVENT_SCHEMA,
+    MANIFEST_NAME,
+    PARQUET_META_KEY,
+    READABLE_VERSIONS,
+    SCHEMA_VERSION,
+    V2_COLUMNS,
+)
 from spark_checkers.guarantees import Guarantees
 
 
@@ -101,9 +109,9 @@ def validate_history(history_dir: Path) -> tuple[tuple[str, ...], dict, list[str
     if not isinstance(manifest, dict):
         return (), {}, [f"{manifest_path}: expected a JSON object"], [], ""
     version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         fatal.append(f"{manifest_path}: schema_version {version!r} is not one this checker knows "
-                     f"(expected {SCHEMA_VERSION})")
+                     f"(expected one of {', '.join(map(str, READABLE_VERSIONS))})")
     if manifest.get("complete") is not True:
         incomplete.append(f"{manifest_path}: complete={manifest.get('complete')!r} "
                           f"(end_reason={manifest.get('end_reason')!r}): the recorder did not finish")
@@ -126,10 +134,13 @@ def validate_history(history_dir: Path) -> tuple[tuple[str, ...], dict, list[str
         schema = parquet.schema_arrow
         meta = schema.metadata or {}
         part_version = meta.get(PARQUET_META_KEY)
-        if part_version is not None and part_version != str(SCHEMA_VERSION).encode():
+        readable = {str(v).encode() for v in READABLE_VERSIONS}
+        if part_version is not None and part_version not in readable:
             fatal.append(f"{path}: Parquet metadata {PARQUET_META_KEY.decode()}={part_version.decode()!r}, "
-                         f"expected {SCHEMA_VERSION}")
-        missing = [column for column in COLUMNS if column not in schema.names]
+                         f"expected one of {', '.join(map(str, READABLE_VERSIONS))}")
+        # A version 1 part has none of the version 2 columns: Spark reads them as null.
+        optional = V2_COLUMNS if part_version == b"1" or version == 1 else ()
+        missing = [column for column in COLUMNS if column not in schema.names and column not in optional]
         if missing:
             fatal.append(f"{path}: missing column(s) {missing}; the history schema v{SCHEMA_VERSION} needs all of "
                          f"contracts/history_schema.py COLUMNS")

@@ -45,6 +45,9 @@ class FaultSpan:
     t_heal: int | None
     bit: bool | None  # True if every evidence row says it bit; None: no evidence row
     error: str | None
+    # When its heal was done (its last heal evidence or error row; a restart's heal waits until the node is
+    # ready): None when it has none (never healed, or a history without such rows).
+    t_healed: int | None = None
 
 
 @dataclass
@@ -121,6 +124,7 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
         _fault(timeline, fault_id, frows)
     _allow_unpromised_session_losses(timeline, guarantees)
     _unplanned_exits(timeline)
+    _unresponsive(timeline, guarantees)
     _phases(timeline)
     _snapshots(timeline, guarantees)
     return timeline
@@ -161,6 +165,12 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
     timeline.disconnects[client] = []
     timeline.connects[client] = []
     last_node: str | None = None  # the node of the last accepted connect: where the session was
+    # The persistent session the broker last reported lost (session present 0 where it had to be there), until
+    # the client discards it (clean start), it would have expired, or a later session of the client is seen to
+    # hold a subscription of its own.  While it is pending, a connect that gets session present 1 is that
+    # session coming back (durability.session_returned), not a new one: no subscription was granted since the
+    # loss, so the session the broker presents can only be the lost one with its subscriptions.
+    lost: dict[str, Any] | None = None
 
     def close_all(t_end: int) -> None:
         for topic_filter, (t_from, granted) in open_subs.items():
@@ -186,11 +196,23 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
                 offline.append((len(offline), last_disconnect["t_mono_us"], t, discarded))
             if expired:
                 close_all(last_disconnect["t_mono_us"])
+            if row.get("clean_start") is True or (lost is not None and _expired_since(lost, t)):
+                lost = None  # discarded by the client, or over by its expiry: nothing of it can come back
             if (row.get("clean_start") is False and was_persistent and not expired and last_disconnect is not None
                     and row.get("session_present") is False):
-                timeline.violations.setdefault("durability.session_lost", []).append({
-                    "client": client, "t": t, "seq": row["seq"], "node": row.get("node"), "node_before": last_node,
-                    "t_disconnect": last_disconnect["t_mono_us"], "session_expiry_s": previous_expiry})
+                witness = {"client": client, "t": t, "seq": row["seq"], "node": row.get("node"),
+                           "node_before": last_node, "t_disconnect": last_disconnect["t_mono_us"],
+                           "session_expiry_s": previous_expiry, "window_c": t}
+                timeline.violations.setdefault("durability.session_lost", []).append(witness)
+                if lost is None:
+                    lost = {"witnesses": [witness], "subs": dict(open_subs), "window": len(offline) - 1,
+                            "t_disconnect": last_disconnect["t_mono_us"], "expiry_s": previous_expiry,
+                            "node": last_node}
+                else:  # lost again before it came back: the same session, still away
+                    lost["witnesses"].append(witness)
+            elif lost is not None and row.get("session_present") is True:
+                _session_returned(timeline, client, row, lost, offline, open_subs)
+                lost = None
             # A legal new session after an earlier one (durability.discarded_session_delivery): the client asked for
             # a clean start, or the old session ended by itself (expired, or not persistent) and the broker agrees.
             why = (None if not had_session else "clean_start" if row.get("clean_start") is True
@@ -216,13 +238,15 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
                 if not persistent:
                     close_all(t)
         elif kind == Kind.SUBSCRIBE_ACK and row.get("topic"):
-            granted = row.get("qos")
-            granted = 0 if granted is None or granted >= 0x80 else granted
+            # Refused: a reason code >= 0x80 (a history may also carry it in qos, as the schema once said).
+            refused = (row.get("reason_code") or 0) >= 0x80 or (row.get("qos") or 0) >= 0x80
+            granted = 0 if refused or row.get("qos") is None else row["qos"]
             if row["topic"] in open_subs:  # a re-subscribe replaces the old grant from now on
                 old_from, old_granted = open_subs.pop(row["topic"])
                 timeline.subscriptions.append(Subscription(client, row["topic"], old_granted, old_from, t, persistent))
-            if row.get("qos") is None or row.get("qos") < 0x80:
+            if not refused:
                 open_subs[row["topic"]] = (t, granted)
+                lost = None  # a later session holds a subscription of its own: a session present is that one
         elif kind == Kind.UNSUBSCRIBE_ACK and row.get("topic") in open_subs:
             t_from, granted = open_subs.pop(row["topic"])
             timeline.subscriptions.append(Subscription(client, row["topic"], granted, t_from, t, persistent))
@@ -231,6 +255,44 @@ def _sessions(timeline: Timeline, client: str, rows: list[dict]) -> None:
     for topic_filter, (t_from, granted) in open_subs.items():
         timeline.subscriptions.append(Subscription(client, topic_filter, granted, t_from, None, persistent))
     timeline.offline[client] = offline
+
+
+def _expired_since(lost: dict[str, Any], t: int) -> bool:
+    """Whether the lost session's own expiry interval (MQTT 5) had elapsed by ``t`` since its disconnect."""
+    expiry = lost.get("expiry_s")
+    return expiry is not None and expiry > 0 and t - lost["t_disconnect"] > expiry * 1_000_000
+
+
+def _session_returned(timeline: Timeline, client: str, row: dict, lost: dict[str, Any],
+                      offline: list[tuple[int, int, int, bool]], open_subs: dict[str, tuple[int, int]]) -> None:
+    """A session the broker reported lost is presented again at ``row``: durability.session_returned, and the
+    session's accounting runs as if it had never been away from the broker (it was not: the broker kept it).
+
+    Its subscriptions are held without a break from before the loss, so what was acknowledged for them while
+    the broker said the session was gone is owed to it; and its offline windows from its last disconnect to
+    this reconnect become one, so those messages are judged at this reconnect (delivered, lost, trimmed by the
+    declared limit or allowed by the declared persistence), never dropped from the counts."""
+    t = row["t_mono_us"]
+    first = lost["witnesses"][0]
+    reinstated = []
+    for topic_filter, (t_from, granted) in lost["subs"].items():
+        closed = Subscription(client, topic_filter, granted, t_from, first["t"], True)
+        if closed in timeline.subscriptions and topic_filter not in open_subs:
+            timeline.subscriptions.remove(closed)
+            open_subs[topic_filter] = (t_from, granted)
+            reinstated.append(topic_filter)
+    start = lost["window"]
+    if 0 <= start < len(offline):
+        merged = (start, offline[start][1], t, False)
+        del offline[start:]
+        offline.append(merged)
+    for witness in lost["witnesses"]:
+        witness["returned_at"] = t
+        witness["window_c"] = t
+    timeline.violations.setdefault("durability.session_returned", []).append({
+        "client": client, "t": t, "seq": row["seq"], "node": row.get("node"), "t_lost": first["t"],
+        "node_lost": first.get("node"), "node_before": lost.get("node"), "t_disconnect": lost["t_disconnect"],
+        "reported_lost": len(lost["witnesses"]), "subscriptions": reinstated, "window_c": t})
 
 
 def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
@@ -246,9 +308,10 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
     # they inspected, which is what attribution compares with.
     node = (first.get("node") or next((r.get("node") for r in rows if r.get("node")), None)
             or detail_of(first).get("node") or detail_of(first).get("target"))
+    healed = [r["t_mono_us"] for r in evidence + errors if detail_of(r).get("stage") == "heal"]
     span = FaultSpan(fault_id, first.get("fault_kind") or "?", node, first["t_mono_us"],
                      heal["t_mono_us"] if heal else None, bit,
-                     "; ".join(json.dumps(detail_of(r)) for r in errors) or None)
+                     "; ".join(json.dumps(detail_of(r)) for r in errors) or None, max(healed, default=None))
     timeline.faults.append(span)
     # Why unknown, not fail: a fault that was not applied or did not bite means the run did not test what it
     # claimed; that says nothing against the broker, and it is no pass either.
@@ -294,6 +357,90 @@ def unplanned_exit_note(timeline: Timeline) -> str:
             f"{first['exit_status']}) outside every planned fault and was not brought back")
 
 
+def _unresponsive(timeline: Timeline, guarantees: Guarantees) -> None:
+    """health.unresponsive: a broker node failed the run's health probe (harness/death_watch.py records a
+    node_event "unresponsive" once a run of failed probes reaches its grace, "responsive" when the node answers
+    again) for longer than that grace while no planned fault covered it.  Covered: from a fault's start to the
+    end of its heal (a restart's heal waits until the node is ready), for every fault of the target but a
+    client fault — a pause of the node, a partition, a kill or restart, and a fault of what the node depends
+    on (a Redis master paused stalls the reference broker's CONNECT, a peer down stalls a cluster node) — and
+    the final heal (workload_end to heal_all).  A stretch that outlasts the faults covering it by more than
+    the grace is unplanned from where the cover ends."""
+    stretches: list[tuple[dict, dict | None]] = []
+    open_: dict[str, dict] = {}
+    for event in timeline.node_events:
+        if event.get("action") == "unresponsive":
+            open_.setdefault(event.get("node"), event)
+        elif event.get("action") == "responsive" and event.get("node") in open_:
+            stretches.append((open_.pop(event.get("node")), event))
+    stretches += [(start, None) for start in open_.values()]
+    if not stretches:
+        return
+    covers = _planned_covers(timeline, guarantees)
+    for start, end in sorted(stretches, key=lambda pair: pair[0]["seq"]):
+        detail = detail_of(start)
+        grace_us = int(float(detail.get("grace_s") or 0) * 1_000_000)
+        since = int(detail.get("since_us") if detail.get("since_us") is not None else start["t_mono_us"])
+        # Never answered again: it failed every probe at least until its "unresponsive" row, and nothing after
+        # that says it answered (the probe went on until the run's teardown).
+        until = end["t_mono_us"] if end is not None else max(start["t_mono_us"], timeline.t_last)
+        uncovered = _uncovered_from(since, until, covers, grace_us)
+        if uncovered is None:
+            continue
+        timeline.violations.setdefault("health.unresponsive", []).append({
+            "node": start.get("node"), "t": uncovered, "t_from": since, "t_to": None if end is None else until,
+            "probe": detail.get("probe"), "error": detail.get("error"), "grace_s": detail.get("grace_s"),
+            "log_tail": list(detail.get("log_tail") or [])[-8:]})
+
+
+def _planned_covers(timeline: Timeline, guarantees: Guarantees) -> list[tuple[int, int]]:
+    """The intervals in which a planned fault may keep a node of the target from answering (_unresponsive)."""
+    from faults.base import FaultSpecError
+    from faults.catalog import is_client_fault
+
+    covers = []
+    for fault in timeline.faults:
+        try:
+            client = is_client_fault(fault.kind)
+        except FaultSpecError:  # a kind this checker does not know: it may have stopped anything
+            client = False
+        if client or not guarantees.of_target(fault.node):
+            continue
+        end = fault.t_healed if fault.t_healed is not None else fault.t_heal
+        covers.append((fault.t_start, NEVER if end is None else max(end, fault.t_start)))
+    workload_end, heal_all = timeline.phases.get(Phase.WORKLOAD_END), timeline.phases.get(Phase.HEAL_ALL)
+    if timeline.faults and workload_end is not None:
+        covers.append((workload_end["t_mono_us"], heal_all["t_mono_us"] if heal_all is not None else NEVER))
+    return sorted(covers)
+
+
+def _uncovered_from(since: int, until: int, covers: list[tuple[int, int]], grace_us: int) -> int | None:
+    """The start of the first part of [since, until] that no cover overlaps and that lasts at least the grace,
+    or None."""
+    t = since
+    for lo, hi in covers:
+        if hi < t:
+            continue
+        if lo > t and min(lo, until) - t >= grace_us:
+            return t
+        if lo >= until:
+            break
+        t = max(t, hi)
+    return t if until - t >= grace_us else None
+
+
+def unresponsive_note(timeline: Timeline) -> str:
+    """'; node X had stopped answering ... outside every planned fault', or ''."""
+    found = timeline.violations.get("health.unresponsive", [])
+    if not found:
+        return ""
+    first = found[0]
+    again = ("and never answered again" if first["t_to"] is None
+             else f"until {(first['t_to'] - timeline.t_first) / 1e6:.3f} s")
+    return (f"; node {first['node']} had stopped answering its probe ({first['probe']}: {first['error']}) at "
+            f"{(first['t'] - timeline.t_first) / 1e6:.3f} s outside every planned fault, {again}")
+
+
 def _phases(timeline: Timeline) -> None:
     if "error" in timeline.phases:
         timeline.incomplete.append(f"the run broke: {timeline.phases['error'].get('error')!r}")
@@ -305,7 +452,7 @@ def _phases(timeline: Timeline) -> None:
         timeline.incomplete.append(
             "the drain timed out" + (f" while {owed} owed message(s) were still missing" if owed else "")
             + f" (after {drain_end.get('elapsed_s', '?')} s, not quiet): they may still have been in flight"
-            + unplanned_exit_note(timeline))
+            + unplanned_exit_note(timeline) + unresponsive_note(timeline))
     elif drain_end.get("reason") != "quiet":
         timeline.incomplete.append(f"drain_end reason {drain_end.get('reason')!r}, expected 'quiet'")
 

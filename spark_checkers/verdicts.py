@@ -26,6 +26,8 @@ class InvariantResult:
     allowed: bool = False  # violations found but the scenario allows them
     reported_only: bool = False
     details: dict[str, Any] = field(default_factory=dict)
+    # What the verdict judged: how many acknowledged messages (owed, lost, delivered) or sessions it covers.
+    covers: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -35,10 +37,13 @@ class InvariantResult:
 
 def decide(invariant: Invariant, count: int, *, allowed: tuple[str, ...], fatal: tuple[str, ...],
            incomplete: tuple[str, ...], unknown_reason: str | None, white_box: bool,
-           queue_policy: str = "drop_oldest", allowance: str = "") -> tuple[str, str | None, bool]:
+           queue_policy: str = "drop_oldest", allowance: str = "", history_version: int = 2,
+           mqtt5: bool = True) -> tuple[str, str | None, bool]:
     """(verdict, reason, allowed) for one invariant.  Unknown is never a pass.  ``queue_policy``: the target's
     declared queue policy (a limits rule for another policy is not applicable); ``allowance``: why the losses
-    a ``declared_allowance`` invariant counts were never promised (the declaration, in words)."""
+    a ``declared_allowance`` invariant counts were never promised (the declaration, in words); ``history_version``:
+    the history's schema version (a ``needs_v2`` rule cannot be decided on version 1); ``mqtt5``: whether the run
+    had an MQTT 5 connection at all (an ``mqtt5_only`` rule has nothing to judge without one)."""
     if fatal:
         return UNKNOWN, "; ".join(fatal), False
     if invariant.white_box and not white_box:
@@ -47,8 +52,13 @@ def decide(invariant: Invariant, count: int, *, allowed: tuple[str, ...], fatal:
         why = ("the target declares no queue limit (queue_policy = \"none\")" if queue_policy == "none"
                else f"the target declares queue_policy = {queue_policy!r}")
         return NOT_APPLICABLE, f"{why}; this rule is for {' / '.join(invariant.queue_policies)}", False
+    if invariant.mqtt5_only and not mqtt5:
+        return NOT_APPLICABLE, "no client of this run connected with MQTT 5: the rule is about MQTT 5 packets", False
     if unknown_reason:
         return UNKNOWN, unknown_reason, False
+    if invariant.needs_v2 and history_version < 2:
+        return UNKNOWN, (f"the history is of schema version {history_version}, which records nothing this rule "
+                         "reads (the QoS 2 flow steps, forwarded properties, packet sizes: version 2)"), False
     if invariant.reported_only:
         return PASS, "reported, never failing", False
     if invariant.declared_allowance:

@@ -61,7 +61,16 @@ def delivery_metrics(pub, slots, delivered, runs_b):
     return reduce(lambda a, b: a.unionByName(b), parts)
 
 
-def owed_metrics(cand, lost):
+WINDOW_OWED, WINDOW_LOST = "window_owed", "window_lost"
+
+
+def window_key(client_code: int, window_c: int, cause: str | None = None) -> str:
+    """The key of a WINDOW_OWED / WINDOW_LOST metric row: the subscriber's code (codes.code_of), the reconnect that
+    ends the offline window (t_mono_us) and, for a loss, its invariant."""
+    return f"{client_code}|{window_c}" + (f"|{cause}" if cause is not None else "")
+
+
+def owed_metrics(cand, lost, window_lost=None):
     """Small metric rows of the owed candidates (``cand``: each with what it owes) and the lost ones: the counts
     of what was owed, trimmed, expired, undeliverable, the owed-but-unseen series, the losses by position.
     Every metric here is whole in these rows: ``metric_rows`` merges them with ``delivery_metrics``' as they
@@ -82,6 +91,19 @@ def owed_metrics(cand, lost):
                          "unseen_delta_per_bucket", F.col("b"), F.col("v")))
     parts.append(_metric(lost.groupBy("run_id", "cause", "position").count(), "loss_position",
                          F.concat_ws("|", "cause", "position"), F.col("count")))
+    # Per offline window (subscriber, reconnect): the owed messages judged at that reconnect and those lost
+    # there, by cause.  A session the broker reported lost at that reconnect (or that came back there) owes
+    # exactly these: the report says how many acknowledged messages went with it (api.py: session windows).
+    if "window_c" in cand.columns:
+        in_window = owed.filter(F.col("window_c").isNotNull())
+        parts.append(_metric(in_window.groupBy("run_id", "client", "window_c").count(), WINDOW_OWED,
+                             F.concat_ws("|", F.col("client").cast("string"), F.col("window_c").cast("string")),
+                             F.col("count")))
+    if window_lost is not None:
+        in_window = window_lost.filter(F.col("window_c").isNotNull())
+        parts.append(_metric(in_window.groupBy("run_id", "client", "window_c", "cause").count(), WINDOW_LOST,
+                             F.concat_ws("|", F.col("client").cast("string"), F.col("window_c").cast("string"),
+                                         "cause"), F.col("count")))
     return reduce(lambda a, b: a.unionByName(b), parts)
 
 

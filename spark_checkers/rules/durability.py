@@ -122,6 +122,25 @@ def _after_failed_publish(w: dict[str, Any], timeline: Timeline) -> str:
             f"{seconds(w.get('t'), o)}.")
 
 
+def _with_session(w: dict[str, Any], timeline: Timeline) -> str:
+    """What the lost session owed, in acknowledged messages (api.py: _session_windows), and whether it came back."""
+    o = timeline.t_first
+    text = ""
+    returned = w.get("returned_at")
+    if returned is not None:
+        text += f" The broker presented the session again at {seconds(returned, o)}"
+    if "acked_owed" in w:
+        owed, lost = w.get("acked_owed", 0), w.get("acked_lost", 0)
+        until = "then" if returned is not None else "at that reconnect"
+        text += (("; " if returned is not None else " ") + f"{owed} acknowledged message(s) were owed to it {until}, "
+                 f"{lost} of them never delivered"
+                 + (f" ({', '.join(f'{n} {cause}' for cause, n in sorted(w.get('lost_by_cause', {}).items()))})"
+                    if lost else "") + ".")
+    elif returned is not None:
+        text += "."
+    return text
+
+
 @explains("durability.session_lost_allowed")
 def _session_lost_allowed(w: dict[str, Any], timeline: Timeline) -> str:
     o = timeline.t_first
@@ -129,7 +148,30 @@ def _session_lost_allowed(w: dict[str, Any], timeline: Timeline) -> str:
     return (f"{w['client']} reconnected at {seconds(w.get('t'), o)} (offline since {seconds(w.get('t_disconnect'), o)}) "
             f"without clean start and got session present = 0, after {fault.get('kind')} of {fault.get('node')} "
             f"({fault.get('fault_id')}) at {seconds(fault.get('t_start'), o)}: the target does not promise that "
-            "sessions survive that fault (its declared persistence): allowed, not a violation.")
+            "sessions survive that fault (its declared persistence): allowed, not a violation."
+            + _with_session(w, timeline))
+
+
+@explains("durability.session_returned")
+def _session_returned(w: dict[str, Any], timeline: Timeline) -> str:
+    o = timeline.t_first
+    where = f" on {w['node']}" if w.get("node") else ""
+    lost_where = f" on {w['node_lost']}" if w.get("node_lost") else ""
+    times = w.get("reported_lost", 1)
+    subs = w.get("subscriptions") or []
+    text = (f"{w['client']} reconnected at {seconds(w.get('t'), o)}{where} and got session present = 1, but at "
+            f"{seconds(w.get('t_lost'), o)}{lost_where} the broker had answered session present = 0 for the same "
+            f"session (offline since {seconds(w.get('t_disconnect'), o)})"
+            + (f", and {times - 1} time(s) more after that" if times > 1 else "")
+            + ", and no later session of it was granted a subscription: the session the broker said was gone came "
+              "back" + (f" with its subscription(s) {', '.join(subs)}" if subs else "") + ".")
+    if "acked_owed" in w:
+        lost = w.get("acked_lost", 0)
+        text += (f" Judged as the one session it was: {w['acked_owed']} acknowledged message(s) owed to it from its "
+                 f"disconnect to this reconnect, {lost} never delivered"
+                 + (f" ({', '.join(f'{n} {cause}' for cause, n in sorted(w.get('lost_by_cause', {}).items()))})"
+                    if lost else "") + ".")
+    return text
 
 
 @explains("durability.session_lost")
@@ -140,4 +182,5 @@ def _session_lost(w: dict[str, Any], timeline: Timeline) -> str:
         where = (f" on {w['node']}, its session last on {w['node_before']}" if w["node"] != w["node_before"]
                  else f" on {w['node']}, the node its session was on")
     return (f"{w['client']} reconnected at {seconds(w.get('t'), o)}{where} (offline since "
-            f"{seconds(w.get('t_disconnect'), o)}) without clean start, but the broker answered session present = 0.")
+            f"{seconds(w.get('t_disconnect'), o)}) without clean start, but the broker answered session present = 0."
+            + _with_session(w, timeline))

@@ -70,9 +70,13 @@ def owed_checks(table, gaps):
                          F.to_json(F.struct(*loss_cols)).alias("witness"))
     # Every candidate with what it owes: the delivered ones from the table, the others as open_messages settled.
     owing = ("run_id", "owed", "legally_trimmed", "expired_legally", "undeliverable", "delivered",
-             "t_invoke", "t_first", "t_origin", "bucket_us")
+             "t_invoke", "t_first", "t_origin", "bucket_us", "client",
+             F.when(F.col("in_backlog"), F.col("k.c")).alias("window_c"))
     settled = table.filter(F.col("is_cand") & F.col("delivered")).select(*owing).unionByName(gaps.select(*owing))
-    return lost_w, owed_metrics(settled, lost)
+    # The window a message was queued in (not the one it may have been carried into): what a session lost at
+    # that reconnect took with it.
+    window_lost = lost.select("run_id", "client", "cause", F.when(F.col("in_backlog"), F.col("k.c")).alias("window_c"))
+    return lost_w, owed_metrics(settled, lost, window_lost)
 
 
 def nearest_fault(timeline: Timeline, t_anchor: int | None, t_limit: int | None) -> dict | None:

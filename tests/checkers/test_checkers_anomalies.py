@@ -399,3 +399,43 @@ def test_a_witness_names_what_only_the_history_knows(spark, runs, reports, monke
     assert judged["witnesses"][0]["data"]["min_hash"].startswith("<code ")
     assert any("could not be read back from the history: RuntimeError: the history moved away" in n
                for n in report["notes"]), report["notes"]
+
+
+def _item(report, invariant):
+    return next(i for i in report["invariants"] if i["id"] == invariant)
+
+
+def _lost_seqs(report):
+    """The (client, publisher, pub_seq) of every lost message the report's gaps list."""
+    return {(g["data"]["client"], g["data"]["publisher"], seq) for g in _item(report, "durability.lost")["witnesses"]
+            for seq in range(g["data"]["first_seq"], g["data"]["last_seq"] + 1)}
+
+
+def test_a_returned_session_owes_what_was_acknowledged_while_it_was_said_lost(reports):
+    """The session reported lost at slot 6 and presented again at slot 12 is one session: pub-0 #3..#8 (acked from
+    its first disconnect to its second) are owed to it and lost, the returned session fails with its witness, and
+    the session-loss verdicts say how many acknowledged messages went with the session."""
+    report = reports["session_lost_and_returned"]
+    assert _lost_seqs(report) == {("sub-0", "pub-0", seq) for seq in range(3, 9)}
+    returned = _item(report, "durability.session_returned")
+    assert returned["count"] == 1
+    [w] = returned["witnesses"]
+    assert w["data"]["subscriptions"] == ["europe/ua/kyiv/0/+"]
+    assert "got session present = 1" in w["text"] and "came back" in w["text"]
+    # Owed from its first disconnect to its return: #3..#8 (lost) and the second window's #9..#11 (delivered).
+    assert "9 acknowledged message(s) owed to it from its disconnect to this reconnect, 6 never delivered" in w["text"]
+    lost = _item(report, "durability.session_lost")
+    assert lost["covers"]["acknowledged_lost"] == 6 and lost["details"]["acknowledged_lost_with_sessions"] == 6
+    assert "presented the session again" in lost["witnesses"][0]["text"]
+    assert _item(report, "durability.lost")["covers"]["owed"] >= 6
+
+
+def test_a_new_session_resumed_after_a_loss_is_no_return(reports):
+    """Near misses: the new session granted its subscription is what the later session present = 1 presents; a
+    session past its own expiry cannot come back.  Only the lost session's backlog (pub-0 #3..#5) is lost."""
+    for name in ("session_lost_then_new_session_resumed", "session_lost_then_present_after_its_expiry"):
+        report = reports[name]
+        assert _item(report, "durability.session_returned")["count"] == 0, name
+        assert _lost_seqs(report) == {("sub-0", "pub-0", seq) for seq in range(3, 6)}, name
+        [w] = _item(report, "durability.session_lost")["witnesses"]
+        assert "3 acknowledged message(s) were owed to it at that reconnect, 3 of them never delivered" in w["text"], name

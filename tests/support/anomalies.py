@@ -520,6 +520,54 @@ UNKNOWN_CASES["log_of_a_node_unread"] = (replace(BASE, unread_logs=("redis-2",))
                                          {"logs.error_lines", "logs.reported_lines"})
 
 
+# Session loss and return (durability.session_returned): sub-0 is offline twice (slots 3..6 and 9..12).  At its
+# reconnect at slot 6 the broker answers session present = 0 (the node holding the session is away) and its
+# subscribe is refused; while it says so it delivers nothing of the session, and at the reconnect at slot 12
+# it presents the session again and sends only the second window's backlog.  What was acknowledged from the
+# first disconnect to the second (pub-0 #3..#8) is owed to that one session and lost.
+RETURNING = replace(EXTERNAL, messages=14, offline=(s.Offline(0, 3, 6), s.Offline(0, 9, 12)))
+RETURNING_EXPIRED = replace(RETURNING, protocol=5, messages=30, offline=(s.Offline(0, 3, 6), s.Offline(0, 9, 25)))
+
+
+def _lost_then_returned(rows, *, resubscribed=False, expiry_s=None):
+    """sub-0's session reported lost at its reconnect at slot 6 (connect 1) and its deliveries until its next
+    disconnect gone; ``resubscribed``: the new session is granted its subscription at once and gets what is
+    published from then on (the lost session's backlog stays gone).  ``expiry_s``: the lost session's own
+    session expiry interval."""
+    if expiry_s is not None:
+        rows = s.set_connect(rows, "sub-0", 0, session_expiry_s=expiry_s)
+    connects = [r for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == "sub-0"]
+    lost_at = connects[1]["t_mono_us"]
+    gone_at = next(r["t_mono_us"] for r in rows if r["kind"] == Kind.DISCONNECT and r.get("client") == "sub-0"
+                   and r["t_mono_us"] > lost_at)
+    acked = {r["pub_seq"]: r["t_mono_us"] for r in rows if r["kind"] == Kind.PUBLISH_ACK and r["publisher"] == "pub-0"}
+    for seq in sorted(acked):
+        delivery = next((r for r in rows if r["kind"] == Kind.DELIVERY and r.get("client") == "sub-0"
+                         and r.get("pub_seq") == seq), None)
+        if delivery is None or not lost_at <= delivery["t_mono_us"] < gone_at:
+            continue
+        if resubscribed and acked[seq] > lost_at:
+            continue  # published after the new session subscribed: it got it live
+        rows = s.drop_delivery(rows, "sub-0", "pub-0", seq)
+    rows = s.set_connect(rows, "sub-0", 1, session_present=False)
+    sub = next(r for r in rows if r["kind"] == Kind.SUBSCRIBE_ACK and r.get("client") == "sub-0")
+    rows.append({**sub, "t_mono_us": lost_at + 1, **({} if resubscribed else {"qos": None, "reason_code": 0x80})})
+    rows.append({**sub, "t_mono_us": connects[2]["t_mono_us"] + 1})  # it subscribes on every connect
+    return s.sort_rows(rows)
+
+
+CASES.update({
+    "session_lost_and_returned": (RETURNING, _lost_then_returned,
+                                  {"durability.session_lost", "durability.session_returned", "durability.lost"}),
+    # Near misses: a new session granted its subscription is what a later session present = 1 presents (only
+    # the lost session's backlog is lost); a session that would have expired by then cannot come back.
+    "session_lost_then_new_session_resumed": (RETURNING, lambda r: _lost_then_returned(r, resubscribed=True),
+                                              {"durability.session_lost", "durability.lost"}),
+    "session_lost_then_present_after_its_expiry": (RETURNING_EXPIRED, lambda r: _lost_then_returned(r, expiry_s=1),
+                                                   {"durability.session_lost", "durability.lost"}),
+})
+
+
 def write_runs(root: Path) -> dict[str, Path]:
     """Every case of the catalog written as a run directory under ``root`` (name -> directory), in catalog
     order: ``CASES`` first, then ``UNKNOWN_CASES``."""

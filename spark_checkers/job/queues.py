@@ -61,12 +61,15 @@ def queue_windows(t):
         F.max(F.when(F.col("kept_after") & F.col("legally_trimmed") & F.col("settled")
                      & (F.col("rank") > F.col("limit") + F.col("n_pipeline_w")), F.col("rank"))).over(whole).alias(
             "wrongly_kept_rank"))
-    # Never delivered, past the limit by rank, but kept-side of a message the broker wrongly kept (newer than it
-    # under drop_oldest, older under drop_newest): the queue held the wrong end, so the rank does not excuse it
-    # (trim_newest with the newest still in the pipeline at the reconnect: the kept oldest 20, then the pipeline's
-    # 20, and 26 between them never sent; p2p-limit-trim-3).  Its cause below is the policy rule.
-    misplaced = F.coalesce(F.col("legally_trimmed") & ~F.col("delivered") & (F.col("rank") < F.col("wrongly_kept_rank")),
-                           F.lit(False))
+    # Never delivered, past the limit by rank but within the limit plus the pipeline, while the broker kept a
+    # message beyond both (newer than it under drop_oldest, older under drop_newest): the queue held the wrong
+    # end, and a correct queue would have kept this one (the pipeline's messages can have missed the queue and
+    # arrived live, so the newest limit + pipeline are what a correct broker delivers).  Those further out would
+    # have been trimmed either way: the policy rule counts the messages on the wrong side of the policy, no more
+    # (trim_newest with the newest 20 still in the pipeline at the reconnect, limit 20: the oldest 20 kept, the
+    # pipeline's 20 arrived, 26 between them never sent, of which 20 a correct queue keeps; p2p-limit-trim-3).
+    misplaced = F.coalesce(F.col("legally_trimmed") & ~F.col("delivered") & (F.col("rank") < F.col("wrongly_kept_rank"))
+                           & (F.col("rank") <= F.col("limit") + F.col("n_pipeline_w")), F.lit(False))
     t = t.select("*", misplaced.alias("misplaced")).withColumn("legally_trimmed",
                                                                F.col("legally_trimmed") & ~F.col("misplaced"))
     return t

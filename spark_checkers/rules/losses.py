@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from pyspark.sql import Window
 from pyspark.sql import functions as F
 
 from spark_checkers.job.codes import witness_name
@@ -56,6 +57,16 @@ def owed_checks(table, gaps):
     cause) and the owed metrics: (violations, metrics)."""
     client, publisher = witness_name("client"), witness_name("publisher")
     lost = gaps.filter(F.col("owed"))
+    # Each lost message with the whole gap it belongs to (a run of consecutive pub_seq of one stream under one
+    # cause): the report shows only the first LOSS_ROWS_CAP rows, and a gap must still state its exact range.
+    # Over the lost rows only (few): an island's members share pub_seq - row_number.
+    stream = ["run_id", "cause", "client", "publisher"]
+    island = F.col("pub_seq") - F.row_number().over(Window.partitionBy(*stream).orderBy("pub_seq"))
+    lost = lost.select("*", island.alias("_island"))
+    whole = Window.partitionBy(*stream, "_island")
+    lost = lost.select("*", F.min("pub_seq").over(whole).alias("gap_first"),
+                       F.max("pub_seq").over(whole).alias("gap_last"),
+                       F.count(F.lit(1)).over(whole).alias("gap_count")).drop("_island")
     carried_into = F.col("carried_into").isNotNull()
     loss_cols = [client, publisher, "pub_seq", witness_name("topic"), "t_invoke", "t_ack", "t_origin", "expiry_s",
                  "in_backlog",
@@ -64,7 +75,8 @@ def owed_checks(table, gaps):
                  F.when(carried_into, F.col("k.c")).alias("carried_from_reconnect"),
                  F.when(~carried_into, F.col("rank")).alias("rank"),
                  F.coalesce("carried_into.n_backlog", "n_backlog").alias("n_backlog"), "limit",
-                 "prev_delivered", "next_delivered", "position", witness_name("pub_node"), "policy"]
+                 "prev_delivered", "next_delivered", "position", witness_name("pub_node"), "policy",
+                 "gap_first", "gap_last", "gap_count"]
     lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
                          (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
                          F.to_json(F.struct(*loss_cols)).alias("witness"))
@@ -116,7 +128,10 @@ def loss_gaps(rows: list[dict], timeline: Timeline, total: int | None = None) ->
     cut = total is not None and total > len(rows)
     for gap in gaps:
         nxt = gap.get("next_delivered")
-        if cut and (nxt is None or nxt > gap["last_seq"] + 1):
+        if gap.get("gap_last") is not None and gap.get("gap_first") == gap["first_seq"]:
+            # The checker knows the whole gap (owed_checks): its exact range, however few of its rows were listed.
+            gap["last_seq"], gap["count"] = gap["gap_last"], gap["gap_count"]
+        elif cut and (nxt is None or nxt > gap["last_seq"] + 1):
             gap["truncated"] = {"listed": len(rows), "total": total, "next_delivered": nxt}
         gap["fault"] = nearest_fault(timeline, gap.get("t_ack") or gap.get("t_invoke"), gap.get("t_reconnect"))
     gaps.sort(key=lambda g: (g.get("t_invoke") or 0, g["client"], g["publisher"]))  # earliest gap first

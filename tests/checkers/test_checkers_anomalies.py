@@ -310,13 +310,21 @@ def test_limit_witnesses(reports):
     under = _witness(reports["trimmed_under_limit"], "limits.trimmed_under_limit")["data"]
     assert (under["first_seq"], under["rank"], under["n_backlog"]) == (8, 3, 6)
     assert {i["id"]: i["count"] for i in reports["trim_not_oldest"]["invariants"]}["limits.trim_not_oldest"] == 3
+    # The count is of the messages on the wrong side of the policy: the newest 3 dropped, not every one dropped.
+    long = _item(reports["trim_not_oldest_long_backlog"], "limits.trim_not_oldest")
+    assert long["count"] == 3
+    [gap] = long["witnesses"]
+    assert (gap["data"]["first_seq"], gap["data"]["last_seq"]) == (12, 14)
 
 
 def test_external_target_has_no_white_box_verdicts(reports):
     report = reports["clean_external"]
+    from contracts.invariants import INVARIANTS
+
+    mqtt5_only = {i.id for i in INVARIANTS if i.mqtt5_only}  # its clients speak MQTT 3.1.1 only
     assert _by_verdict(report, "not_applicable") == {"whitebox.orphan_payloads", "whitebox.dangling_refs",
                                                      "whitebox.last_packet_id_behind", "whitebox.packet_id_sequence",
-                                                     "limits.trim_not_newest"}  # it declares drop_oldest
+                                                     "limits.trim_not_newest"} | mqtt5_only  # it declares drop_oldest
 
 
 def test_allowed_violation_is_counted_but_passes(reports):

@@ -361,6 +361,10 @@ CASES = {
     "over_limit_white_box": (LIMIT, lambda r: s.set_snapshot(r, "sub-0", zset_size=4), {"limits.over_limit"}),
     "trimmed_under_limit": (replace(LIMIT, trim_mode="one_extra"), None, {"limits.trimmed_under_limit"}),
     "trim_not_oldest": (replace(LIMIT, trim_mode="newest"), None, {"limits.trim_not_oldest"}),
+    # A backlog of 10 (#5..#14, limit 3) of which the broker keeps the oldest 3: #12..#14 are on the wrong side of
+    # the policy (a correct queue keeps them); #8..#11 a correct queue trims as well.
+    "trim_not_oldest_long_backlog": (replace(LIMIT, trim_mode="newest", messages=16, offline=(s.Offline(0, 5, 15),)),
+                                     None, {"limits.trim_not_oldest"}),
     "redelivered_after_ack": (BASE, lambda r: _add_copy(r, "sub-1", "pub-1", 4, 6),
                               {"duplicates.redelivered_after_ack"}),
     "allowed_redelivery": (replace(BASE, allowed=("duplicates.redelivered_after_ack",)),

@@ -32,3 +32,13 @@ def test_a_complete_gap_states_its_exact_range():
     assert explain("durability.lost", whole[0], Timeline("r")).startswith("283 messages 118–400")
     closed = loss_gaps(_lost(range(118, 318), next_delivered=318), Timeline("r"), total=400)
     assert "truncated" not in closed[0]  # 318 arrived: this gap ends at 317 whatever else was cut
+
+
+def test_a_gap_the_checker_measured_whole_states_its_exact_range_however_few_rows_were_listed():
+    """The checker gives every lost row its whole gap (rules/losses.py owed_checks: gap_first, gap_last, gap_count):
+    a gap cut by the row cap states its real range and count, not "at least"."""
+    rows = [{**row, "gap_first": 118, "gap_last": 400, "gap_count": 283}
+            for row in _lost(range(118, 118 + LOSS_ROWS_CAP), next_delivered=401)]
+    (gap,) = loss_gaps(rows, Timeline("r"), total=283)
+    assert "truncated" not in gap and (gap["first_seq"], gap["last_seq"], gap["count"]) == (118, 400, 283)
+    assert explain("durability.lost", gap, Timeline("r")).startswith("283 messages 118–400")

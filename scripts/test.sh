@@ -18,4 +18,6 @@ if [ "$(id -u)" = 0 ] && command -v podman >/dev/null 2>&1 && [ "${ORDEAL_CONTAI
 fi
 # Tests marked `nightly` (longer cluster runs) are left to the nightly tier (tox -e nightly); an -m of the
 # caller's, given after, replaces this one.
-exec .venv/bin/python -m pytest -ra -m "not nightly" "$@"
+# Every test's outcome and time also go to a JUnit file outside the checkout (ORDEAL_TEST_JUNIT), so the times of
+# the last full run on this machine can be read after its checkout is gone (where the suite's time goes).
+exec .venv/bin/python -m pytest -ra -m "not nightly" --junitxml="${ORDEAL_TEST_JUNIT:-/var/tmp/ordeal-tests-junit.xml}" "$@"

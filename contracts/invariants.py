@@ -50,81 +50,227 @@ class Invariant:
 
 
 INVARIANTS: tuple[Invariant, ...] = (
-    Invariant("durability.lost", "Owed message never delivered after the drain", needs_complete_history=True),
+    Invariant("durability.lost", "Owed message never delivered after the drain", needs_complete_history=True,
+              statement=("[MQTT-4.5.0-1] When a Server takes ownership of an incoming Application Message it MUST add it to "
+                         "the Session State for those Clients that have matching Subscriptions; [MQTT-3.1.2-23] the Client and "
+                         "Server MUST store the Session State after the Network Connection is closed if the Session Expiry "
+                         "Interval is greater than 0; [MQTT-4.4.0-1] unacknowledged PUBLISH packets are resent on the "
+                         "reconnect (MQTT 3.1.1 [MQTT-3.1.2-4], [MQTT-3.1.2-5]: after the disconnection of a CleanSession 0 "
+                         "Session the Server MUST store further QoS 1 and QoS 2 messages that match its subscriptions). QoS 1 "
+                         "and 2 arrive at least once (§4.3.2, §4.3.3).")),
     Invariant("durability.lost_allowed", "Owed message lost to a fault the target never promised to survive "
-              "(its declared persistence)", needs_complete_history=True, declared_allowance=True),
-    Invariant("durability.session_lost", "Persistent session not present on reconnect"),
+              "(its declared persistence)", needs_complete_history=True, declared_allowance=True,
+              statement=("The target's declaration: a message lost to a fault its declared persistence does not cover "
+                         "([target] promises.persistence) is allowed; the statement it would otherwise break is [MQTT-4.5.0-1] "
+                         "(durability.lost).")),
+    Invariant("durability.session_lost", "Persistent session not present on reconnect",
+              statement=("[MQTT-3.2.2-3] If the Server accepts a connection with Clean Start set to 0 and the Server has "
+                         "Session State for the ClientID, it MUST set Session Present to 1; [MQTT-3.1.2-5] it MUST resume "
+                         "communications with the Client based on state from the existing Session; [MQTT-3.1.2-23] that state "
+                         "is kept while the Session Expiry Interval runs (MQTT 3.1.1 [MQTT-3.2.2-2], [MQTT-3.1.2-4]).")),
     Invariant("durability.session_returned", "A session the broker reported lost (session present 0) presented again "
-              "on a later reconnect"),
+              "on a later reconnect",
+              statement=("[MQTT-3.1.2-6] With Clean Start 0 and no Session the Server MUST create a new Session, and answers "
+                         "Session Present 0 [MQTT-3.2.2-3]; the state it so reported gone cannot be present again (MQTT 3.1.1 "
+                         "[MQTT-3.1.2-6]: state data associated with a discarded Session MUST NOT be reused in any subsequent "
+                         "Session).")),
     Invariant("durability.expired_session_present", "Session present 1 on a reconnect after the session's expiry "
-              "interval had elapsed", mqtt5_only=True),
+              "interval had elapsed", mqtt5_only=True,
+              statement=("[MQTT-4.1.0-2] The Server MUST discard the Session State when the Network Connection is closed and "
+                         "the Session Expiry Interval has passed; [MQTT-3.2.2-3] it sets Session Present to 1 only when it has "
+                         "Session State for the ClientID.")),
     Invariant("durability.session_lost_allowed", "Persistent session lost to a fault the target never promised to "
-              "survive (its declared persistence)", declared_allowance=True),
-    Invariant("durability.phantom", "Delivered but never published, or body differs from what was published"),
-    Invariant("durability.unsubscribed_delivery", "Delivered to a client with no matching subscription"),
+              "survive (its declared persistence)", declared_allowance=True,
+              statement=("The target's declaration: a session lost to a fault its declared persistence does not cover is "
+                         "allowed; the statement it would otherwise break is [MQTT-3.2.2-3] (durability.session_lost).")),
+    Invariant("durability.phantom", "Delivered but never published, or body differs from what was published",
+              statement=("No single id: a PUBLISH a Server sends is the forwarding of a published Application Message "
+                         "([MQTT-4.5.0-1]; its Payload is the Application Message as published, §3.3.3), so one never "
+                         "published, or with another body, is none. Identity from the payload (docs/architecture.md).")),
+    Invariant("durability.unsubscribed_delivery", "Delivered to a client with no matching subscription",
+              statement=("[MQTT-3.3.2-3] The Topic Name in a PUBLISH packet sent by a Server to a subscribing Client MUST "
+                         "match the Subscription's Topic Filter; [MQTT-4.5.0-1] a message is added to the Session State of the "
+                         "Clients with matching Subscriptions (MQTT 3.1.1 [MQTT-3.3.2-3]).")),
     Invariant("durability.discarded_session_delivery", "A discarded session's message delivered to a later session of "
               "its client id: acknowledged more than the pipeline slack before the connect that began the receiving "
-              "session ([MQTT-3.1.2-4])"),
-    Invariant("durability.delivered_after_failed_publish", "Delivered although its publish definitely failed"),
-    Invariant("order.out_of_order", "First deliveries of a publisher's stream to a subscriber out of sequence"),
-    Invariant("order.packet_id_invalid", "Packet id 0, missing or above 65535 on a QoS > 0 delivery"),
-    Invariant("order.packet_id_reused", "Packet id reused for another message while still unacknowledged"),
-    Invariant("order.dup_flag", "DUP set on a first delivery, or missing on a resend"),
+              "session ([MQTT-3.1.2-4])",
+              statement=("[MQTT-3.1.2-4] If a CONNECT packet is received with Clean Start set to 1, the Client and Server MUST "
+                         "discard any existing Session and start a new Session; [MQTT-4.1.0-2] an expired Session's state is "
+                         "discarded (MQTT 3.1.1 [MQTT-3.1.2-6]: state data associated with this Session MUST NOT be reused in "
+                         "any subsequent Session).")),
+    Invariant("durability.delivered_after_failed_publish", "Delivered although its publish definitely failed",
+              statement=("A PUBACK or PUBREC with a Reason Code of 0x80 or greater says the receiver did not accept the "
+                         "message (§4.13.2; it takes ownership only with its success answer, [MQTT-4.3.2-4], [MQTT-4.3.3-8]); "
+                         "a message the Server never took ownership of is added to no Session [MQTT-4.5.0-1].")),
+    Invariant("order.out_of_order", "First deliveries of a publisher's stream to a subscriber out of sequence",
+              statement=("[MQTT-4.6.0-5] When a Server processes a message that has been published to an Ordered Topic, it "
+                         "MUST send PUBLISH packets to consumers (for the same Topic and QoS) in the order that they were "
+                         "received from any given Client; [MQTT-4.6.0-6] by default every Topic of a Non-shared Subscription "
+                         "is an Ordered Topic (MQTT 3.1.1: the same two, numbered [MQTT-4.6.0-6] and [MQTT-4.6.0-5]).")),
+    Invariant("order.packet_id_invalid", "Packet id 0, missing or above 65535 on a QoS > 0 delivery",
+              statement=("[MQTT-2.2.1-4] Each time a Server sends a new PUBLISH (with QoS > 0) MQTT Control Packet it MUST "
+                         "assign it a non zero Packet Identifier that is currently unused (a Two Byte Integer: 1..65535; MQTT "
+                         "3.1.1 [MQTT-2.3.1-1], [MQTT-2.3.1-4]).")),
+    Invariant("order.packet_id_reused", "Packet id reused for another message while still unacknowledged",
+              statement=("[MQTT-2.2.1-4] Each time a Server sends a new PUBLISH (with QoS > 0) it MUST assign it a non zero "
+                         "Packet Identifier that is currently unused; [MQTT-4.3.2-1], [MQTT-4.3.3-1] an unused one for each "
+                         "new Application Message; an id is in use until its PUBACK or PUBCOMP (MQTT 3.1.1 [MQTT-2.3.1-2], "
+                         "[MQTT-2.3.1-4]).")),
+    Invariant("order.dup_flag", "DUP set on a first delivery, or missing on a resend",
+              statement=("[MQTT-3.3.1-1] The DUP flag MUST be set to 1 by the Client or Server when it attempts to re-deliver "
+                         "a PUBLISH packet; [MQTT-3.3.1-3] its value MUST be determined solely by whether the outgoing PUBLISH "
+                         "packet is a retransmission; [MQTT-4.3.2-2], [MQTT-4.3.3-2] a new message goes with DUP 0 (MQTT 3.1.1 "
+                         "[MQTT-3.3.1-1], [MQTT-3.3.1-3]).")),
     Invariant("order.resend_within_connection", "MQTT 5 PUBLISH resent within the connection it was sent on "
-              "(resends only on a reconnect, [MQTT-4.4.0-1])"),
-    Invariant("qos.upgraded", "Delivered at a higher QoS than it was published with"),
-    Invariant("qos.above_grant", "Delivered at a higher QoS than every matching subscription was granted"),
-    Invariant("qos.downgraded", "Delivered at a lower QoS than the minimum of its published QoS and the granted QoS"),
+              "(resends only on a reconnect, [MQTT-4.4.0-1])",
+              statement=("[MQTT-4.4.0-1] When a Client reconnects with Clean Start set to 0 and a session is present, both the "
+                         "Client and Server MUST resend any unacknowledged PUBLISH packets (where QoS > 0) and PUBREL packets "
+                         "using their original Packet Identifiers. This is the only circumstance where a Client or Server is "
+                         "REQUIRED to resend messages. Clients and Servers MUST NOT resend messages at any other time.")),
+    Invariant("qos.upgraded", "Delivered at a higher QoS than it was published with",
+              statement=("[MQTT-3.8.4-8] The QoS of Application Messages sent in response to a Subscription MUST be the "
+                         "minimum of the QoS of the originally published message and the Maximum QoS granted by the Server "
+                         "(MQTT 3.1.1 [MQTT-3.8.4-6]): never above the published QoS.")),
+    Invariant("qos.above_grant", "Delivered at a higher QoS than every matching subscription was granted",
+              statement=("[MQTT-3.8.4-8] The QoS of Application Messages sent in response to a Subscription MUST be the "
+                         "minimum of the QoS of the originally published message and the Maximum QoS granted by the Server "
+                         "(MQTT 3.1.1 [MQTT-3.8.4-6]): never above the grant.")),
+    Invariant("qos.downgraded", "Delivered at a lower QoS than the minimum of its published QoS and the granted QoS",
+              statement=("[MQTT-3.8.4-8] The QoS of Application Messages sent in response to a Subscription MUST be the "
+                         "minimum of the QoS of the originally published message and the Maximum QoS granted by the Server; "
+                         "[MQTT-3.3.4-2] with overlapping subscriptions the Server MUST deliver the message to the Client "
+                         "respecting the maximum QoS of all the matching subscriptions (MQTT 3.1.1 [MQTT-3.8.4-6], "
+                         "[MQTT-3.3.5-1]).")),
     Invariant("qos2.pubrel_not_resent", "A QoS 2 message the subscriber answered with PUBREC never released "
-              "(PUBREL) after its session resumed", needs_complete_history=True, needs_v2=True),
+              "(PUBREL) after its session resumed", needs_complete_history=True, needs_v2=True,
+              statement=("[MQTT-4.4.0-1] When a Client reconnects with Clean Start set to 0 and a session is present, both the "
+                         "Client and Server MUST resend any unacknowledged PUBLISH packets (where QoS > 0) and PUBREL packets "
+                         "using their original Packet Identifiers; [MQTT-4.3.3-5] the sender MUST treat the PUBREL packet as "
+                         "unacknowledged until it has received the corresponding PUBCOMP (MQTT 3.1.1 [MQTT-4.4.0-1]).")),
     Invariant("expiry.property_missing", "MQTT 5 message published with a Message Expiry Interval forwarded without "
-              "it", needs_v2=False, mqtt5_only=True),
+              "it", needs_v2=False, mqtt5_only=True,
+              statement=("[MQTT-3.3.2-6] The PUBLISH packet sent to a Client by the Server MUST contain a Message Expiry "
+                         "Interval set to the received value minus the time that the Application Message has been waiting in "
+                         "the Server.")),
     Invariant("props.forwarded_changed", "Payload format, content type, correlation data, response topic or user "
-              "properties not forwarded unchanged", needs_v2=True, mqtt5_only=True),
+              "properties not forwarded unchanged", needs_v2=True, mqtt5_only=True,
+              statement=("[MQTT-3.3.2-4] A Server MUST send the Payload Format Indicator unaltered to all subscribers "
+                         "receiving the Application Message; likewise the Response Topic [MQTT-3.3.2-15], the Correlation Data "
+                         "[MQTT-3.3.2-16] and the Content Type [MQTT-3.3.2-20]; [MQTT-3.3.2-17] the Server MUST send all User "
+                         "Properties unaltered in a PUBLISH packet when forwarding the Application Message to a Client, "
+                         "[MQTT-3.3.2-18] maintaining their order.")),
     Invariant("props.subscription_ids", "Subscription identifiers of a delivery not those of the matching "
-              "subscriptions", needs_v2=True, mqtt5_only=True),
+              "subscriptions", needs_v2=True, mqtt5_only=True,
+              statement=("[MQTT-3.3.4-3] If the Client specified a Subscription Identifier for any of the overlapping "
+                         "subscriptions the Server MUST send those Subscription Identifiers in the message which is published "
+                         "as the result of the subscriptions; [MQTT-3.3.4-4] a single copy carries those of all matching "
+                         "subscriptions that have one, in any order; [MQTT-3.3.4-5] each of several copies the one of its "
+                         "matching subscription.")),
     Invariant("props.retain_as_published", "RETAIN flag of a forwarded message not as the subscription's Retain As "
-              "Published option requires"),
+              "Published option requires",
+              statement=("[MQTT-3.3.1-12] If the value of Retain As Published subscription option is set to 0, the Server MUST "
+                         "set the RETAIN flag to 0 when forwarding an Application Message regardless of how the RETAIN flag "
+                         "was set in the received PUBLISH packet; [MQTT-3.3.1-13] if it is set to 1, the Server MUST set the "
+                         "RETAIN flag equal to the RETAIN flag in the received PUBLISH packet (MQTT 3.1.1 [MQTT-3.3.1-9]: "
+                         "RETAIN 0 when sent because it matches an established subscription).")),
     Invariant("flow.receive_maximum", "More unacknowledged QoS > 0 PUBLISH packets sent to a client than its Receive "
-              "Maximum", mqtt5_only=True),
+              "Maximum", needs_v2=True, mqtt5_only=True,
+              statement=("[MQTT-3.3.4-9] The Server MUST NOT send more than Receive Maximum QoS 1 and QoS 2 PUBLISH packets "
+                         "for which it has not received PUBACK, PUBCOMP, or PUBREC with a Reason Code of 128 or greater from "
+                         "the Client; [MQTT-4.9.0-2] with its send quota at zero it MUST NOT send any more PUBLISH packets "
+                         "with QoS > 0.")),
     Invariant("flow.packet_too_large", "PUBLISH sent to a client larger than its Maximum Packet Size", needs_v2=True,
-              mqtt5_only=True),
-    Invariant("expiry.delivered_expired", "Delivered after its expiry (beyond the clock tolerance)"),
-    Invariant("expiry.remaining_not_reduced", "MQTT 5 remaining expiry not reduced by the time it waited"),
+              mqtt5_only=True,
+              statement=("[MQTT-3.1.2-24] The Server MUST NOT send packets exceeding Maximum Packet Size to the Client; "
+                         "[MQTT-3.1.2-25] where a Packet is too large to send, the Server MUST discard it without sending it "
+                         "and then behave as if it had completed sending that Application Message.")),
+    Invariant("expiry.delivered_expired", "Delivered after its expiry (beyond the clock tolerance)",
+              statement=("[MQTT-3.3.2-5] If the Message Expiry Interval has passed and the Server has not managed to start "
+                         "onward delivery to a matching subscriber, then it MUST delete the copy of the message for that "
+                         "subscriber (without an interval: the broker's declared message TTL).")),
+    Invariant("expiry.remaining_not_reduced", "MQTT 5 remaining expiry not reduced by the time it waited",
+              statement=("[MQTT-3.3.2-6] The PUBLISH packet sent to a Client by the Server MUST contain a Message Expiry "
+                         "Interval set to the received value minus the time that the Application Message has been waiting in "
+                         "the Server.")),
     Invariant("expiry.dropped_early", "Message with an expiry interval dropped before it expired",
-              needs_complete_history=True),
+              needs_complete_history=True,
+              statement=("[MQTT-4.5.0-1] A message is added to the Session State of the matching subscribers, and "
+                         "[MQTT-3.3.2-5] deleted for one only once its Message Expiry Interval has passed before onward "
+                         "delivery began: one dropped before that was lost.")),
     Invariant("limits.over_limit", "More messages kept than the configured limit",
-              queue_policies=("drop_oldest", "drop_newest", "reject")),
+              queue_policies=("drop_oldest", "drop_newest", "reject"),
+              statement=("The target's declared queue limit (TBMQ: persisted_messages_limit per offline session; MQTT leaves a "
+                         "Server's storage capacity to the implementation, §4.1.1): never more kept than the limit.")),
     Invariant("limits.trimmed_under_limit", "Trimmed more than needed: queue left under the limit",
-              needs_complete_history=True, queue_policies=("drop_oldest", "drop_newest")),
+              needs_complete_history=True, queue_policies=("drop_oldest", "drop_newest"),
+              statement=("The target's declared queue limit: a trim makes room only once the queue is over the limit (TBMQ "
+                         "trims to the limit after each save); a queue left under it lost messages it could keep "
+                         "([MQTT-4.5.0-1]).")),
     Invariant("limits.trim_not_oldest", "Trimmed messages were not the oldest (policy drop_oldest)",
-              needs_complete_history=True, queue_policies=("drop_oldest",)),
+              needs_complete_history=True, queue_policies=("drop_oldest",),
+              statement=("The target's declared queue policy drop_oldest (TBMQ: after each save the lowest-scored, oldest, "
+                         "entries beyond the limit are deleted): the newest are kept.")),
     Invariant("limits.trim_not_newest", "Dropped messages were not the newest (policy drop_newest)",
-              needs_complete_history=True, queue_policies=("drop_newest",)),
-    Invariant("duplicates.redelivered_after_ack", "Redelivered after the subscriber acknowledged it"),
-    Invariant("duplicates.qos2", "QoS 2 message delivered more than once"),
+              needs_complete_history=True, queue_policies=("drop_newest",),
+              statement=("The target's declared queue policy drop_newest (Mosquitto's max_queued_messages): once the queue is "
+                         "full, new messages are dropped and the oldest kept.")),
+    Invariant("duplicates.redelivered_after_ack", "Redelivered after the subscriber acknowledged it",
+              statement=("[MQTT-4.3.2-3] The sender MUST treat the PUBLISH packet as unacknowledged until it has received the "
+                         "corresponding PUBACK packet; [MQTT-4.4.0-1] only unacknowledged PUBLISH packets are resent, on a "
+                         "reconnect, and at no other time: an acknowledged message is not sent again (MQTT 3.1.1 "
+                         "[MQTT-4.3.2-1], [MQTT-4.4.0-1]).")),
+    Invariant("duplicates.qos2", "QoS 2 message delivered more than once",
+              statement=("QoS 2 is exactly once (§4.3.3): [MQTT-4.3.3-6] the sender MUST NOT re-send the PUBLISH once it has "
+                         "sent the corresponding PUBREL; [MQTT-4.4.0-1] only unacknowledged packets are resent (MQTT 3.1.1 "
+                         "[MQTT-4.3.3-1], [MQTT-4.4.0-1]).")),
     Invariant("duplicates.backlog_twice_in_connection", "Message delivered twice within one connection, as two "
-              "distinct deliveries (not a DUP resend)"),
-    Invariant("whitebox.orphan_payloads", "Payload keys with no reference in the session ZSET", white_box=True),
-    Invariant("whitebox.dangling_refs", "ZSET references whose payload key is gone", white_box=True),
+              "distinct deliveries (not a DUP resend)",
+              statement=("[MQTT-4.4.0-1] Clients and Servers MUST NOT resend messages at any other time than a reconnect with "
+                         "a session present; a message is added to a Session once [MQTT-4.5.0-1], so a second copy within one "
+                         "connection is neither a resend nor owed.")),
+    Invariant("whitebox.orphan_payloads", "Payload keys with no reference in the session ZSET", white_box=True,
+              statement=("The reference broker's Redis layout (TBMQ, lua/): every {client}_messages_<pid> payload is "
+                         "referenced by the session's ZSET; a removal deletes both.")),
+    Invariant("whitebox.dangling_refs", "ZSET references whose payload key is gone", white_box=True,
+              statement=("The reference broker's Redis layout (TBMQ, lua/): every member of a session's ZSET has its payload "
+                         "key until it is removed.")),
     Invariant("whitebox.last_packet_id_behind", "Stored last packet id behind the highest stored id delivered",
-              white_box=True),
+              white_box=True,
+              statement=("The reference broker's Redis layout (TBMQ, lua/save.lua): {client}_last_packet_id is the last stored "
+                         "packet id handed out.")),
     Invariant("whitebox.packet_id_sequence", "First-delivery packet ids of a persistent session skip a value "
-              "(the reference broker allocates 1..65535 in order, then 1)", white_box=True),
-    Invariant("liveness.unseen_over_time", "Owed-but-unseen messages over time", reported_only=True),
+              "(the reference broker allocates 1..65535 in order, then 1)", white_box=True,
+              statement=("The reference broker's lua/save.lua: a persistent session's stored messages take ids 1..65535 in "
+                         "order, then 1 again (MQTT asks only that the id be unused: [MQTT-2.2.1-4]); a skipped id is a stored "
+                         "message the session lost.")),
+    Invariant("liveness.unseen_over_time", "Owed-but-unseen messages over time", reported_only=True,
+              statement=("Reported, no normative statement: the owed messages not yet seen, over time.")),
     Invariant("liveness.stuck_inflight", "Delivered QoS > 0 messages never acknowledged by the subscriber",
-              reported_only=True),
+              reported_only=True,
+              statement=("Reported: QoS > 0 deliveries the subscriber never acknowledged ([MQTT-4.3.2-4], [MQTT-4.3.3-11] bind "
+                         "the client; shown as the harness saw them).")),
     Invariant("logs.error_lines", "No node's log shows a line the scenario's declared patterns fail (ERROR lines, "
-              "\"committing anyway\", script errors, tracebacks, crashes)"),
+              "\"committing anyway\", script errors, tracebacks, crashes)",
+              statement=("The scenario's declared log patterns ([checks.logs]), no MQTT statement: a line a pattern fails is a "
+                         "broken promise of the target.")),
     Invariant("logs.reported_lines", "Log lines the declared patterns report: counted and shown, never failing",
-              reported_only=True),
+              reported_only=True,
+              statement=("The scenario's declared log patterns ([checks.logs]): reported, never failing.")),
     Invariant("health.unplanned_exit", "No node of the target exited outside every planned fault (a crash, an "
-              "out-of-memory kill, a kill from outside the run)"),
+              "out-of-memory kill, a kill from outside the run)",
+              statement=("No MQTT statement: a broker node that exits outside every planned fault fails its clients; what it "
+                         "kept is what its persistence promised.")),
     Invariant("health.unresponsive", "No node of the target stopped answering (its readiness probe failing for "
-              "longer than the probe's grace) outside every planned fault"),
-    Invariant("meta.history_complete", "The history is complete and the drain ended quietly"),
-    Invariant("meta.fault_bit", "Every scheduled fault applied and proved that it bit"),
-    Invariant("meta.checker_error", "Every checker ran without error"),
+              "longer than the probe's grace) outside every planned fault",
+              statement=("No MQTT statement: a node of the target keeps answering its readiness probe outside every planned "
+                         "fault.")),
+    Invariant("meta.history_complete", "The history is complete and the drain ended quietly",
+              statement=("The suite's own (docs/history.md): what a history does not hold cannot be decided; an incomplete "
+                         "history is unknown, never a pass.")),
+    Invariant("meta.fault_bit", "Every scheduled fault applied and proved that it bit",
+              statement=("The suite's own (docs/faults.md): a fault that did not take effect tested nothing.")),
+    Invariant("meta.checker_error", "Every checker ran without error",
+              statement=("The suite's own: a checker that failed decided nothing.")),
 )
 
 BY_ID: dict[str, Invariant] = {invariant.id: invariant for invariant in INVARIANTS}

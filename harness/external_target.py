@@ -26,6 +26,7 @@ from contracts.history_schema import Kind
 from contracts.scenario import Scenario
 from contracts.target_nodes import BROKER, SERVICE, NodeSpec
 from contracts.topology import Endpoint
+from harness.death_watch import ProbeAnswer
 from harness.history import HistoryRecorder
 from harness.node import ProcessNode
 from harness.tls import client_tls, tls_placeholders, write_target_tls
@@ -193,14 +194,20 @@ class ExternalTarget:
                     "(e.g. runs/ in the project)")
 
     def _ready(self, node: Any) -> bool:
+        return self.answers(node).ok
+
+    def answers(self, node: Any) -> ProbeAnswer:
+        """The node's ready check, in words: an MQTT CONNECT gets a CONNACK 0 ("mqtt") or the port accepts
+        TCP ("port").  The run's health probe asks the same while the workload runs (harness/death_watch.py)."""
         if getattr(node, "ready_kind", self.spec.ready) == "port":
             from harness.node import port_accepts
 
-            return port_accepts(node.host, node.port)
+            ok = port_accepts(node.host, node.port)
+            return ProbeAnswer(f"TCP connect {node.host}:{node.port}", None if ok else "the port refuses connections")
         level = self.spec.protocol_levels[0]
         result = self._probe(node.host, node.port, level, timeout_s=1.0)
         self._refuse_if_credentials_refused(result, level)
-        return result.ok
+        return ProbeAnswer(f"MQTT CONNECT {node.host}:{node.port}", None if result.ok else result.detail)
 
     def _probe(self, host: str, port: int, level: int, timeout_s: float = 2.0) -> Any:
         """One CONNECT of the harness's probe, with the credentials its client id gets ([target.credentials])."""

@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from contracts.credentials import PROBE_CLIENT_ID
 from contracts.history_schema import Kind
 from contracts.scenario import Scenario
 from contracts.topology import Endpoint, ServiceTopology
+from harness.death_watch import PROBE_TIMEOUT_S, ProbeAnswer
 from harness.history import HistoryRecorder
 from harness.topology_config import TopologyConfig
 from properties.plan import Plan
@@ -94,6 +96,16 @@ class ReferenceTarget:
 
     def kill(self) -> None:
         self.stop()
+
+    def answers(self, node: Any) -> ProbeAnswer:
+        """The run's health probe of a broker node (harness/death_watch.py): an MQTT 3.1.1 CONNECT gets a
+        CONNACK 0.  Not its start-up ready check (the port accepts and the log says ready), which a node
+        stopped with SIGSTOP still passes: the kernel accepts its TCP connections."""
+        from harness.mqtt_probe import mqtt_connect
+
+        result = mqtt_connect(node.host, node.port, level=4, timeout_s=PROBE_TIMEOUT_S,
+                              client_id=f"{PROBE_CLIENT_ID}-{node.name}")  # one id per node: no takeover between them
+        return ProbeAnswer(f"MQTT CONNECT {node.host}:{node.port}", None if result.ok else result.detail)
 
     def endpoints(self) -> list[Endpoint]:
         return [(b.host, b.port, b.name) for b in self.topology.brokers]

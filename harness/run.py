@@ -228,8 +228,10 @@ def start_target(live: LiveRun, keeper: TopologyLender | None) -> None:
     live.reporter.phase("starting the target")
     target.prepare()
     target.start()
-    if target.topology is not None:  # from here on, a node that exits with nobody asking is a finding
-        live.watch = DeathWatch(target.topology.nodes, live.recorder).start()
+    if target.topology is not None:  # from here on, a node that exits or stops answering is a finding
+        topology = target.topology
+        live.watch = DeathWatch(topology.nodes, live.recorder, probe=getattr(target, "answers", None),
+                                probed=lambda: list(getattr(topology, "brokers", ()))).start()
     live.timings["target_start_s"] = round(time.monotonic() - live.began, 3)
     (inputs.run_dir / "topology.json").write_text(json.dumps(target.describe(), indent=2, default=str) + "\n")
     live.outcome["notes"] += target.apply_presets(inputs.plan)
@@ -276,7 +278,13 @@ def heal_faults(live: LiveRun) -> None:
     if live.nemesis is not None:
         live.reporter.phase("healing every fault")
         mark = time.monotonic()
-        healed = live.executor.run_alongside(live.nemesis.heal_all)  # the loop keeps serving client-fault heals
+        if live.watch is not None:
+            live.watch.hold()  # heal_all restarts nodes and waits until each answers: no probe meanwhile
+        try:
+            healed = live.executor.run_alongside(live.nemesis.heal_all)  # the loop keeps serving client-fault heals
+        finally:
+            if live.watch is not None:
+                live.watch.release()
         live.healed_all = True
         live.timings["heal_all_s"] = round(time.monotonic() - mark, 3)
         live.recorder.phase(Phase.HEAL_ALL, faults=len(live.inputs.plan.faults), **healed)

@@ -46,10 +46,12 @@ from spark_checkers.job.subscribers import (
 from spark_checkers.job.timing import timed
 from spark_checkers.rules import catalog
 from spark_checkers.rules.columns import message_table
+from spark_checkers.rules.flow import in_flight
 from spark_checkers.rules.losses import LOSS_INVARIANTS, owed_checks, with_cause
-from spark_checkers.rules.registry import BACKLOGS, MESSAGES, SLOTS, STORED_IDS
+from spark_checkers.rules.qos import qos2_flows
+from spark_checkers.rules.registry import BACKLOGS, IN_FLIGHT, MESSAGES, QOS2_FLOWS, SLOTS, STORED_IDS
 from spark_checkers.rules.whitebox import packet_id_gaps
-from spark_checkers.timeline import Timeline
+from spark_checkers.timeline import Timeline, detail_of
 
 
 @dataclass
@@ -136,8 +138,13 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         runs_df, clients_df, match_df = side_tables(spark, runs, timelines, topics)
     runs_b, clients_b, match_b = F.broadcast(runs_df), F.broadcast(clients_df), F.broadcast(match_df)
     by = subscriber_partitioning(runs)
-    slots = freeze(delivery_slots(events, clients_df, by).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
+    v5 = mqtt5(timelines)
+    slots = freeze(delivery_slots(events, clients_df, by, v5).join(runs_b.select("run_id", "t_origin", "tol_us"), "run_id"),
                    "slots")
+    if not v5:  # what the SLOTS rules read of MQTT 5: none (literals above the table, not stored in it)
+        slots = slots.select("*", F.lit(None).cast("int").alias("packet_size"),
+                             F.lit(None).cast("long").alias("max_packet_size"))
+    flows = flow_groups(events, timelines, clients_b, runs_b, by)
     pub = publishing.result()
     deliveries = slots.drop("t_origin", "tol_us")
     claims = subscriber_claims(pub, slots, match_b, by)
@@ -172,7 +179,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         # planning and its stages fill the moments the open messages and the online trims (small jobs, driver
         # work between them) leave the cores idle, instead of waiting for them (Checks).
         checks.early = aside.submit(_early_checks, checks, table, dsm, pub, slots, runs_b, clients_b, match_b,
-                                    claimed["n_deliveries"] == delivered["rows"])
+                                    claimed["n_deliveries"] == delivered["rows"], flows)
     gaps = freeze(with_cause(open_messages(table, clients_b)), "open messages")
     with timed("online trims"):
         trimmed = online_trims(gaps, table).collect()
@@ -188,32 +195,33 @@ def _build(spark, runs, events, prepare, cached, small, aside):
     checks.violations = checks.lost
     if small:
         violations, metrics, checks.groups = delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b,
-                                                              all_claimed=False)
+                                                              all_claimed=False, flows=flows)
         checks.violations, checks.metrics = violations.unionByName(checks.lost), metrics.unionByName(checks.metrics)
     return checks
 
 
-def _early_checks(checks, table, dsm, pub, slots, runs_b, clients_b, match_b, all_claimed: bool):
+def _early_checks(checks, table, dsm, pub, slots, runs_b, clients_b, match_b, all_claimed: bool, flows: list):
     """A big check's aside work: ``delivered_checks``, its rule groups and metrics kept in ``checks`` (for the
     caller's fallback), collected (``collect_all``)."""
     violations, metrics, checks.groups = delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b,
-                                                          all_claimed)
+                                                          all_claimed, flows)
     checks.delivery_metrics = metrics
     with timed("violations + metrics of the deliveries"):
         return collect_all(violations, metrics)
 
 
-def delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b, all_claimed: bool):
+def delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b, all_claimed: bool, flows: list = ()):
     """Every rule and metric that reads no open message (open_messages): the rules over each delivery's packet-id
     slot, over each delivered message, over each settled backlog and over the stored-id sequence (each table's
-    rules from the registry), and the publish and delivery metrics.  (violations, metrics, the rule groups.)"""
+    rules from the registry), those of ``flows`` (``flow_groups``), and the publish and delivery metrics.
+    (violations, metrics, the rule groups.)"""
     with timed("publish lookup of deliveries"):
         dp, unmatched = delivered_messages(table, dsm, pub, runs_b, all_claimed)
     # Black box: each settled backlog once, by its first-ranked row.
     backlogs = table.filter(F.col("is_cand")).filter(F.col("in_backlog") & (F.col("rank") == 1))
     groups = [catalog.group(SLOTS, slots), catalog.group(MESSAGES, message_table(dp, runs_b, match_b, clients_b)),
               catalog.group(BACKLOGS, backlogs),
-              catalog.group(STORED_IDS, packet_id_gaps(slots, table, clients_b, runs_b))]
+              catalog.group(STORED_IDS, packet_id_gaps(slots, table, clients_b, runs_b)), *flows]
     # The delivery metrics read what the per-subscriber table already holds of each claimed delivered message
     # (a scan of its cache), not the per-message join the rules read: that join would run a second time.
     metric_cols = ("run_id", "t_first", "t_invoke", "n_deliveries", "n_resends", "n_after_ack", "t_origin", "bucket_us")
@@ -222,3 +230,21 @@ def delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b, all_cla
         delivered = delivered.unionByName(unmatched.select(*metric_cols))
     return (reduce(lambda a, b: a.unionByName(b), [g.combined() for g in groups]),
             delivery_metrics(pub, slots, delivered, runs_b), groups)
+
+
+def mqtt5(timelines: dict[str, Timeline]) -> bool:
+    """Whether any run of the batch had an MQTT 5 connection: else the deliveries carry nothing of MQTT 5 to read."""
+    return any(row.get("protocol") == 5 for t in timelines.values() for rows in t.connects.values() for row in rows)
+
+
+def flow_groups(events, timelines: dict[str, Timeline], clients_b, runs_b, by: tuple[str, ...]) -> list:
+    """The rule groups over the subscriber-side flows, each read from the events (one scan, unmaterialised: its
+    group is its only reader) and only where the small side says the batch can break it: the PUBLISH packets of
+    the connections that declared a Receive Maximum, the QoS 2 flows when a subscription was granted QoS 2."""
+    groups = []
+    limits = [row for t in timelines.values() for rows in t.connects.values() for row in rows if row.get("protocol") == 5]
+    if any("receive_maximum" in detail_of(row) for row in limits):
+        groups.append(catalog.group(IN_FLIGHT, in_flight(events, clients_b, runs_b, by)))
+    if any(s.granted_qos == 2 for t in timelines.values() for s in t.subscriptions):
+        groups.append(catalog.group(QOS2_FLOWS, qos2_flows(events, clients_b, runs_b, by)))
+    return groups

@@ -53,6 +53,10 @@ class Guarantees:
     # checks.logs.effective), and the preset they came from.
     log_patterns: tuple[LogPattern, ...] = ()
     log_preset: str = ""
+    # An external target's [target.credentials] (any user name declared) and [target.tls] (enabled); None for
+    # the reference broker, which declares neither.  Shown in the report's declaration, never judged.
+    credentials: bool | None = None
+    tls: bool | None = None
 
     @property
     def unpromised_faults(self) -> tuple[str, ...]:
@@ -95,6 +99,8 @@ class Guarantees:
                          "mqtt_versions": list(self.mqtt_versions),
                          "losses_allowed_after": list(self.unpromised_faults)},
             "logs": {"preset": self.log_preset, "patterns": [p.to_dict() for p in self.log_patterns]},
+            "target_name": self.target_name, "target_nodes": list(self.target_nodes),
+            "credentials": self.credentials, "tls": self.tls,
         }
 
     @classmethod
@@ -144,7 +150,9 @@ class Guarantees:
                    persistence=persistence, target_name=str(target.get("name") or ""),
                    target_nodes=tuple(str(n.get("name")) for n in target.get("nodes") or () if isinstance(n, Mapping)),
                    mqtt_versions=versions,
-                   fault_mix=mix, log_patterns=patterns, log_preset=preset)
+                   fault_mix=mix, log_patterns=patterns, log_preset=preset,
+                   credentials=bool(target.get("credentials")) if kind == "external" else None,
+                   tls=bool((target.get("tls") or {}).get("enabled")) if kind == "external" else None)
 
 
 def _log_patterns(checks: Mapping[str, Any], target: Mapping[str, Any], broker: Mapping[str, Any], kind: str,

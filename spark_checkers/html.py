@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 import jinja2
+
+from spark_checkers.reports import covers_words, declaration_rows, history_state, statement_of
 
 COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "unknown": "#9a6700", "not_applicable": "#6e7781", "allowed": "#0969da"}
 
@@ -19,11 +22,14 @@ _ENVIRONMENT = jinja2.Environment(
 
 
 def render_html(report: dict[str, Any]) -> str:
-    sections = [item for item in report["invariants"] if item.get("witnesses") or item["verdict"] == "unknown"]
+    sections = [item for item in report["invariants"] if item.get("witnesses") or item["verdict"] in ("fail", "unknown")]
     return _ENVIRONMENT.get_template("report.html.j2").render(
         report=_Lenient(report), history=_Lenient(report.get("history") or {}),
         env=_Lenient(report.get("environment") or {}), sections=[_Lenient(i) for i in sections],
         failing=[_Lenient(i) for i in report["invariants"] if i["verdict"] == "fail"],
+        declaration=declaration_rows(report.get("guarantees")), statement_of=statement_of,
+        covers_words=covers_words, history_state=history_state(report),
+        guarantees_json=json.dumps(report.get("guarantees"), indent=2, sort_keys=True, default=str),
         colours=COLOURS, plots=_plots(report))
 
 

@@ -23,6 +23,7 @@ from contracts.history_schema import (
     EVENT_SCHEMA,
     LOG_SCHEMA,
     SCHEMA_VERSION,
+    V2_COLUMNS,
     Kind,
     LogSource,
     Manifest,
@@ -68,6 +69,12 @@ class Spec:
     qos: int = 1
     protocol: int = 4
     expiry_s: int | None = None  # MQTT 5 message expiry on every publish
+    # MQTT 5 (schema version 2): the forwarded properties of every publish and its deliveries (canonical JSON, as
+    # contracts/mqtt_properties.py writes them), the Subscription Identifier of every subscription (each delivery
+    # carries it), and the QoS 2 flow's own rows (qos2_received, pubrel_received) before each QoS 2 delivery.
+    props: str | None = None
+    sub_id: int | None = None
+    qos2_flow: bool = False
     offline: tuple[Offline, ...] = ()
     first_packet_id: int = 1
     limit: int = UNDECLARED_QUEUE_LIMIT
@@ -142,7 +149,7 @@ def generate(spec: Spec) -> list[Row]:
         add(T0_US - 50_000, Kind.CONNECT, client=name, node="broker-1", protocol=spec.protocol, clean_start=False,
             session_present=False, reason_code=0, session_expiry_s=session_expiry)
         add(T0_US - 40_000, Kind.SUBSCRIBE_ACK, client=name, node="broker-1", protocol=spec.protocol,
-            topic=topic_filter, qos=spec.qos)
+            topic=topic_filter, qos=spec.qos, detail=json.dumps(_subscribe_detail(spec)))
     add(T0_US - 1, Kind.PHASE, detail=json.dumps({"phase": Phase.WORKLOAD_START}))
 
     # Publishes: invoke, then an ack 2 ms later (or an indeterminate outcome).
@@ -155,7 +162,7 @@ def generate(spec: Spec) -> list[Row]:
             add(t, Kind.PUBLISH_INVOKE, client=publisher, node="broker-1", protocol=spec.protocol, topic=topic,
                 qos=spec.qos, packet_id=(seq - 1) % 65535 + 1, payload_size=62, expiry_s=spec.expiry_s,
                 publisher=publisher, pub_seq=seq, send_wall_us=START_WALL_US + t, body_hash=body_hash(publisher, seq),
-                dup=False, retain=False)
+                dup=False, retain=False, props=spec.props if spec.protocol == 5 else None)
             outcome = Kind.PUBLISH_INDETERMINATE if (i, seq) in indeterminate else Kind.PUBLISH_ACK
             add(t + 2000, outcome, client=publisher, node="broker-1", protocol=spec.protocol, topic=topic, qos=spec.qos,
                 packet_id=(seq - 1) % 65535 + 1, publisher=publisher, pub_seq=seq, reason_code=0)
@@ -193,10 +200,18 @@ def generate(spec: Spec) -> list[Row]:
             remaining = None
             if spec.protocol == 5 and expiry is not None:
                 remaining = expiry - (t - t_invoke) // 1_000_000
-            add(t, Kind.DELIVERY, client=name, node="broker-1", protocol=spec.protocol, topic=topic, qos=spec.qos,
-                packet_id=packet_id if spec.qos > 0 else None, dup=dup, retain=False, payload_size=62,
-                remaining_expiry_s=remaining, publisher=publisher, pub_seq=seq, send_wall_us=START_WALL_US + t_invoke,
-                body_hash=body_hash(publisher, seq))
+            v5 = spec.protocol == 5
+            carried = dict(client=name, node="broker-1", protocol=spec.protocol, topic=topic, qos=spec.qos,
+                           packet_id=packet_id if spec.qos > 0 else None, dup=dup, retain=False, payload_size=62,
+                           publisher=publisher, pub_seq=seq, send_wall_us=START_WALL_US + t_invoke,
+                           body_hash=body_hash(publisher, seq), props=spec.props if v5 else None,
+                           sub_ids=str(spec.sub_id) if v5 and spec.sub_id is not None else None,
+                           packet_size=publish_packet_size(spec, topic))
+            if spec.qos == 2 and spec.qos2_flow:  # the PUBLISH answered with PUBREC, then its PUBREL
+                add(t - 40, Kind.QOS2_RECEIVED, **carried)
+                add(t - 20, Kind.PUBREL_RECEIVED, client=name, node="broker-1", protocol=spec.protocol,
+                    packet_id=packet_id, detail=json.dumps({"known": True}))
+            add(t, Kind.DELIVERY, remaining_expiry_s=remaining, **carried)
             if spec.qos > 0:
                 add(t + 300, Kind.DELIVERY_ACK_SENT, client=name, node="broker-1", protocol=spec.protocol,
                     packet_id=packet_id, qos=spec.qos)
@@ -253,6 +268,20 @@ def generate(spec: Spec) -> list[Row]:
     return sort_rows(rows)
 
 
+def _subscribe_detail(spec: Spec) -> dict[str, Any]:
+    """A subscribe_ack row's detail: the options of its SUBSCRIBE (docs/history.md)."""
+    detail: dict[str, Any] = {"requested_qos": spec.qos, "rap": False, "no_local": False}
+    if spec.protocol == 5 and spec.sub_id is not None:
+        detail["sub_id"] = spec.sub_id
+    return detail
+
+
+def publish_packet_size(spec: Spec, topic: str) -> int:
+    """The size of a synthetic PUBLISH packet: fixed header, topic, packet id, properties, the 62-byte payload."""
+    properties = 0 if spec.protocol != 5 else 1 + len(spec.props or "")
+    return 2 + 2 + len(topic.encode()) + (2 if spec.qos > 0 else 0) + properties + 62
+
+
 def _trim(backlog: list[tuple], limit: int, mode: str) -> list[tuple]:
     """Which of the backlog (oldest first) the broker keeps, per ``Spec.trim_mode``."""
     if len(backlog) <= limit or mode == "none":
@@ -285,7 +314,7 @@ def write_run(run_dir: Path, rows: list[Row], spec: Spec, *, complete: bool = Tr
     history_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "scenario.json").write_text(json.dumps(spec.scenario(), indent=2))
     (run_dir / "plan.json").write_text(json.dumps({"synthetic": True, "seed": spec.seed}))
-    ordered = sort_rows(rows)
+    ordered = sort_rows(rows) if schema_version >= 2 else version_1_rows(rows)
     records = []
     for seq, row in enumerate(ordered):
         record = dict(row)
@@ -293,6 +322,9 @@ def write_run(run_dir: Path, rows: list[Row], spec: Spec, *, complete: bool = Tr
         record["t_wall_us"] = START_WALL_US + row["t_mono_us"]
         records.append(record)
     schema = EVENT_SCHEMA.with_metadata({b"ordeal.history.schema_version": str(schema_version).encode()})
+    if schema_version < 2:  # a version 1 history has none of the version 2 columns
+        schema = pa.schema([f for f in schema if f.name not in V2_COLUMNS], metadata=schema.metadata)
+        records = [{k: v for k, v in r.items() if k not in V2_COLUMNS} for r in records]
     table = pa.Table.from_pylist(records, schema=schema)
     written = []
     chunk = max(1, -(-len(records) // parts))
@@ -308,6 +340,25 @@ def write_run(run_dir: Path, rows: list[Row], spec: Spec, *, complete: bool = Tr
         schema_version=schema_version))
     write_logs(history_dir, spec)
     return run_dir
+
+
+# What a version 1 history did not record: the version 2 kinds and detail keys (docs/history.md).
+V2_KINDS = (Kind.QOS2_RECEIVED, Kind.PUBREL_RECEIVED)
+V2_DETAIL_KEYS = ("receive_maximum", "maximum_packet_size", "requested_qos", "sub_id", "rap", "no_local")
+
+
+def version_1_rows(rows: list[Row]) -> list[Row]:
+    """``rows`` as a version 1 recorder wrote them: without the version 2 kinds and detail keys (the columns go when
+    written: ``write_run``)."""
+    out = []
+    for row in sort_rows(rows):
+        if row["kind"] in V2_KINDS:
+            continue
+        if row.get("detail") and any(k in row["detail"] for k in V2_DETAIL_KEYS):
+            detail = {k: v for k, v in json.loads(row["detail"]).items() if k not in V2_DETAIL_KEYS}
+            row = {**row, "detail": json.dumps(detail) if detail else None}
+        out.append(row)
+    return out
 
 
 def clean_log_lines(spec: Spec) -> tuple[tuple[str, str, str], ...]:
@@ -456,6 +507,16 @@ def add_delivery(rows: list[Row], template: Row, t_mono_us: int, *, ack: bool = 
     return sort_rows(rows)
 
 
+def delay_ack(rows: list[Row], client: str, publisher: str, pub_seq: int, t_mono_us: int) -> list[Row]:
+    """The subscriber acknowledges that delivery only at ``t_mono_us`` (later PUBLISH packets may arrive first)."""
+    rows = _copy(rows)
+    ack = _ack_after(rows, find_delivery(rows, client, publisher, pub_seq))
+    if ack is None:
+        raise LookupError(f"the delivery of {publisher}#{pub_seq} to {client} has no ack to delay")
+    ack["t_mono_us"] = t_mono_us
+    return sort_rows(rows)
+
+
 def resend_before_ack(rows: list[Row], client: str, publisher: str, pub_seq: int, *, dup: bool = True) -> list[Row]:
     """The first delivery's ack is lost (never sent); the broker resends the same packet id, then it is acked."""
     rows = _copy(rows)
@@ -580,3 +641,79 @@ def reuse_packet_id(rows: list[Row], client: str, publisher: str, seq_held: int,
     if reusing_ack is not None:
         reusing_ack["packet_id"] = held["packet_id"]
     return rows
+
+
+# --- MQTT 5 options and the QoS 2 flow (the delivery rules' plants) ------------------------------------------
+
+
+def _with_detail(row: Row, **keys: Any) -> None:
+    row["detail"] = json.dumps({**json.loads(row.get("detail") or "{}"), **keys})
+
+
+def set_connect_detail(rows: list[Row], client: str, nth: int, **keys: Any) -> list[Row]:
+    """What the ``nth`` connect of ``client`` sent (detail keys: receive_maximum, maximum_packet_size)."""
+    rows = _copy(rows)
+    _with_detail([r for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == client][nth], **keys)
+    return rows
+
+
+def set_publish(rows: list[Row], publisher: str, pub_seq: int, **fields: Any) -> list[Row]:
+    """Fields of a message's publish_invoke row (qos, retain, props, protocol); its qos on its outcome rows too."""
+    rows = _copy(rows)
+    publish_row(rows, Kind.PUBLISH_INVOKE, publisher, pub_seq).update(fields)
+    if "qos" in fields:
+        for row in rows:
+            if row["kind"] in (Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBLISH_INDETERMINATE) and (
+                    row.get("publisher"), row.get("pub_seq")) == (publisher, pub_seq):
+                row["qos"] = fields["qos"]
+    return rows
+
+
+def set_subscription(rows: list[Row], client: str, nth: int, qos: int | None = None, **options: Any) -> list[Row]:
+    """The ``nth`` subscribe_ack of ``client``: its granted QoS and the options of its SUBSCRIBE (sub_id, rap)."""
+    rows = _copy(rows)
+    row = [r for r in rows if r["kind"] == Kind.SUBSCRIBE_ACK and r.get("client") == client][nth]
+    if qos is not None:
+        row["qos"] = qos
+    _with_detail(row, **options)
+    return rows
+
+
+def subscribe(rows: list[Row], client: str, topic_filter: str, t_mono_us: int, qos: int, **options: Any) -> list[Row]:
+    """``client`` subscribes (SUBACK at ``t_mono_us``) to ``topic_filter`` granted ``qos``: a new subscription, or a
+    re-subscribe replacing the one of that filter; ``options``: the SUBSCRIBE's (sub_id, rap)."""
+    template = next(r for r in rows if r["kind"] == Kind.SUBSCRIBE_ACK and r.get("client") == client)
+    row = {**copy.deepcopy(template), "t_mono_us": t_mono_us, "topic": topic_filter, "qos": qos,
+           "detail": json.dumps({"requested_qos": qos, "rap": False, "no_local": False, **options})}
+    return sort_rows([*_copy(rows), row])
+
+
+def _qos2_received(rows: list[Row], client: str, publisher: str, pub_seq: int) -> Row:
+    for row in rows:
+        if row["kind"] == Kind.QOS2_RECEIVED and (row.get("client"), row.get("publisher"), row.get("pub_seq")) == (
+                client, publisher, pub_seq):
+            return row
+    raise LookupError(f"no qos2_received of {publisher}#{pub_seq} by {client} (Spec.qos2_flow)")
+
+
+def cut_qos2_flow(rows: list[Row], client: str, publisher: str, pub_seq: int) -> list[Row]:
+    """The QoS 2 flow of that message stops at the PUBREC: its pubrel_received, delivery and ack rows vanish."""
+    rows = _copy(rows)
+    received = _qos2_received(rows, client, publisher, pub_seq)
+    delivery = find_delivery(rows, client, publisher, pub_seq)
+    ack = _ack_after(rows, delivery)
+    pubrel = next(r for r in rows if r["kind"] == Kind.PUBREL_RECEIVED and r.get("client") == client
+                  and r.get("packet_id") == received["packet_id"] and r["t_mono_us"] >= received["t_mono_us"])
+    return [r for r in rows if r is not delivery and r is not ack and r is not pubrel]
+
+
+def release_qos2(rows: list[Row], client: str, publisher: str, pub_seq: int, t_mono_us: int, **fields: Any) -> list[Row]:
+    """The broker sends the PUBREL of that message (its qos2_received's packet id) at ``t_mono_us``: the client
+    releases it (a delivery row, with ``fields``: its remaining expiry, say) and answers PUBCOMP."""
+    received = _qos2_received(rows, client, publisher, pub_seq)
+    common = {"client": client, "node": received.get("node"), "protocol": received.get("protocol"),
+              "packet_id": received["packet_id"]}
+    release = {**copy.deepcopy(received), "kind": Kind.DELIVERY, "t_mono_us": t_mono_us + 20, **fields}
+    return sort_rows([*_copy(rows), {**common, "t_mono_us": t_mono_us, "kind": Kind.PUBREL_RECEIVED,
+                                     "detail": json.dumps({"known": True})}, release,
+                      {**common, "t_mono_us": t_mono_us + 300, "kind": Kind.DELIVERY_ACK_SENT, "qos": 2}])

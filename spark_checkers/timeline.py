@@ -72,6 +72,9 @@ class Timeline:
     connects: dict[str, list[dict]] = field(default_factory=dict)
     faults: list[FaultSpan] = field(default_factory=list)
     node_events: list[dict] = field(default_factory=list)
+    # (client, filter, t_from) -> (Subscription Identifier or None, Retain As Published): the options of the
+    # SUBSCRIBE whose SUBACK began that subscription (subscribe_ack detail; Subscription.t_from is that row's time).
+    sub_options: dict[tuple[str, str, int], tuple[int | None, bool]] = field(default_factory=dict)
     phases: dict[str, dict] = field(default_factory=dict)
     snapshots: list[dict] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
@@ -120,8 +123,11 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
             timeline.snapshots.append(row)
     for client, client_rows in by_client.items():
         _sessions(timeline, client, client_rows)
+        _subscription_options(timeline, client, client_rows)
     for fault_id, frows in fault_rows.items():
         _fault(timeline, fault_id, frows)
+    for client, client_rows in by_client.items():  # after the faults: a fault in the offline window excuses
+        _expired_sessions_present(timeline, client, client_rows, guarantees.tolerance_us)
     _allow_unpromised_session_losses(timeline, guarantees)
     _unplanned_exits(timeline)
     _unresponsive(timeline, guarantees)
@@ -295,6 +301,50 @@ def _session_returned(timeline: Timeline, client: str, row: dict, lost: dict[str
         "reported_lost": len(lost["witnesses"]), "subscriptions": reinstated, "window_c": t})
 
 
+def _subscription_options(timeline: Timeline, client: str, rows: list[dict]) -> None:
+    """Timeline.sub_options of ``client``'s subscribe_ack rows (a version 1 history has none: no id, no RAP)."""
+    for row in rows:
+        if row["kind"] == Kind.SUBSCRIBE_ACK and row.get("topic"):
+            detail = detail_of(row)
+            sub_id = detail.get("sub_id")
+            timeline.sub_options[(client, row["topic"], row["t_mono_us"])] = (
+                sub_id if isinstance(sub_id, int) and not isinstance(sub_id, bool) else None, detail.get("rap") is True)
+
+
+# MQTT 5 Session Expiry Interval 0xFFFFFFFF: the session never expires (§3.1.2.11.2).
+SESSION_NEVER_EXPIRES = 0xFFFFFFFF
+
+
+def _expired_sessions_present(timeline: Timeline, client: str, rows: list[dict], tolerance_us: int) -> None:
+    """durability.expired_session_present: an accepted MQTT 5 reconnect answered session present 1 more than the
+    clock tolerance after the previous connection's disconnect + the Session Expiry Interval its CONNECT sent.  The
+    Server must discard the state when the interval has passed ([MQTT-4.1.0-2]), and then has none to present
+    ([MQTT-3.2.2-3]).  Not judged: an interval of 0 or none (the reference broker and TBMQ keep a persistent session
+    then), 0xFFFFFFFF (never expires), an offline window with a fault or node event in it (the broker may have
+    noticed the disconnect only at the keep-alive timeout, or its session clock stood still while it was down)."""
+    spans = [(f.t_start, f.t_heal if f.t_heal is not None else NEVER) for f in timeline.faults]
+    spans += [(e["t_mono_us"], e["t_mono_us"]) for e in timeline.node_events]
+    expiry: int | None = None  # the interval the last accepted connect of this connection sent (MQTT 5)
+    online, gone = False, None  # gone: the disconnect that ended the last connection
+    for row in rows:
+        t = row["t_mono_us"]
+        if row["kind"] == Kind.CONNECT:
+            if (row.get("reason_code") or 0) >= 0x80:
+                continue
+            if gone is not None and expiry and 0 < expiry < SESSION_NEVER_EXPIRES and row.get("session_present") is True:
+                offline_us = t - gone["t_mono_us"]
+                faulted = any(s <= t and e >= gone["t_mono_us"] for s, e in spans)
+                if offline_us > expiry * 1_000_000 + tolerance_us and not faulted:
+                    timeline.violations.setdefault("durability.expired_session_present", []).append({
+                        "client": client, "t": t, "seq": row["seq"], "node": row.get("node"),
+                        "t_disconnect": gone["t_mono_us"], "session_expiry_s": expiry, "offline_us": offline_us,
+                        "tol_us": tolerance_us, "clean_start": row.get("clean_start")})
+            expiry = row.get("session_expiry_s") if row.get("protocol") == 5 else None
+            online, gone = True, None
+        elif row["kind"] == Kind.DISCONNECT and online:
+            online, gone = False, row
+
+
 def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
     start = next((r for r in rows if r["kind"] == Kind.FAULT_START), None)
     heal = next((r for r in rows if r["kind"] == Kind.FAULT_HEAL), None)
@@ -337,7 +387,7 @@ def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:
 
 def _unplanned_exits(timeline: Timeline) -> None:
     """health.unplanned_exit: a node the run watched exited while no stop or kill of it was asked for
-    (harness/external_target.py DeathWatch records it as a node_event "exited")."""
+    (harness/death_watch.py records it as a node_event "exited")."""
     for event in timeline.node_events:
         if event.get("action") != "exited":
             continue

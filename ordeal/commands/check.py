@@ -9,6 +9,7 @@ import click
 
 from contracts.errors import UsageError
 from ordeal.commands.spark import spark_options
+from ordeal.commands.summary import closing_lines
 
 
 def _run_dir(path: str) -> Path:
@@ -43,6 +44,8 @@ def check(run_dir: str, spark_master: str | None) -> None:
         click.echo(f"Error: {checked.failure}, verdict unknown", err=True)
         sys.exit(checked.exit_code)
     code = checked.exit_code
+    for line in closing_lines(checked.summary, checked.report, code):  # the table ended with the report's lines
+        click.echo(line)
     click.echo(f"reports: {local / 'report.html'}  {local / 'report.json'}  {local / 'junit.xml'}")
     sys.exit(code)
 

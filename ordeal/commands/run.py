@@ -16,6 +16,7 @@ from ordeal.commands.images import build_missing_images
 from ordeal.commands.isolation import enter_isolation, isolation_option
 from ordeal.commands.progress import RichReporter
 from ordeal.commands.spark import spark_options
+from ordeal.commands.summary import closing_lines, stored_report
 
 
 @click.command(name="run")
@@ -52,12 +53,11 @@ def run(scenario: str, seed: int, out: Path, check: bool, spark_master: str | No
     console.print(f"published {counts.get('published')}  acked {counts.get('acked')}  failed "
                   f"{counts.get('failed')}  indeterminate {counts.get('indeterminate')}  delivered "
                   f"{counts.get('delivered')} ({counts.get('delivered_unique')} unique)  drain "
-                  f"{(result.summary.get('drain') or {}).get('reason')}  history complete "
-                  f"{result.summary.get('history_complete')}")
-    if result.summary.get("error"):
-        console.print(f"[bold red]{result.summary['error']}[/]")
-    if isinstance(result.summary.get("check"), str):
-        console.print(f"check: {result.summary['check']}")
+                  f"{(result.summary.get('drain') or {}).get('reason')}")
+    # The verdict, the failing and unknown invariants and the history's completeness: a checked run's from its
+    # report.json (printed with the table), an unchecked one's from summary.json (ordeal/commands/summary.py).
+    for line in closing_lines(result.summary, stored_report(result.run_dir, result.summary), result.exit_code):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     click.echo(str(result.run_dir))
     sys.exit(result.exit_code)
 

@@ -15,6 +15,9 @@ from pyspark.sql import functions as F
 # every read of it build a row per cached row, and every sort and shuffle carried the strings.  Coded, the
 # delivery slots and the publishes are all numbers, and a big check is faster (docs/measurements.md).
 CODED = ("client", "publisher", "topic", "node", "body_hash")
+# Coded too, where a table has the column: a delivery's and a publish's forwarded MQTT 5 properties (canonical JSON,
+# compared by code: rules/props.py), named again in a witness like any other code.
+CODED_IF_PRESENT = ("props",)
 
 
 # A coded value in a witness: U+0000 cannot begin a name (MQTT forbids it in client ids and topics
@@ -50,7 +53,8 @@ def witness_name(column: str, alias: str | None = None):
 
 def encode_events(events):
     """The events with every column of CODED as its code."""
-    return events.select(*[coded(F.col(c)).alias(c) if c in CODED else F.col(c) for c in events.columns])
+    return events.select(*[coded(F.col(c)).alias(c) if c in CODED or c in CODED_IF_PRESENT else F.col(c)
+                           for c in events.columns])
 
 
 def lookup_names(events, codes: set[int]) -> dict[int, str]:
@@ -58,7 +62,8 @@ def lookup_names(events, codes: set[int]) -> dict[int, str]:
     body hash): one scan of the coded columns."""
     if not codes:
         return {}
-    name = F.explode(F.array(*[F.col(c) for c in CODED])).alias("name")
+    columns = (*CODED, *(c for c in CODED_IF_PRESENT if c in events.columns))
+    name = F.explode(F.array(*[F.col(c) for c in columns])).alias("name")
     found = (events.select(name).filter(F.col("name").isNotNull()).select("name", coded(F.col("name")).alias("code"))
              .filter(F.col("code").isin(*codes)).distinct().collect())
     return {row["code"]: row["name"] for row in found}

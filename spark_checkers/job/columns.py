@@ -7,11 +7,19 @@ from pyspark.sql import functions as F
 
 from contracts.history_schema import Kind
 
-# Columns no checker reads (wall clocks, payload size, retain): not even decoded for the small rows.
-UNREAD_COLUMNS = ("t_wall_us", "send_wall_us", "payload_size", "retain")
+# Columns no checker reads (wall clocks, payload size): not even decoded for the small rows.
+UNREAD_COLUMNS = ("t_wall_us", "send_wall_us", "payload_size")
 
 
 PUB_KINDS = (Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBLISH_INDETERMINATE)
+
+
+# What a message's deliveries tell of the MQTT 5 delivery rules (job/messages.py: ``v5_aggregates``), each name with its
+# type: a delivery table without the columns they read (an MQTT 3.1.1 batch) gives them null.
+V5_AGGREGATES = (("min_qos", "tinyint"), ("max_remaining", "bigint"), ("no_remaining_t", "bigint"),
+                 ("no_remaining_packet_id", "int"), ("min_props", "bigint"), ("max_props", "bigint"),
+                 ("min_sids", "bigint"), ("max_sids", "bigint"), ("min_n_sids", "int"), ("max_n_sids", "int"),
+                 ("min_sid", "bigint"), ("max_sid", "bigint"), ("min_retain", "int"), ("max_retain", "int"))
 
 
 # Column groups of the per-(subscriber, message) tables: the key, what ``publishes`` gives per message, what
@@ -20,11 +28,12 @@ SUBSCRIBER_MESSAGE = ("run_id", "client", "publisher", "pub_seq")
 
 
 PUBLISH_COLUMNS = ("topic", "n_invoke", "t_invoke", "pub_qos", "expiry_s", "pub_hash", "pub_node", "t_ack", "t_fail",
-                   "t_indet")
+                   "t_indet", "pub_protocol", "pub_props", "pub_retain")
 
 
 MESSAGE_COLUMNS = ("n_deliveries", "first", "last", "t_last", "min_hash", "max_hash", "qos", "first_ack_seq", "first_ack_t",
-                   "n_resends", "n_after_ack", "redelivery", "twice", "implied_deadline", "any_unacked")
+                   "n_resends", "n_after_ack", "redelivery", "twice", "implied_deadline", "any_unacked",
+                   *(name for name, _ in V5_AGGREGATES))
 
 
 DELIVERY_COLUMNS = (*MESSAGE_COLUMNS, "prev_max")

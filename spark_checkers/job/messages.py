@@ -19,6 +19,7 @@ from spark_checkers.job.columns import (
     MESSAGE_COLUMNS,
     PUB_KINDS,
     SUBSCRIBER_MESSAGE,
+    V5_AGGREGATES,
     sql,
 )
 from spark_checkers.job.events import RunSpec
@@ -56,7 +57,8 @@ def publishes(events, constant: dict[str, str] | None = None):
         F.min(F.when(inv, F.col("t_mono_us"))).alias("t_invoke"),
         on_invoke("topic").alias("topic"), on_invoke("qos").alias("pub_qos"),
         on_invoke("expiry_s").alias("expiry_s"), on_invoke("body_hash").alias("pub_hash"),
-        on_invoke("node").alias("pub_node"),
+        on_invoke("node").alias("pub_node"), on_invoke("protocol").alias("pub_protocol"),
+        on_invoke("props").alias("pub_props"), on_invoke("retain").alias("pub_retain"),
         F.min(F.when(F.col("kind") == Kind.PUBLISH_ACK, F.col("t_mono_us"))).alias("t_ack"),
         F.min(F.when(F.col("kind") == Kind.PUBLISH_FAIL, F.col("t_mono_us"))).alias("t_fail"),
         F.min(F.when(F.col("kind") == Kind.PUBLISH_INDETERMINATE, F.col("t_mono_us"))).alias("t_indet"),
@@ -70,21 +72,27 @@ def subscriber_partitioning(runs: list[RunSpec]) -> tuple[str, ...]:
     return ("client",) if len(runs) == 1 else ("run_id", "client")
 
 
-def delivery_slots(events, clients_df, by: tuple[str, ...]):
-    """Deliveries with what their packet-id slot says: the previous use of the slot, resend, reuse, acked."""
+def delivery_slots(events, clients_df, by: tuple[str, ...], v5: bool = True):
+    """Deliveries with what their packet-id slot says: the previous use of the slot, resend, reuse, acked.  With
+    ``v5`` (the batch has an MQTT 5 connection), what a delivery carries of MQTT 5 too (``_v5_delivery``) and the
+    Maximum Packet Size of the connection it came on."""
     # The kind as a flag (the rows are deliveries and the acks the subscriber sent): a string compared on every
     # row and neighbour, and carried through the shuffle and the sort, is a byte here.
     rows = events.filter(F.col("kind").isin(Kind.DELIVERY, Kind.DELIVERY_ACK_SENT)).select(
         "run_id", "client", "seq", F.col("t_mono_us").alias("t"), (F.col("kind") == Kind.DELIVERY_ACK_SENT).alias("ack"),
         "packet_id", "publisher", "pub_seq", "body_hash", "topic", "qos", "dup", "remaining_expiry_s", "node",
-        "protocol")
+        "protocol", "retain", *(_v5_delivery() if v5 else ()))
     # Why one repartition by subscriber: every later step on the delivery side (packet-id slots, per message,
     # stream order, the owed candidates and their queue ranks) is keyed by (run, subscriber, ...).  The rows
     # move once; every later window, aggregate and join only sorts within its partition.
     rows = rows.repartition(*by).join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs",
-                                                                    "persistent_fresh_seqs")),
+                                                                    "persistent_fresh_seqs",
+                                                                    *(("conn_limits",) if v5 else ()))),
                                       ["run_id", "client"], "left")
     rows = rows.withColumn("conn", sql("size(filter(coalesce(connect_seqs, array()), x -> x < seq))"))
+    if v5:  # the Maximum Packet Size the CONNECT of this delivery's connection sent (conn_limits: one per connect row)
+        rows = rows.withColumn("max_packet_size", sql(
+            "CASE WHEN conn > 0 THEN try_element_at(conn_limits, conn).maximum_packet_size END")).drop("conn_limits")
     rows = rows.withColumn("epoch", sql("size(filter(coalesce(fresh_seqs, array()), x -> x < seq))"))
     # White box: a QoS > 0 delivery in a persistent session carries an id the reference broker stored (save.lua
     # hands them out per session, 1..65535 then 1); a clean session's ids are per connection and never stored.
@@ -133,9 +141,49 @@ def delivery_slots(events, clients_df, by: tuple[str, ...]):
 MULTI_DELIVERY_BROADCAST_ROWS = 100_000
 
 
-def _message_aggregates() -> list:
-    """What one pass over a message's deliveries gives in any order (each aggregate's buffer a primitive)."""
-    return [F.count(F.lit(1)).alias("n_deliveries"), F.max("t").alias("t_last"),
+def _v5_delivery() -> list:
+    """What a delivery row carries of MQTT 5: its forwarded properties (coded by encode_events), its subscription
+    identifiers as primitives (``sids``: a code of the sorted distinct ids, 0 = none; ``n_sids``, ``sid_lo``,
+    ``sid_hi``: their number, lowest and highest; the string itself would make every read of the cached delivery
+    table build rows), the PUBLISH packet's size."""
+    ids = sql("array_sort(array_distinct(filter(transform(split(sub_ids, ','), x -> try_cast(trim(x) AS BIGINT)),"
+              " x -> x IS NOT NULL)))")
+    return ["props", F.when(F.size(ids) > 0, F.xxhash64(F.array_join(ids.cast("array<string>"), ","))).otherwise(
+                F.lit(0).cast("long")).alias("sids"),
+            F.when(F.col("sub_ids").isNull(), F.lit(0)).otherwise(F.size(ids)).alias("n_sids"),
+            F.array_min(ids).alias("sid_lo"), F.array_max(ids).alias("sid_hi"), "packet_size"]
+
+
+def _v5_aggregates(columns) -> list:
+    """V5_AGGREGATES over a message's deliveries (every buffer a primitive), each null where the delivery table has
+    not the columns it reads (a batch without MQTT 5: ``delivery_slots``)."""
+    have = set(columns)
+    v5 = F.col("protocol") == 5
+    no_remaining = v5 & F.col("remaining_expiry_s").isNull()
+    found = {  # name -> (the columns it reads, the aggregate)
+        "min_qos": (("qos",), F.min("qos")),
+        "max_remaining": (("remaining_expiry_s",), F.max("remaining_expiry_s")),
+        "no_remaining_t": (("protocol",), F.min(F.when(no_remaining, F.col("t")))),
+        "no_remaining_packet_id": (("protocol",), F.min_by("packet_id", F.when(no_remaining, F.col("seq")))),
+        "min_props": (("props",), F.min(F.when(v5, F.coalesce("props", F.lit(0).cast("long"))))),
+        "max_props": (("props",), F.max(F.when(v5, F.coalesce("props", F.lit(0).cast("long"))))),
+        "min_sids": (("sids",), F.min(F.when(v5, F.col("sids")))),
+        "max_sids": (("sids",), F.max(F.when(v5, F.col("sids")))),
+        "min_n_sids": (("sids",), F.min(F.when(v5, F.col("n_sids")))),
+        "max_n_sids": (("sids",), F.max(F.when(v5, F.col("n_sids")))),
+        "min_sid": (("sids",), F.min(F.when(v5, F.col("sid_lo")))),
+        "max_sid": (("sids",), F.max(F.when(v5, F.col("sid_hi")))),
+        "min_retain": (("retain",), F.min(F.coalesce("retain", F.lit(False)).cast("int"))),
+        "max_retain": (("retain",), F.max(F.coalesce("retain", F.lit(False)).cast("int"))),
+    }
+    return [(agg if set(needs) <= have else F.lit(None)).cast(kind).alias(name)
+            for name, kind in V5_AGGREGATES for needs, agg in [found[name]]]
+
+
+def _message_aggregates(columns=()) -> list:
+    """What one pass over a message's deliveries gives in any order (each aggregate's buffer a primitive);
+    ``columns``: those of the delivery table (the MQTT 5 ones it has, ``_v5_aggregates``)."""
+    return [*_v5_aggregates(columns), F.count(F.lit(1)).alias("n_deliveries"), F.max("t").alias("t_last"),
             F.min("body_hash").alias("min_hash"), F.max("body_hash").alias("max_hash"), F.max("qos").alias("qos"),
             # A delivery is acked when the next row of its packet-id slot is the subscriber's ack (delivery_slots).
             F.min(F.when(F.col("acked"), F.col("next_seq"))).alias("first_ack_seq"),
@@ -191,7 +239,7 @@ def message_deliveries(slots, constant: dict[str, str] | None = None, after_ack:
     others theirs."""
     firsts = [F.min_by(f, F.col("seq")).alias(f"first__{f}") for f in FIRST_FIELDS]
     lasts = [F.max_by(f, F.col("seq")).alias(f"last__{f}") for f in LAST_FIELDS]
-    rows = aggregate(_in_message_order(slots) if after_ack else slots, SUBSCRIBER_MESSAGE, *_message_aggregates(),
+    rows = aggregate(_in_message_order(slots) if after_ack else slots, SUBSCRIBER_MESSAGE, *_message_aggregates(slots.columns),
                      *firsts, *lasts, *(_after_ack_aggregates() if after_ack else ()), constant=constant)
     return rows.select(
         *[c for c in rows.columns if not c.startswith(("first__", "last__"))],

@@ -31,9 +31,11 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                 [(n["seq"], n["t"], n["why"], n["clean_start"])
                                  for n in timeline.new_sessions.get(client, [])],
                                 [row["seq"] for row in timeline.snapshots if row.get("client") == client
-                                 and detail_of(row).get("when") == "preset"]))
+                                 and detail_of(row).get("when") == "preset"],
+                                connect_limits(timeline.connects.get(client, []))))
         for topic in topics.get(run.run_id, []):
-            subs = [(code_of(s.client), s.t_from, s.t_to, s.granted_qos, s.persistent)
+            subs = [(code_of(s.client), s.t_from, s.t_to, s.granted_qos, s.persistent,
+                     *timeline.sub_options.get((s.client, s.topic_filter, s.t_from), (None, False)))
                     for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
             if subs:
                 match_rows.append((run.run_id, code_of(topic), subs, sorted({s[0] for s in subs})))
@@ -61,15 +63,32 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
             T.StructField("clean_start", B)]))),
         # The harness's packet-id presets (session_snapshot rows with when = "preset"): each one sets the
         # session's stored counter, so the ids after it start a new run of the sequence.
-        T.StructField("preset_seqs", T.ArrayType(L))]))
+        T.StructField("preset_seqs", T.ArrayType(L)),
+        # One per connect row, in the order of connect_seqs: what that CONNECT sent of MQTT 5 flow control (null:
+        # none, an MQTT 3.1.1 connect; Receive Maximum absent = 65535, Maximum Packet Size absent = no limit).
+        T.StructField("conn_limits", T.ArrayType(T.StructType([
+            T.StructField("seq", L), T.StructField("t", L), T.StructField("receive_maximum", N),
+            T.StructField("maximum_packet_size", L)])))]))
     match_df = local_frame(spark, match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", L),
         T.StructField("subs", T.ArrayType(T.StructType([
             T.StructField("client", L), T.StructField("t_from", L), T.StructField("t_to", L),
-            T.StructField("granted", N), T.StructField("persistent", B)]))),
+            T.StructField("granted", N), T.StructField("persistent", B),
+            # The SUBSCRIBE's options (Timeline.sub_options): its Subscription Identifier, Retain As Published.
+            T.StructField("sub_id", L), T.StructField("rap", B)]))),
         # The distinct clients of subs: every claim on the topic is one of them.
         T.StructField("clients", T.ArrayType(L))]))
     return runs_df, clients_df, match_df
+
+
+def connect_limits(connects: list[dict]) -> list[tuple]:
+    """(seq, t, Receive Maximum, Maximum Packet Size) of each connect row, as its CONNECT sent them (detail keys
+    receive_maximum / maximum_packet_size; null when absent or not MQTT 5)."""
+    out = []
+    for row in connects:
+        detail = detail_of(row) if row.get("protocol") == 5 else {}
+        out.append((row["seq"], row["t_mono_us"], detail.get("receive_maximum"), detail.get("maximum_packet_size")))
+    return out
 
 
 def fault_spans(timeline: Timeline) -> list[tuple[int, int]]:

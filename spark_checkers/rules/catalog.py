@@ -9,12 +9,15 @@ from spark_checkers.rules import (  # noqa: F401 - imported to register their ru
     duplicates,
     durability,
     expiry,
+    flow,
     health,
     limits,
     liveness,
     losses,
     meta,
     order,
+    props,
+    qos,
     whitebox,
 )
 from spark_checkers.rules.registry import _EXPLANATIONS, _RULES, Rule, Rules

@@ -174,6 +174,19 @@ def _session_returned(w: dict[str, Any], timeline: Timeline) -> str:
     return text
 
 
+@explains("durability.expired_session_present")
+def _expired_session_present(w: dict[str, Any], timeline: Timeline) -> str:
+    """Decided in the timeline (timeline.py: _expired_sessions_present)."""
+    o = timeline.t_first
+    offline = (w.get("offline_us") or 0) / 1e6
+    return (f"{w['client']} reconnected at {seconds(w.get('t'), o)}{' on ' + w['node'] if w.get('node') else ''} "
+            f"{offline:.3f} s after its disconnect at {seconds(w.get('t_disconnect'), o)}, longer than the Session "
+            f"Expiry Interval of {w.get('session_expiry_s')} s its CONNECT had sent (+ the "
+            f"{(w.get('tol_us') or 0) // 1000} ms clock tolerance), yet the broker answered session present = 1: the "
+            "session must be discarded once the interval has passed [MQTT-4.1.0-2], and session present is 1 only "
+            "for a session the server still holds [MQTT-3.2.2-3].")
+
+
 @explains("durability.session_lost")
 def _session_lost(w: dict[str, Any], timeline: Timeline) -> str:
     o = timeline.t_first

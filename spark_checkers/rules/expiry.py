@@ -1,5 +1,5 @@
-"""The expiry rules over delivered messages: nothing delivered after its expiry, and the remaining expiry a
-delivery carries reduced by the time the message waited.  A queued message dropped before its expiry is a loss
+"""The expiry rules over delivered messages: nothing delivered after its expiry, the remaining expiry a delivery
+carries reduced by the time the message waited, and carried at all on an MQTT 5 delivery.  A queued message dropped before its expiry is a loss
 rule's (losses.py: expiry.dropped_early)."""
 
 from __future__ import annotations
@@ -20,12 +20,28 @@ def delivered_expired():
             *first_delivery(), "t_last", "expiry_s", "deadline", "tol_us")
 
 
-# Remaining expiry is whole seconds (rounding may add up to 1 s): t + remaining must not pass the deadline.
+# [MQTT-3.3.2-6]: the received interval minus the time the message waited in the server.  A broker counts whole
+# seconds: the most a delivery at t may carry is expiry_s - floor(w), w the wait the broker can have seen at least
+# (t - t_invoke - the clock tolerance, and never below 0), so never more than expiry_s.  With D = t + remaining (the
+# implied deadline, remaining whole seconds): remaining + floor(w) = floor((D - t_invoke - tol) / 1 s) <= expiry_s
+# exactly when D < deadline + tol + 1 s.  Both per delivery; their maxima over the deliveries decide the message.
 @rule("expiry.remaining_not_reduced", MESSAGES)
 def remaining_not_reduced():
-    not_reduced = F.col("expiry_s").isNotNull() & (F.col("implied_deadline") > F.col("deadline") + tolerance() + 1_000_000)
+    not_reduced = F.col("expiry_s").isNotNull() & (
+        (F.col("max_remaining") > F.col("expiry_s"))
+        | (F.col("implied_deadline") >= F.col("deadline") + tolerance() + 1_000_000))
     return (real() & not_reduced, since_origin("first.t"), *first_delivery(), "expiry_s", "implied_deadline",
-            "deadline")
+            "deadline", "max_remaining", "tol_us")
+
+
+# [MQTT-3.3.2-6]: every PUBLISH the server sends of a message published with a Message Expiry Interval carries the
+# remaining interval; a delivery on an MQTT 5 connection without it lost the property.  An MQTT 3.1.1 delivery
+# has no properties: not judged (the aggregate counts MQTT 5 deliveries only).
+@rule("expiry.property_missing", MESSAGES)
+def property_missing():
+    return (real() & F.col("expiry_s").isNotNull() & (F.col("pub_protocol") == 5) & F.col("no_remaining_t").isNotNull(),
+            F.col("no_remaining_t") - F.col("t_origin"), *first_delivery(), "expiry_s",
+            F.col("no_remaining_t").alias("t_missing"), F.col("no_remaining_packet_id").alias("missing_packet_id"))
 
 
 @explains("expiry.delivered_expired")
@@ -39,6 +55,21 @@ def _delivered_expired(w: dict[str, Any], timeline: Timeline) -> str:
 @explains("expiry.remaining_not_reduced")
 def _remaining_not_reduced(w: dict[str, Any], timeline: Timeline) -> str:
     o = timeline.t_first
+    head = (f"{message(w)} (expiry {w.get('expiry_s')} s, published at {seconds(w.get('t_invoke'), o)}) reached "
+            f"{w['client']} (first at {seconds(w.get('t'), o)}, packet id {w.get('packet_id')})")
+    if (w.get("max_remaining") or 0) > (w.get("expiry_s") or 0):
+        return (f"{head} with a remaining expiry of {w.get('max_remaining')} s, more than the {w.get('expiry_s')} s it "
+                "was published with [MQTT-3.3.2-6].")
     late = (w.get("implied_deadline", 0) - w.get("deadline", 0)) / 1e6
-    return (f"{message(w)} (expiry {w.get('expiry_s')} s, published at {seconds(w.get('t_invoke'), o)}) reached "
-            f"{w['client']} at {seconds(w.get('t'), o)} with a remaining expiry {late:.1f} s longer than the time left.")
+    return (f"{head} with a remaining expiry that ends {late:.3f} s after the message's own expiry: more than the "
+            f"{(w.get('tol_us') or 0) // 1000} ms clock tolerance + the 1 s a count in whole seconds may add; the "
+            "remaining interval is the published one minus the time the message waited [MQTT-3.3.2-6].")
+
+
+@explains("expiry.property_missing")
+def _property_missing(w: dict[str, Any], timeline: Timeline) -> str:
+    o = timeline.t_first
+    return (f"{message(w)} was published at {seconds(w.get('t_invoke'), o)} with a Message Expiry Interval of "
+            f"{w.get('expiry_s')} s, but {w['client']} received it at {seconds(w.get('t_missing'), o)} (packet id "
+            f"{w.get('missing_packet_id')}) over MQTT 5 without one: the server sends the remaining interval "
+            "[MQTT-3.3.2-6].")

@@ -24,7 +24,9 @@ SLOTS = "slots"  # one row per delivery, with its packet-id slot (job/messages.p
 MESSAGES = "messages"  # one row per delivered (subscriber, message), with its publish (columns.message_table)
 BACKLOGS = "backlogs"  # one row per settled offline backlog of a subscriber (its rank-1 row)
 STORED_IDS = "stored_ids"  # one row per stored packet id taken after a gap (whitebox.packet_id_gaps)
-TABLES = (SLOTS, MESSAGES, BACKLOGS, STORED_IDS)
+QOS2_FLOWS = "qos2_flows"  # one row per QoS 2 PUBLISH a subscriber answered with PUBREC (qos.qos2_flows)
+IN_FLIGHT = "in_flight"  # one row per QoS > 0 PUBLISH on an MQTT 5 connection with a Receive Maximum (flow.in_flight)
+TABLES = (SLOTS, MESSAGES, BACKLOGS, STORED_IDS, QOS2_FLOWS, IN_FLIGHT)
 
 
 @dataclass(frozen=True)

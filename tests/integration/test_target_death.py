@@ -2,8 +2,11 @@
 wrapper that SIGKILLs it a few seconds into the workload (no fault in the plan), gives a ``node_event``
 "exited" row with the node, the exit status and its last log lines, the report fails
 ``health.unplanned_exit`` with that witness in words, and the drain's outcome names the node.  The near-miss
-twin, the same broker killed by a planned ``process_kill``, records no "exited" row.  A process inside the
-target, declared as a node of its own, is what a fault reaches."""
+twin, the same broker killed by a planned ``process_kill``, records no "exited" row.  A broker stopped with
+SIGSTOP from outside the run (its wrapper, no fault in the plan) fails its health probe: a ``node_event``
+"unresponsive" then "responsive" row, and ``health.unresponsive`` with the node named; the near-miss twin, the
+same broker paused as long by a planned ``process_pause``, gives the same rows and no violation (the fault
+covers them).  A process inside the target, declared as a node of its own, is what a fault reaches."""
 
 from __future__ import annotations
 
@@ -36,12 +39,20 @@ def out():
         yield base
 
 
-def _scenario(base: Path, start: str, extra: str = "") -> Path:
+# Mosquitto in the background, stopped (SIGSTOP) after 3 s for 16 s by its own wrapper: to the harness the node
+# is running but does not answer, and no fault of the plan paused it.
+STOPPED_START = ('start = ["/bin/sh", "-c", "mosquitto -c {run_dir}/mosquitto.conf & broker=$!; sleep 3; '
+                 'kill -STOP $broker; sleep 16; kill -CONT $broker; wait $broker"]')
+PLAIN_START = 'start = ["mosquitto", "-c", "{run_dir}/mosquitto.conf"]'
+
+
+def _scenario(base: Path, start: str, extra: str = "", duration_s: int = 10, drain_timeout_s: int = 8) -> Path:
     text = find_scenario("mosquitto-smoke").read_text()
-    start_line = 'start = ["mosquitto", "-c", "{run_dir}/mosquitto.conf"]'
+    start_line = PLAIN_START
     assert start_line in text
-    text = text.replace(start_line, start).replace("duration_s = 6", "duration_s = 10").replace(
-        "drain_timeout_s = 30", "drain_timeout_s = 8").replace('name = "mosquitto-smoke"', 'name = "death"')
+    text = text.replace(start_line, start).replace("duration_s = 6", f"duration_s = {duration_s}").replace(
+        "drain_timeout_s = 30", f"drain_timeout_s = {drain_timeout_s}").replace(
+        'name = "mosquitto-smoke"', 'name = "death"')
     path = base / "death.toml"
     path.write_text(text + extra)
     return path
@@ -77,11 +88,63 @@ def test_a_planned_kill_is_no_unplanned_exit(out):
 
     faults = ("\n[faults]\nmix = { process_kill = 1 }\nquiet_s = [2, 3]\nduration_s = [1, 2]\ntail_s = 4\n"
               "max_faults = 1\n")
-    result = run_scenario(_scenario(out, 'start = ["mosquitto", "-c", "{run_dir}/mosquitto.conf"]', faults), 1,
+    result = run_scenario(_scenario(out, PLAIN_START, faults), 1,
                           out / "runs", reporter=SilentReporter(), check=False)
     rows = read_history(result.run_dir / "history").to_pylist()
     actions = [action for _node, action, _detail in node_events(rows)]
     assert "kill" in actions and "exited" not in actions, actions
+
+
+def _health_stretches(rows: list[dict]) -> list[tuple[str, str, dict]]:
+    return [event for event in node_events(rows) if event[1] in ("unresponsive", "responsive")]
+
+
+@pytest.mark.timeout(300)
+def test_a_broker_stopped_from_outside_the_run_fails_unresponsive_with_the_node_named(out):
+    from harness.death_watch import UNRESPONSIVE_GRACE_S
+    from harness.run import SilentReporter, run_scenario
+    from spark_checkers.guarantees import Guarantees
+    from spark_checkers.rules.catalog import explain
+    from spark_checkers.timeline import build_timeline
+
+    result = run_scenario(_scenario(out, STOPPED_START, drain_timeout_s=20), 1, out / "runs",
+                          reporter=SilentReporter(), check=False)
+    rows = read_history(result.run_dir / "history").to_pylist()
+    stretches = _health_stretches(rows)
+    assert [(node, action) for node, action, _ in stretches] == [("mosquitto", "unresponsive"),
+                                                                ("mosquitto", "responsive")], stretches
+    unresponsive = stretches[0][2]
+    assert unresponsive["probe"].startswith("MQTT CONNECT ") and "no answer within" in unresponsive["error"]
+    assert unresponsive["grace_s"] == UNRESPONSIVE_GRACE_S and unresponsive["failing_s"] >= UNRESPONSIVE_GRACE_S
+    assert UNRESPONSIVE_GRACE_S <= stretches[1][2]["unresponsive_s"] <= 20, stretches
+    scenario = json.loads((result.run_dir / "scenario.json").read_text())
+    timeline = build_timeline("stopped", rows, Guarantees.from_scenario(scenario))
+    (witness,) = timeline.violations["health.unresponsive"]
+    assert witness["node"] == "mosquitto" and witness["t_to"] is not None
+    words = explain("health.unresponsive", witness, timeline)
+    assert words.startswith("node mosquitto stopped answering at ") and "no fault of the plan covered it" in words
+    assert not timeline.violations.get("health.unplanned_exit"), "stopped, not exited"
+
+
+@pytest.mark.timeout(300)
+def test_near_miss_a_planned_pause_as_long_is_no_unresponsive_node(out):
+    from harness.run import SilentReporter, run_scenario
+    from spark_checkers.guarantees import Guarantees
+    from spark_checkers.timeline import build_timeline
+
+    faults = ("\n[faults]\nmix = { process_pause = 1 }\ntargets = { process_pause = ['node:mosquitto'] }\n"
+              "quiet_s = [2, 3]\nduration_s = [15, 16]\ntail_s = 4\nmax_faults = 1\n")
+    result = run_scenario(_scenario(out, PLAIN_START, faults, duration_s=24, drain_timeout_s=20), 1, out / "runs",
+                          reporter=SilentReporter(), check=False)
+    rows = read_history(result.run_dir / "history").to_pylist()
+    actions = [action for _node, action, _detail in _health_stretches(rows)]
+    # The probe saw the paused node fail as long (the watch records what it sees) ...
+    assert actions == ["unresponsive", "responsive"], (actions, result.summary.get("error"))
+    scenario = json.loads((result.run_dir / "scenario.json").read_text())
+    timeline = build_timeline("paused", rows, Guarantees.from_scenario(scenario))
+    assert [f.kind for f in timeline.faults] == ["process_pause"] and timeline.faults[0].bit
+    # ... and the planned pause covers it: no violation.
+    assert not timeline.violations.get("health.unresponsive"), timeline.violations.get("health.unresponsive")
 
 
 SERVICE_NODES = """

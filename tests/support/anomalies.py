@@ -66,8 +66,9 @@ def _deliver_expiry_zero(rows, offset_us):
 
 
 def _swap_with_qos(rows, qos_of):
-    """sub-1 sees pub-1 #5 before #4 (swapped), with these messages published and delivered at these QoS."""
-    rows = s.swap_deliveries(rows, "sub-1", "pub-1", 4, 5)
+    """sub-1 sees pub-1 #5 before #4 (swapped), with these messages published and delivered at these QoS (its
+    subscription granted the highest of them: each goes out as published)."""
+    rows = s.set_subscription(s.swap_deliveries(rows, "sub-1", "pub-1", 4, 5), "sub-1", 0, qos=max(qos_of.values()))
     for seq, qos in qos_of.items():
         for row in rows:
             if row.get("publisher") == "pub-1" and row.get("pub_seq") == seq and row["kind"] in (

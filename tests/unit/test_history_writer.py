@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from contracts.history_schema import EVENT_SCHEMA, PARQUET_META_KEY, Kind, Phase
+from contracts.history_schema import EVENT_SCHEMA, PARQUET_META_KEY, SCHEMA_VERSION, Kind, Phase
 from harness.history import HistoryError, HistoryRecorder, read_history, read_manifest
 
 
@@ -27,13 +27,13 @@ def test_rows_land_in_the_exact_schema(tmp_path: Path):
     recorder.phase(Phase.RUN_END)
     assert recorder.close() is True
     manifest = read_manifest(tmp_path)
-    assert manifest["complete"] is True and manifest["schema_version"] == 1 and manifest["rows"] == 4
+    assert manifest["complete"] is True and manifest["schema_version"] == SCHEMA_VERSION and manifest["rows"] == 4
     assert manifest["parts"] == ["events-00000.parquet"] and manifest["part_details"][0]["last_seq"] == 4
     parts = sorted(tmp_path.glob("events-*.parquet"))
     assert parts
     schema = pq.read_schema(parts[0])
     assert schema.equals(EVENT_SCHEMA, check_metadata=False)
-    assert schema.metadata[PARQUET_META_KEY] == b"1"
+    assert schema.metadata[PARQUET_META_KEY] == str(SCHEMA_VERSION).encode()
     table = read_history(tmp_path)
     assert table.column("seq").to_pylist() == [1, 2, 3, 4]
     rows = table.to_pylist()

@@ -121,3 +121,94 @@ def test_the_recorded_replay_command_is_shown_first():
     report["replay"] = "ordeal run scenarios/p2p-smoke.toml --seed 3 --out runs"
     head = render_html(report).split("</section>")[0]
     assert "ordeal run scenarios/p2p-smoke.toml --seed 3 --out runs" in head and "ordeal replay /runs/" in head
+
+
+# -- the declaration, the statements, what each verdict covers ---------------------------------------------
+
+STATEMENT = "[MQTT-3.3.1-1] The DUP flag MUST be set to 1 by the Client or Server when it re-delivers a PUBLISH"
+COVERS = {"acknowledged": 120, "owed": 118}
+
+
+def _declared(**promises) -> dict:
+    from spark_checkers.guarantees import Guarantees
+
+    target = {"kind": "external", "name": "mosquitto", "start": ["mosquitto"], "credentials": {"username": "ordeal", "password": "***"},
+              "tls": {"enabled": True}, "nodes": [{"name": "m1"}, {"name": "m2"}],
+              "promises": {"mqtt_versions": ["3.1.1", "5"], "persistence": "graceful", "queue_policy": "drop_newest",
+                           "queue_limit": 1000, **promises}}
+    return Guarantees.from_scenario({"target": target}).to_dict()
+
+
+def _declaration(page: str) -> dict[str, list[str]]:
+    table = page.split("<table class='decl'>")[1].split("</table>")[0]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in table.split("<tr>")[2:]]
+    return {cells[0]: cells[1:] for cells in rows}
+
+
+def test_the_declaration_is_a_table_of_promises_in_words_with_what_each_changes_in_judging():
+    report = _report()
+    report["guarantees"] = _declared()
+    rows = _declaration(render_html(report))
+    assert rows["persistence"][0].startswith("acknowledged messages survive a graceful stop, not a kill")
+    assert rows["persistence"][1] == ("messages lost to a process_kill of the broker count as "
+                                      "durability.lost_allowed, not durability.lost")
+    assert rows["queue limit"][0].startswith("1000 messages per session; beyond it the newest are dropped")
+    assert "limits.* rules for drop_newest apply" in rows["queue limit"][1]
+    assert rows["MQTT versions"][0] == "3.1.1 and 5" and rows["clustered nodes"][0] == "m1, m2"
+    assert rows["credentials"][0].startswith("user name and password") and rows["TLS"][0].startswith("every MQTT")
+    assert rows["message TTL"] == ["none declared", "a message without an MQTT 5 expiry interval never expires"]
+    assert rows["log preset"][0].startswith("mosquitto (")
+    assert "{" not in "".join(sum(rows.values(), [])), "words, not a Python dict"
+
+
+def test_near_miss_a_declaration_without_a_limit_or_with_kill_persistence_says_so():
+    report = _report()
+    report["guarantees"] = _declared(persistence="kill", queue_policy="none", queue_limit=None)
+    rows = _declaration(render_html(report))
+    assert rows["persistence"][1] == "every lost acknowledged message is durability.lost"
+    assert rows["queue limit"][0] == "none declared (queue_policy = none)"
+    assert "not applicable" in rows["queue limit"][1]
+    report["guarantees"] = None
+    assert "nothing can be judged" in "".join(_declaration(render_html(report))["declaration"])
+
+
+def test_each_failing_and_unknown_invariant_shows_its_statement_and_what_it_covers():
+    report = _report()
+    report["invariants"][0].update(statement=STATEMENT, covers=COVERS)
+    report["invariants"].append({"id": "meta.history_complete", "title": "t", "verdict": "unknown", "count": 0,
+                                 "witnesses": [], "reason": "the drain timed out", "statement": "the drain ends quietly"})
+    page = render_html(report)
+    head = page[page.index("<section id='failing'>"):page.index("</section>")]
+    assert STATEMENT in head and "(of 120 acknowledged, 118 owed)" in head
+    phantom = page[page.index("<section id='durability.phantom'>"):]
+    assert STATEMENT in phantom.split("</section>")[0] and "of 120 acknowledged, 118 owed judged" in phantom
+    unknown = page[page.index("<section id='meta.history_complete'>"):].split("</section>")[0]
+    assert "the drain ends quietly" in unknown
+    assert "<td>120 acknowledged, 118 owed</td>" in page  # the verdict table's covers column
+
+
+def test_near_miss_a_passing_invariant_shows_no_statement_and_a_report_without_covers_renders():
+    report = _report()
+    report["invariants"][1]["statement"] = "a passing rule's statement"
+    page = render_html(report)
+    assert "a passing rule's statement" not in page
+    assert " acknowledged" not in page and " judged;" not in page
+
+
+def test_junit_and_the_terminal_table_carry_the_statement_and_the_covers():
+    import io
+    from xml.etree import ElementTree as ET
+
+    from spark_checkers.reports import junit_xml, print_table
+
+    report = _report()
+    report["invariants"][0].update(statement=STATEMENT, covers=COVERS)
+    case = next(c for c in ET.fromstring(junit_xml(report)).iter("testcase") if c.get("name") == "durability.phantom")
+    message = case.find("failure").get("message")
+    assert message == f"1 violation(s): Delivered but never published — covers 120 acknowledged, 118 owed — {STATEMENT}"
+    assert case.find("failure").text.startswith("topic europe/")  # the body stays the witnesses
+    out = io.StringIO()
+    print_table(report, file=out)
+    text = out.getvalue()
+    assert f"durability.phantom: {STATEMENT}" in text and "120 acknowledged" in text
+    assert "verdict: fail (exit 1)" in text and "  fail durability.phantom ×1" in text

@@ -74,6 +74,11 @@ INVARIANTS: tuple[Invariant, ...] = (
                          "Session Present 0 [MQTT-3.2.2-3]; the state it so reported gone cannot be present again (MQTT 3.1.1 "
                          "[MQTT-3.1.2-6]: state data associated with a discarded Session MUST NOT be reused in any subsequent "
                          "Session).")),
+    Invariant("durability.clean_start_session_present", "Session present 1 on a connection accepted with clean "
+              "start 1 (clean session 1)",
+              statement="[MQTT-3.2.2-2] If the Server accepts a connection with Clean Start set to 1, the Server MUST "
+                        "set Session Present to 0 in the CONNACK packet in addition to setting a 0x00 (Success) Reason "
+                        "Code in the CONNACK packet (MQTT 3.1.1 [MQTT-3.2.2-1], clean session 1)."),
     Invariant("durability.expired_session_present", "Session present 1 on a reconnect after the session's expiry "
               "interval had elapsed", mqtt5_only=True,
               statement=("[MQTT-4.1.0-2] The Server MUST discard the Session State when the Network Connection is closed and "

@@ -128,6 +128,7 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
         _fault(timeline, fault_id, frows)
     for client, client_rows in by_client.items():  # after the faults: a fault in the offline window excuses
         _expired_sessions_present(timeline, client, client_rows, guarantees.tolerance_us)
+        _clean_start_sessions_present(timeline, client, client_rows)
     _allow_unpromised_session_losses(timeline, guarantees)
     _unplanned_exits(timeline)
     _unresponsive(timeline, guarantees)
@@ -343,6 +344,18 @@ def _expired_sessions_present(timeline: Timeline, client: str, rows: list[dict],
             online, gone = True, None
         elif row["kind"] == Kind.DISCONNECT and online:
             online, gone = False, row
+
+
+def _clean_start_sessions_present(timeline: Timeline, client: str, rows: list[dict]) -> None:
+    """durability.clean_start_session_present: a connection accepted with clean start 1 (3.1.1: clean session 1)
+    answered session present 1.  The server must then discard any session and start a new one, and say so with
+    session present 0 ([MQTT-3.2.2-2]; 3.1.1 [MQTT-3.2.2-1])."""
+    for row in rows:
+        if (row["kind"] == Kind.CONNECT and (row.get("reason_code") or 0) < 0x80 and row.get("clean_start") is True
+                and row.get("session_present") is True):
+            timeline.violations.setdefault("durability.clean_start_session_present", []).append({
+                "client": client, "t": row["t_mono_us"], "seq": row["seq"], "node": row.get("node"),
+                "protocol": row.get("protocol")})
 
 
 def _fault(timeline: Timeline, fault_id: str, rows: list[dict]) -> None:

@@ -33,6 +33,14 @@ def resend_without_dup():
             F.lit("resend without DUP").alias("problem"))
 
 
+# [MQTT-3.3.1-2] / [MQTT-4.3.1-1] (3.1.1 [MQTT-3.3.1-2]): a QoS 0 PUBLISH is never a resend, its DUP flag MUST be 0.
+@rule("order.dup_flag", SLOTS)
+def dup_on_qos0():
+    return ((F.coalesce("qos", F.lit(0)) == 0) & F.coalesce("dup", F.lit(False)), since_origin(),
+            *delivery_identity(), F.lit("DUP = 1 on a QoS 0 PUBLISH, which is never a resend ([MQTT-3.3.1-2])")
+            .alias("problem"))
+
+
 # MQTT 5 §4.4 [MQTT-4.4.0-1]: unacknowledged PUBLISH packets are resent only on a reconnect (Clean Start 0,
 # session present), never within the connection they were sent on.  MQTT 3.1.1 §4.4 only says when a
 # resend is required, it forbids none: its connections are not judged.

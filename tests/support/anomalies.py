@@ -403,7 +403,15 @@ CASES = {
     # A new session starts at 1 (clean_start_discards_backlog_v5 below); ids that go on from the old one do not.
     "packet_ids_outlive_the_session": (EXPIRING, _ids_outlive_the_session, {"whitebox.packet_id_sequence"}),
     # Clean start (3.1.1 clean session = 1 / MQTT 5 clean start = 1) legally discards the old session's queue.
+    # DUP 1 on a QoS 0 delivery ([MQTT-3.3.1-2]); a QoS 0 run's clean twin is "clean_qos0".
+    "dup_on_qos0": (replace(BASE, qos=0, offline=()), lambda r: s.set_delivery_field(r, "sub-1", "pub-1", 4, dup=True),
+                    {"order.dup_flag"}),
+    "clean_qos0": (replace(BASE, qos=0, offline=()), None, set()),
     "clean_start_discards_backlog": (BASE, lambda r: _reconnect_to_empty_queue(r, clean_start=True), set()),
+    # The same clean start answered session present 1 ([MQTT-3.2.2-2]); its near miss is the case above.
+    "clean_start_answered_session_present": (BASE, lambda r: s.set_connect(
+        _reconnect_to_empty_queue(r, clean_start=True), "sub-0", 1, session_present=True),
+        {"durability.clean_start_session_present"}),
     "non_clean_reconnect_loses_backlog": (BASE, lambda r: _reconnect_to_empty_queue(r, clean_start=False),
                                           {"durability.session_lost", "durability.lost"}),
     "clean_start_discards_backlog_v5": (EXPIRING, lambda r: _session_gone(

@@ -129,7 +129,8 @@ EVENT_SCHEMA = pa.schema(
         # properties) as canonical JSON (contracts/mqtt_properties.py), on publish_invoke as sent and on
         # delivery as received; null on MQTT 3.1.1 and when none was sent / received.  sub_ids: a delivery's
         # subscription identifiers, comma-separated in the order received (null: none).  packet_size: the
-        # whole PUBLISH packet as received, in bytes (fixed header included).
+        # whole PUBLISH packet as received (delivery, qos2_received) or as sent (publish_invoke), in bytes,
+        # fixed header included.
         pa.field("props", pa.string()),
         pa.field("sub_ids", pa.string()),
         pa.field("packet_size", pa.int32()),

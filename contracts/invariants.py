@@ -26,6 +26,12 @@ DEFAULT_PIPELINE_SLACK_MS = 2000
 # only against what its [target] declares (no limit and no TTL when it declares none).
 UNDECLARED_QUEUE_LIMIT = 10000
 UNDECLARED_TTL_S = 604800
+# How long a node that stopped answering under a planned fault may take to answer again once the fault's cover
+# ended (health.unresponsive): its recovery, not a new failure.  60 s: RabbitMQ 3.10 under pause_minority
+# restarts its applications when the partition ends, 10-11 s in rabbitmq-cluster-partition (docs/findings.md);
+# a node that has not answered within it, or never again, fails.  A node that stops answering with no fault
+# covering it gets only the probe's grace.
+RECOVERY_AFTER_FAULT_S = 60
 MAX_QUEUE_LIMIT = 65535  # a larger limit would let packet ids (1..65535) collide with stored messages
 
 

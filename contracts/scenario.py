@@ -260,6 +260,15 @@ class WorkloadSpec:
     # ``home_nodes`` fixes it per client id (client id -> broker node name).
     home_node: str = "round-robin"
     home_nodes: tuple[tuple[str, str], ...] = ()
+    # MQTT 5 delivery options (docs/scenarios.md "MQTT 5 properties and flow control"): the publishers send the
+    # forwarded properties (contracts/mqtt_properties.py), each subscriber's SUBSCRIBE carries a subscription
+    # identifier (its index + 1) and the Retain As Published option, its CONNECT a Receive Maximum and a
+    # Maximum Packet Size (None: not sent).  Only MQTT 5 clients send them.
+    mqtt5_properties: bool = False
+    subscription_identifiers: bool = False
+    retain_as_published: bool = False
+    receive_maximum: int | None = None
+    maximum_packet_size: int | None = None
 
     def client_ids(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(publisher ids, subscriber ids), the names every plan of this workload gives its clients."""
@@ -755,7 +764,20 @@ def _read_workload(s: _Section) -> WorkloadSpec:
         publisher_offline_s=s.number_range("publisher_offline_s", d.publisher_offline_s),
         home_node=s.string("home_node", d.home_node, choices=HOME_NODE_POLICIES),
         home_nodes=tuple(sorted(s.raw_table("home_nodes").items())),
+        mqtt5_properties=s.boolean("mqtt5_properties", d.mqtt5_properties),
+        subscription_identifiers=s.boolean("subscription_identifiers", d.subscription_identifiers),
+        retain_as_published=s.boolean("retain_as_published", d.retain_as_published),
+        receive_maximum=_optional_integer(s, "receive_maximum", 1, 65535),
+        maximum_packet_size=_optional_integer(s, "maximum_packet_size", 1, 268_435_455),
     )
+    mqtt5_only = [(key, value) for key, value in (
+        ("mqtt5_properties", spec.mqtt5_properties), ("subscription_identifiers", spec.subscription_identifiers),
+        ("retain_as_published", spec.retain_as_published), ("receive_maximum", spec.receive_maximum),
+        ("maximum_packet_size", spec.maximum_packet_size)) if value not in (None, False)]
+    if mqtt5_only and protocols.get("mqtt5", 0) <= 0:
+        key, value = mqtt5_only[0]
+        raise s.fail(key, value, "an MQTT 5 option: only MQTT 5 clients send it; give protocol_mix an mqtt5 weight "
+                     "> 0")
     publishers, subscribers = spec.client_ids()
     clients = publishers + subscribers
     for client_id, node in spec.home_nodes:
@@ -770,6 +792,14 @@ def _read_workload(s: _Section) -> WorkloadSpec:
                      "window's session is preset to), e.g. preset_last_packet_id = 65500")
     s.finish()
     return spec
+
+
+def _optional_integer(s: _Section, key: str, minimum: int, maximum: int) -> int | None:
+    """An integer key whose absence means "not sent" (None; scenario.json writes it as null)."""
+    s.allow(key)
+    if s.table.get(key) is None:
+        return None
+    return s.integer(key, minimum, minimum=minimum, maximum=maximum)
 
 
 def _read_subscribers(s: _Section) -> SubscriberSpec:

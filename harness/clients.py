@@ -35,10 +35,11 @@ from paho.mqtt.properties import Properties
 from contracts import payload as identity_codec
 from contracts.credentials import Credential
 from contracts.history_schema import Kind
+from contracts.mqtt_properties import forwarded_json, workload_properties
 from harness import connack
 from harness.history import HistoryRecorder
 from harness.tls import ClientTls, failure_words
-from properties.plan import PUBLISHER, ClientPlan, PublishPlan
+from properties.plan import PUBLISHER, ClientPlan, PublishPlan, Subscription
 
 PROTOCOLS = {4: mqtt.MQTTv311, 5: mqtt.MQTTv5}
 
@@ -80,6 +81,20 @@ class NonBlockingConnectClient(mqtt.Client):
     _tls: ClientTls | None = None
     _tls_handshaking = False
     _tls_waits_to_read = False  # the handshake waits for the broker: no write interest meanwhile (want_write)
+    # The QoS 2 flow's steps before on_message, for the history (ClientSession sets them; None: not recorded):
+    # on_qos2_received(client, message, packet_size) once the PUBLISH was answered with PUBREC;
+    # on_pubrel_received(client, packet_id, known) for every PUBREL.
+    on_qos2_received: Callable[[mqtt.Client, mqtt.MQTTMessage, int], None] | None = None
+    on_pubrel_received: Callable[[mqtt.Client, int, bool], None] | None = None
+    # ClientSession.withhold_acks: once a QoS 2 PUBLISH is answered with PUBREC, read nothing more (reading_stalled)
+    # until the planned drop -- a device whose application froze after that answer: its PUBREL, and whatever
+    # follows, is never read, so the resumed session must resend the PUBREL ([MQTT-4.4.0-1]).  The PUBREC
+    # still leaves (writes go on); SelectorLoop stops watching the socket for reads, _cut reads nothing more.
+    stall_after_pubrec = False
+    reading_stalled = False
+    # The size of the PUBLISH packet on_message is called for (fixed header included); None outside it.
+    received_packet_size: int | None = None
+    _held_sizes: dict[int, int] | None = None  # packet id -> packet size of the QoS 2 messages awaiting PUBREL
 
     def _create_socket_connection(self) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -158,13 +173,46 @@ class NonBlockingConnectClient(mqtt.Client):
         self._tls_step()
         return super()._sock_recv(bufsize)
 
-    def loop_read(self, max_packets: int = 1) -> mqtt.MQTTErrorCode:
+    def _loop_read_tls(self, max_packets: int = 1) -> mqtt.MQTTErrorCode:
         """Over TLS, also what the TLS layer already holds decrypted: the socket is not readable for it."""
         rc = super().loop_read(max_packets)
         while rc == mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS and isinstance(self._sock, ssl.SSLSocket) \
                 and not self._tls_handshaking and self._sock.pending():
             rc = super().loop_read(max_packets)
         return rc
+
+    def _handle_publish(self) -> mqtt.MQTTErrorCode:
+        """paho's, plus the packet's size for the history and, for QoS 2, the qos2_received hook: paho answers a
+        QoS 2 PUBLISH with PUBREC here and hands the message to on_message only at its PUBREL."""
+        size = packet_size(len(self._in_packet["packet"]))
+        self.received_packet_size = size  # QoS 0 / 1: on_message runs inside paho's handler
+        try:
+            rc = super()._handle_publish()
+        finally:
+            self.received_packet_size = None
+        if (self._in_packet["command"] & 0x06) >> 1 == 2 and rc == mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS:
+            packet = bytes(self._in_packet["packet"])
+            after_topic = 2 + int.from_bytes(packet[:2], "big")  # topic length, topic, then the packet id
+            mid = int.from_bytes(packet[after_topic:after_topic + 2], "big")
+            with self._in_message_mutex:
+                message = self._in_messages.get(mid)
+            if message is not None:
+                self.held_sizes()[mid] = size
+                if self.on_qos2_received is not None:
+                    self.on_qos2_received(self, message, size)
+                if self.stall_after_pubrec:
+                    self.reading_stalled = True
+        return rc
+
+    def loop_read(self, max_packets: int = 1) -> mqtt.MQTTErrorCode:
+        if self.reading_stalled:
+            return mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS
+        return self._loop_read_tls(max_packets)
+
+    def held_sizes(self) -> dict[int, int]:
+        if self._held_sizes is None:
+            self._held_sizes = {}
+        return self._held_sizes
 
     def _handle_pubrel(self) -> mqtt.MQTTErrorCode:
         """A PUBREL for a packet id this client holds no message for (released on an earlier connection, or
@@ -174,10 +222,25 @@ class NonBlockingConnectClient(mqtt.Client):
         mid = int.from_bytes(bytes(self._in_packet["packet"][:2]), "big")
         with self._in_message_mutex:
             known = mid in self._in_messages
-        rc = super()._handle_pubrel()
+        if self.on_pubrel_received is not None:
+            self.on_pubrel_received(self, mid, known)
+        self.received_packet_size = self.held_sizes().pop(mid, None)
+        try:
+            rc = super()._handle_pubrel()
+        finally:
+            self.received_packet_size = None
         if not known and self._manual_ack and rc == mqtt.MQTTErrorCode.MQTT_ERR_SUCCESS:
             return self._send_pubcomp(mid)
         return rc
+
+
+def packet_size(remaining_length: int) -> int:
+    """The whole packet's size in bytes from its remaining length: the first byte, the remaining length as a
+    Variable Byte Integer (1-4 bytes, MQTT 5 §1.5.5 / 3.1.1 §2.2.3), then the rest."""
+    digits = 1
+    while remaining_length >= 128 ** digits:
+        digits += 1
+    return 1 + digits + remaining_length
 
 
 def take_unreleased_qos2(client: mqtt.Client | None) -> dict[int, mqtt.MQTTMessage]:
@@ -192,6 +255,14 @@ def take_unreleased_qos2(client: mqtt.Client | None) -> dict[int, mqtt.MQTTMessa
         for mid in taken:
             del client._in_messages[mid]
     return taken
+
+
+def carry_unreleased_qos2(old: mqtt.Client | None, new: NonBlockingConnectClient,
+                          carried: dict[int, mqtt.MQTTMessage]) -> None:
+    """Give ``new`` the QoS 2 messages taken from ``old`` (take_unreleased_qos2), with their packet sizes."""
+    new._in_messages.update(carried)
+    sizes = old.held_sizes() if isinstance(old, NonBlockingConnectClient) else {}
+    new.held_sizes().update({mid: sizes[mid] for mid in carried if mid in sizes})
 
 
 class SelectorLoop:
@@ -225,15 +296,24 @@ class SelectorLoop:
             pass
 
     def _want_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        try:
-            self.selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, client)
-        except (KeyError, ValueError):
-            pass
+        self._watch(client, sock, write=True)
 
     def _done_writing(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        self._watch(client, sock, write=False)
+
+    def _watch(self, client: mqtt.Client, sock: Any, *, write: bool) -> None:
+        """Watch ``sock`` for reads (unless its client's reading is stalled) and, with ``write``, for writes."""
+        events = (0 if getattr(client, "reading_stalled", False) else selectors.EVENT_READ) | \
+            (selectors.EVENT_WRITE if write else 0)
         try:
-            self.selector.modify(sock, selectors.EVENT_READ, client)
-        except (KeyError, ValueError):
+            if not events:
+                self.selector.unregister(sock)
+            else:
+                try:
+                    self.selector.modify(sock, events, client)
+                except KeyError:  # unregistered while stalled and nothing to write
+                    self.selector.register(sock, events, client)
+        except (KeyError, ValueError, OSError):
             pass
 
     def poll(self, timeout: float) -> int:
@@ -251,6 +331,8 @@ class SelectorLoop:
             written = self._after_write.get(client)
             if written is not None:
                 written(client)
+            if getattr(client, "reading_stalled", False) and client.socket() is not None:
+                self._watch(client, client.socket(), write=client.want_write())  # no more reads: not watched
         return len(events)
 
     def close(self) -> None:
@@ -299,7 +381,7 @@ class ClientSession:
     withholding: bool = False  # the plan drops this connection abruptly soon: send no PUBACK until then
     pending: dict[int, PendingPublish] = field(default_factory=dict)
     unsent_acks: list[dict[str, Any]] = field(default_factory=list)  # acks paho queued, not yet written
-    sub_mids: dict[int, list[str]] = field(default_factory=dict)
+    sub_mids: dict[int, list[Subscription]] = field(default_factory=dict)  # SUBSCRIBE packet id -> its filters
     # The executor's drain bookkeeping (harness/drain.py): told of every ack and every decoded delivery.
     on_acked: Callable[[PublishPlan], None] | None = None
     on_delivered: Callable[[str, str | None, int | None], None] | None = None
@@ -333,7 +415,7 @@ class ClientSession:
             self.drop("replaced by a new connection")
         # Why carried: the session's QoS 2 messages already PUBREC'ed on the old connection are released by the
         # broker's PUBREL on this one (a resumed session); a clean one discards them (paho clears them too).
-        carried = take_unreleased_qos2(self.previous_paho)
+        previous, carried = self.previous_paho, take_unreleased_qos2(self.previous_paho)
         self.previous_paho = None
         self.fault_id = fault_id
         self.session_present = None
@@ -358,7 +440,9 @@ class ClientSession:
         if self.tls is not None:
             client.use_tls(self.tls, host)
         if carried and self.plan.persistent and not clean_start:
-            client._in_messages.update(carried)
+            carry_unreleased_qos2(previous, client, carried)
+        client.on_qos2_received = self._on_qos2_received
+        client.on_pubrel_received = self._on_pubrel_received
         client.max_inflight_messages_set(65535)
         client.max_queued_messages_set(0)
         client.connect_timeout = self.connect_timeout_s
@@ -375,6 +459,10 @@ class ClientSession:
             properties = Properties(PacketTypes.CONNECT)
             if self.session_expiry_s is not None:
                 properties.SessionExpiryInterval = self.session_expiry_s
+            if self.plan.receive_maximum is not None:
+                properties.ReceiveMaximum = self.plan.receive_maximum
+            if self.plan.maximum_packet_size is not None:
+                properties.MaximumPacketSize = self.plan.maximum_packet_size
             kwargs = {"clean_start": clean_start, "properties": properties}
         try:
             client.connect(host, port, keepalive=self.keepalive_s, bind_address=self.bind_address, **kwargs)
@@ -425,31 +513,64 @@ class ClientSession:
         self.counters.connects += 1
         self.session_present = bool(flags.session_present)
         if not self.session_present:
-            take_unreleased_qos2(client)  # a new session: the broker will release none of the old ones
+            # a new session: the broker will release none of the old ones
+            for mid in take_unreleased_qos2(client):
+                client.held_sizes().pop(mid, None)
         if not self.session_present and self.on_fresh_session is not None:
             self.on_fresh_session(self.client_id)  # a new session: nothing of the old one is owed any more
+        detail: dict[str, Any] = {"why": self.why, "role": self.plan.role}
+        if self.protocol == 5:  # what this CONNECT sent (absent: none, i.e. 65535 / no limit)
+            if self.plan.receive_maximum is not None:
+                detail["receive_maximum"] = self.plan.receive_maximum
+            if self.plan.maximum_packet_size is not None:
+                detail["maximum_packet_size"] = self.plan.maximum_packet_size
         self.recorder.record(Kind.CONNECT, client=self.client_id, node=self.node_name, protocol=self.protocol,
                              fault_id=self.fault_id, session_present=self.session_present, reason_code=code,
                              clean_start=self.clean_start, session_expiry_s=self.session_expiry_s,
-                             detail={"why": self.why, "role": self.plan.role})
-        if self.plan.subscriptions:
-            result, mid = client.subscribe([(s.topic_filter, s.qos) for s in self.plan.subscriptions])
-            if result == mqtt.MQTT_ERR_SUCCESS and mid is not None:
-                self.sub_mids[mid] = [s.topic_filter for s in self.plan.subscriptions]
-        else:
+                             detail=detail)
+        self._subscribe(client)
+
+    def _subscribe(self, client: mqtt.Client) -> None:
+        """One SUBSCRIBE per distinct Subscription Identifier (it belongs to the whole packet, MQTT 5 §3.8.2.1.2);
+        the plan's MQTT 5 options only on MQTT 5."""
+        if not self.plan.subscriptions:
             self.subscribed = True
+            return
+        packets: dict[int | None, list[Subscription]] = {}
+        for subscription in self.plan.subscriptions:
+            packets.setdefault(subscription.sub_id if self.protocol == 5 else None, []).append(subscription)
+        for sub_id, subscriptions in packets.items():
+            properties = None
+            if self.protocol == 5:
+                topics: list[tuple[str, Any]] = [
+                    (s.topic_filter, mqtt.SubscribeOptions(qos=s.qos, retainAsPublished=s.retain_as_published))
+                    for s in subscriptions]
+                if sub_id is not None:
+                    properties = Properties(PacketTypes.SUBSCRIBE)
+                    properties.SubscriptionIdentifier = sub_id
+            else:
+                topics = [(s.topic_filter, s.qos) for s in subscriptions]
+            result, mid = client.subscribe(topics, properties=properties)
+            if result == mqtt.MQTT_ERR_SUCCESS and mid is not None:
+                self.sub_mids[mid] = subscriptions
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: list, properties: Any) -> None:
         if client is not self.paho:
             return
-        filters = self.sub_mids.pop(mid, [])
-        for topic_filter, code in zip(filters, reason_codes, strict=False):
+        subscriptions = self.sub_mids.pop(mid, [])
+        v5 = self.protocol == 5
+        for subscription, code in zip(subscriptions, reason_codes, strict=False):
+            # the options of the SUBSCRIBE this filter was in (docs/history.md)
+            detail: dict[str, Any] = {"requested_qos": subscription.qos,
+                                      "rap": v5 and subscription.retain_as_published, "no_local": False}
+            if v5 and subscription.sub_id is not None:
+                detail["sub_id"] = subscription.sub_id
             self.recorder.record(Kind.SUBSCRIBE_ACK, client=self.client_id, node=self.node_name,
-                                 protocol=self.protocol, topic=topic_filter,
+                                 protocol=self.protocol, topic=subscription.topic_filter,
                                  # a refusal (>= 0x80) is a reason code: the qos column (int8) cannot hold it
                                  qos=int(code.value) if int(code.value) < 0x80 else None,
                                  reason_code=int(code.value) if int(code.value) >= 0x80 else None,
-                                 packet_id=mid)
+                                 packet_id=mid, detail=detail)
         if not self.sub_mids:
             self.subscribed = True
 
@@ -459,6 +580,7 @@ class ClientSession:
         broker owes them again with DUP = 1 when the session resumes (MQTT §4.4)."""
         if self.paho is not None:
             self.withholding = True
+            self.paho.stall_after_pubrec = True  # QoS 2: the next PUBREC is the last thing this connection does
 
     # -- disconnecting -----------------------------------------------------------------------------
     def disconnect(self, *, abrupt: bool, why: str, fault_id: str | None = None) -> None:
@@ -533,18 +655,16 @@ class ClientSession:
         common = dict(client=self.client_id, node=self.node_name, protocol=self.protocol, topic=publish.topic,
                       qos=publish.qos, publisher=self.client_id, pub_seq=publish.seq)
         self.counters.published += 1
+        properties = self._publish_properties(publish)
+        invoke = dict(common, retain=False, props=forwarded_json(properties), payload_size=len(body),
+                      expiry_s=publish.expiry_s, send_wall_us=send_wall_us, body_hash=digest,
+                      packet_size=self._publish_packet_size(publish, properties, len(body)))
         if self.paho is None or not self.connected:
-            self.recorder.record(Kind.PUBLISH_INVOKE, payload_size=len(body), expiry_s=publish.expiry_s,
-                                 send_wall_us=send_wall_us, body_hash=digest, **common)
+            self.recorder.record(Kind.PUBLISH_INVOKE, **invoke)
             self._outcome(Kind.PUBLISH_FAIL, publish, None, reason="not connected; never sent")
             return
-        properties = None
-        if self.protocol == 5 and publish.expiry_s is not None:
-            properties = Properties(PacketTypes.PUBLISH)
-            properties.MessageExpiryInterval = publish.expiry_s
         info = self.paho.publish(publish.topic, body, qos=publish.qos, properties=properties)
-        self.recorder.record(Kind.PUBLISH_INVOKE, payload_size=len(body), expiry_s=publish.expiry_s,
-                             send_wall_us=send_wall_us, body_hash=digest, packet_id=info.mid, **common)
+        self.recorder.record(Kind.PUBLISH_INVOKE, packet_id=info.mid, **invoke)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             self._outcome(Kind.PUBLISH_FAIL, publish, info.mid, reason=f"paho: {mqtt.error_string(info.rc)}")
             return
@@ -553,6 +673,28 @@ class ClientSession:
         self.pending[info.mid] = PendingPublish(publish, time.monotonic(), info.mid)
         if publish.qos == 0 and info.is_published():
             self._settle_one(info.mid, Kind.PUBLISH_ACK, "QoS 0: written to the socket")
+
+    def _publish_packet_size(self, publish: PublishPlan, properties: Properties | None, body: int) -> int:
+        """The PUBLISH packet this publish sends, in bytes: topic, packet id (QoS > 0), the MQTT 5 properties
+        (their packed form carries its own length), the payload, under the fixed header.  A subscriber's copy
+        differs only by what the broker adds or drops (a subscription identifier, the packet id at QoS 0)."""
+        remaining = 2 + len(publish.topic.encode()) + (2 if publish.qos > 0 else 0) + body
+        if self.protocol == 5:
+            remaining += len(properties.pack()) if properties is not None else 1
+        return packet_size(remaining)
+
+    def _publish_properties(self, publish: PublishPlan) -> Properties | None:
+        """The PUBLISH properties of an MQTT 5 publish: its Message Expiry Interval and, with
+        [workload] mqtt5_properties, the forwarded ones (contracts/mqtt_properties.py), in a fixed order."""
+        if self.protocol != 5 or (publish.expiry_s is None and not publish.properties):
+            return None
+        properties = Properties(PacketTypes.PUBLISH)
+        if publish.properties:
+            for name, value in workload_properties(self.client_id, publish.seq).attributes():
+                setattr(properties, name, value)
+        if publish.expiry_s is not None:
+            properties.MessageExpiryInterval = publish.expiry_s
+        return properties
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
         if client is not self.paho or mid not in self.pending:
@@ -602,54 +744,75 @@ class ClientSession:
         self._settle_pending(reason)
 
     # -- receiving ---------------------------------------------------------------------------------
-    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+    def _received(self, message: mqtt.MQTTMessage, size: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(columns, detail) that a delivery and a qos2_received row share: the PUBLISH as received, its
+        identity decoded from the payload, its forwarded properties and subscription identifiers (MQTT 5)."""
         body = message.payload
         identity = identity_codec.try_decode(body)
-        remaining = None
-        if self.protocol == 5 and message.properties is not None:
-            remaining = getattr(message.properties, "MessageExpiryInterval", None)
+        detail: dict[str, Any] = {}
         publisher = None
-        detail = None
         if identity is None:
-            self.counters.undecodable += 1
             try:
                 identity_codec.decode(body)
             except identity_codec.PayloadError as error:
-                detail = {"undecodable": str(error)}
+                detail["undecodable"] = str(error)
         else:
             publisher = self.publisher_names.get(identity.publisher_index)
             if publisher is None:
-                detail = {"unknown_publisher_index": identity.publisher_index}
-        self.counters.delivered += 1
-        self.counters.last_delivery_mono = time.monotonic()
-        if self.on_delivered is not None:
-            self.on_delivered(self.client_id, publisher, identity.seq if identity else None)
+                detail["unknown_publisher_index"] = identity.publisher_index
         try:
             topic = message.topic
         except UnicodeDecodeError:
             topic = None
-            detail = {**(detail or {}), "topic_not_utf8": message._topic.hex()}
+            detail["topic_not_utf8"] = message._topic.hex()
+        remaining = props = sub_ids = None
+        if self.protocol == 5 and message.properties is not None:
+            remaining = getattr(message.properties, "MessageExpiryInterval", None)
+            props = forwarded_json(message.properties)
+            ids = getattr(message.properties, "SubscriptionIdentifier", None)
+            sub_ids = ",".join(str(i) for i in ids) if ids else None
+        columns = dict(
+            client=self.client_id, node=self.node_name, protocol=self.protocol, topic=topic, qos=message.qos,
+            packet_id=message.mid, dup=bool(message.dup), retain=bool(message.retain), payload_size=len(body),
+            remaining_expiry_s=remaining, publisher=publisher, pub_seq=identity.seq if identity else None,
+            send_wall_us=identity.send_wall_us if identity else None, body_hash=identity_codec.body_hash(body),
+            props=props, sub_ids=sub_ids, packet_size=size)
+        return columns, detail
+
+    def _on_qos2_received(self, client: mqtt.Client, message: mqtt.MQTTMessage, size: int) -> None:
+        """A QoS 2 PUBLISH arrived and paho answered it with PUBREC (its delivery row comes at its PUBREL)."""
+        columns, detail = self._received(message, size)
+        del columns["remaining_expiry_s"]  # not among a qos2_received row's columns (docs/history.md)
+        self.recorder.record(Kind.QOS2_RECEIVED, detail=detail or None, **columns)
+
+    def _on_pubrel_received(self, client: mqtt.Client, mid: int, known: bool) -> None:
+        self.recorder.record(Kind.PUBREL_RECEIVED, client=self.client_id, node=self.node_name,
+                             protocol=self.protocol, packet_id=mid, detail={"known": known})
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        columns, detail = self._received(message, getattr(client, "received_packet_size", None))
+        publisher, pub_seq = columns["publisher"], columns["pub_seq"]
+        if pub_seq is None:
+            self.counters.undecodable += 1
+        self.counters.delivered += 1
+        self.counters.last_delivery_mono = time.monotonic()
+        if self.on_delivered is not None:
+            self.on_delivered(self.client_id, publisher, pub_seq)
         will_ack = message.qos > 0 and client is self.paho and client.socket() is not None
         if message.qos > 0 and not will_ack:  # arrived on a connection the harness is already ending
-            detail = {**(detail or {}), "not_acked": "the harness was closing this connection"}
+            detail["not_acked"] = "the harness was closing this connection"
         elif will_ack and self.withholding:
             will_ack = False
-            detail = {**(detail or {}), "not_acked": "withheld: the plan drops this connection abruptly"}
-        self.recorder.record(
-            Kind.DELIVERY, client=self.client_id, node=self.node_name, protocol=self.protocol, topic=topic,
-            qos=message.qos, packet_id=message.mid, dup=bool(message.dup), retain=bool(message.retain),
-            payload_size=len(body), remaining_expiry_s=remaining, publisher=publisher,
-            pub_seq=identity.seq if identity else None, send_wall_us=identity.send_wall_us if identity else None,
-            body_hash=identity_codec.body_hash(body), detail=detail)
+            detail["not_acked"] = "withheld: the plan drops this connection abruptly"
+        self.recorder.record(Kind.DELIVERY, detail=detail or None, **columns)
         if will_ack:
             # PUBACK (QoS 1) / PUBCOMP (QoS 2): paho only queues it; its delivery_ack_sent row is written when
             # the packet has left paho's queue for the socket (_acks_written), so the row's time is when it
             # was sent, and an ack a cut dropped from the queue has no row (the broker owes that message).
             client.ack(message.mid, message.qos)
             self.unsent_acks.append(dict(
-                client=self.client_id, node=self.node_name, protocol=self.protocol, topic=topic,
-                qos=message.qos, packet_id=message.mid, publisher=publisher,
-                pub_seq=identity.seq if identity else None))
+                client=self.client_id, node=self.node_name, protocol=self.protocol, topic=columns["topic"],
+                qos=message.qos, packet_id=message.mid, publisher=publisher, pub_seq=pub_seq))
 
     def _acks_written(self, client: mqtt.Client) -> None:
         """After a loop turn of ``client``: record delivery_ack_sent for each queued ack paho has written."""
@@ -701,7 +864,9 @@ def _cut(client: mqtt.Client) -> None:
     except OSError:
         pass
     try:
-        client.loop_read()  # reads the EOF now: paho closes and unregisters the socket
+        # reads the EOF now: paho closes and unregisters the socket (a stalled client reads nothing: what is
+        # still buffered, unread, goes with the socket -- loop_read returns at once and the close follows below)
+        client.loop_read()
     except (OSError, ValueError):
         pass
     if client.socket() is not None:  # paho did not notice (e.g. data still buffered): close it ourselves

@@ -185,11 +185,17 @@ def generate_plan(scenario: Scenario, seed: int, draw: Draw) -> Plan:
     subscriber_plans: list[ClientPlan] = []
     for index, (client_id, topic_filter) in enumerate(subscriber_filters):
         protocol = draw.weighted(workload.protocol_mix)
+        v5 = protocol == 5  # the MQTT 5 options ([workload]) only on MQTT 5 connections
+        subscription = Subscription(topic_filter, workload.subscription_qos,
+                                    sub_id=index + 1 if v5 and workload.subscription_identifiers else None,
+                                    retain_as_published=v5 and workload.retain_as_published)
         subscriber_plans.append(ClientPlan(
             client_id=client_id, role=SUBSCRIBER, protocol=protocol, node=home(client_id, index),
-            subscriptions=(Subscription(topic_filter, workload.subscription_qos),), persistent=True,
-            session_expiry_s=scenario.subscribers.session_expiry_s if protocol == 5 else None,
-            preset_last_packet_id=workload.preset_last_packet_id))
+            subscriptions=(subscription,), persistent=True,
+            session_expiry_s=scenario.subscribers.session_expiry_s if v5 else None,
+            preset_last_packet_id=workload.preset_last_packet_id,
+            receive_maximum=workload.receive_maximum if v5 else None,
+            maximum_packet_size=workload.maximum_packet_size if v5 else None))
     clients.extend(subscriber_plans)
     protocols = {c.client_id: c.protocol for c in clients}
 
@@ -203,7 +209,8 @@ def generate_plan(scenario: Scenario, seed: int, draw: Draw) -> Plan:
             expiry = draw.weighted(workload.expiry_mix) if protocols[client_id] == 5 else None
             publishes.append(PublishPlan(
                 offset_s=_round(phase + n * interval), publisher=client_id, seq=n + 1, topic=topic,
-                qos=draw.weighted(workload.qos_mix), size=workload.payload_size, expiry_s=expiry))
+                qos=draw.weighted(workload.qos_mix), size=workload.payload_size, expiry_s=expiry,
+                properties=workload.mqtt5_properties and protocols[client_id] == 5))
     publishes.sort(key=lambda p: (p.offset_s, p.publisher, p.seq))
 
     actions = _subscriber_actions(scenario, subscriber_plans, nodes, draw)

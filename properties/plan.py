@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar
 
 from contracts.errors import UsageError
 
@@ -30,6 +30,11 @@ class PlanError(UsageError):
 class Subscription:
     topic_filter: str
     qos: int
+    # MQTT 5 SUBSCRIBE options ([workload] subscription_identifiers / retain_as_published)
+    sub_id: int | None = None  # the SUBSCRIBE's Subscription Identifier (None: none sent)
+    retain_as_published: bool = False  # the subscription's Retain As Published option
+
+    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("sub_id", "retain_as_published")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,11 @@ class ClientPlan:
     session_expiry_s: int | None = None  # MQTT 5 only
     preset_last_packet_id: int = 0  # 0 = none; a white-box target presets the session's last packet id
     publisher_index: int | None = None  # the payload identity's publisher field (contracts/payload.py)
+    # MQTT 5 CONNECT properties every connection of this client sends (None: not sent -- 65535 / no limit)
+    receive_maximum: int | None = None
+    maximum_packet_size: int | None = None
+
+    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("receive_maximum", "maximum_packet_size")
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,10 @@ class PublishPlan:
     qos: int
     size: int
     expiry_s: int | None = None  # MQTT 5 message expiry interval; None = none
+    # MQTT 5: send the workload's forwarded properties (contracts/mqtt_properties.workload_properties)
+    properties: bool = False
+
+    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("properties",)
 
 
 @dataclass(frozen=True)
@@ -108,7 +122,7 @@ class Plan:
 
     # -- codec --------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _plain(self)
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace, one trailing newline (byte-identical per input)."""
@@ -158,3 +172,23 @@ class Plan:
             "subscriber_actions": len(self.subscriber_actions),
             "faults": len(self.faults),
         }
+
+
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict``, but a field a class lists in OMITTED_AT_DEFAULT is left out while it holds its
+    default: fields added later (the MQTT 5 options) keep the plan.json of a scenario that does not use them
+    byte-identical to the one an older Ordeal wrote, and reading it back gives the defaults."""
+    if is_dataclass(value) and not isinstance(value, type):
+        omitted = getattr(value, "OMITTED_AT_DEFAULT", ())
+        out = {}
+        for f in fields(value):
+            item = getattr(value, f.name)
+            if f.name in omitted and item == f.default:
+                continue
+            out[f.name] = _plain(item)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from redis.exceptions import RedisError
 
 from reference_broker import codec
 from reference_broker.codec import (
@@ -87,6 +88,8 @@ class Connection:
         self.session_gen = ""                    # id of the session (not the connection): set when it is created
         self.filters: dict[str, int] = {}
         self.no_local: set[str] = set()          # MQTT 5 filters subscribed with No Local = 1
+        self.sub_ids: dict[str, int] = {}        # MQTT 5 filter -> the Subscription Identifier it was subscribed with
+        self.rap: set[str] = set()               # MQTT 5 filters subscribed with Retain As Published = 1
         self.max_packet_out: int | None = None   # the client's Maximum Packet Size
         self.window = self.config.max_inflight
         self.closed = False
@@ -209,8 +212,18 @@ class Connection:
             await self.close()
             for task in self.tasks:
                 task.cancel()
+            if self.connected.is_set() and self.config.has("pubrel_not_resent"):
+                await self._forget_released_flows()
             if self.connected.is_set():
                 await self.broker.connection_lost(self)
+
+    async def _forget_released_flows(self) -> None:
+        """(defect pubrel_not_resent) The QoS 2 flows this connection had PUBREC for and awaited PUBCOMP on are
+        dropped with it: the resumed session never resends their PUBREL ([MQTT-4.4.0-1] says it must)."""
+        for pid, (kind, _score) in list(self.inflight.items()):
+            if kind == "rel":
+                with contextlib.suppress(Exception):
+                    await self.broker.store.remove_one(self.client_id, pid)
 
     async def _acks_left_buffered(self) -> None:
         """The connection was reset with packets still in the reader's buffer (asyncio raises the reset before
@@ -257,6 +270,8 @@ class Connection:
                 return
             self.session_expiry = self.connect_expiry = connect.prop("SessionExpiryInterval", 0)
             self.window = min(connect.prop("ReceiveMaximum", 65535), self.config.max_inflight)
+            if self.config.has("receive_maximum_ignored"):
+                self.window = self.config.max_inflight  # defect: the client's Receive Maximum is not read
             self.max_packet_out = connect.prop("MaximumPacketSize")
             # TBMQ: MQTT 5 is persistent with an expiry interval, or with clean start 0 (then never expiring)
             self.persistent = self.session_expiry > 0 or not connect.clean_start
@@ -265,7 +280,17 @@ class Connection:
         else:
             self.persistent = not connect.clean_start
             self.session_expiry = None
-        session_present = await self.broker.open_session(self, connect.clean_start)
+        try:
+            session_present = await self.broker.open_session(self, connect.clean_start)
+        except RedisError as error:
+            # The session store is away (a Redis master failing over, a node down): this CONNECT cannot be
+            # served, and says so; the client retries.  An expected condition under faults, not a broker error
+            # (a probe connecting during a Redis master kill found it logged as one, with a traceback).
+            log.warning("%s: CONNECT refused, the session store is unavailable: %s: %s", client_id,
+                        type(error).__name__, error)
+            self.send(ConnAck(False, codec.RC_SERVER_UNAVAILABLE if v5 else 0x03))
+            await self.close()
+            return
         properties = None
         if v5:
             properties = Properties(PacketTypes.CONNACK)
@@ -276,7 +301,6 @@ class Connection:
             properties.TopicAliasMaximum = 0
             properties.RetainAvailable = 0
             properties.SharedSubscriptionAvailable = 0
-            properties.SubscriptionIdentifierAvailable = 0
             properties.ReceiveMaximum = self.config.receive_maximum
             properties.MaximumPacketSize = self.config.max_packet_size
         if self.config.has("session_present_always_zero"):
@@ -353,9 +377,12 @@ class Connection:
             expiry = None  # defect
         props = b""
         if self.version == MQTT5 and packet.properties is not None:
+            # forwarded unaltered, user properties in order ([MQTT-3.3.2-4], -15, -16, -17, -18, -20)
             forward = Properties(PacketTypes.PUBLISH)
-            for name in ("PayloadFormatIndicator", "ContentType", "ResponseTopic", "CorrelationData",
-                         "UserProperty"):
+            names = ["PayloadFormatIndicator", "ContentType", "ResponseTopic", "CorrelationData", "UserProperty"]
+            if self.config.has("user_properties_dropped"):
+                names.remove("UserProperty")  # defect: the user properties are not kept with the message
+            for name in names:
                 if hasattr(packet.properties, name):
                     value = getattr(packet.properties, name)
                     for item in (value if name == "UserProperty" else [value]):
@@ -463,9 +490,12 @@ class Connection:
     # ------------------------------------------------------------ subscriptions
     async def on_subscribe(self, packet: Subscribe) -> None:
         v5 = self.version == MQTT5
+        sub_id = None
         if v5 and packet.properties is not None and hasattr(packet.properties, "SubscriptionIdentifier"):
-            # §3.2.2.3.12: Subscription Identifiers Available = 0
-            raise ProtocolViolation(codec.RC_SUBSCRIPTION_IDS_NOT_SUPPORTED, "SUBSCRIBE with a Subscription Identifier")
+            ids = packet.properties.SubscriptionIdentifier  # a list (paho: it may repeat on a PUBLISH)
+            if len(ids) != 1:  # §3.8.2.1.2: more than one is a Protocol Error (0 is refused by the codec)
+                raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, f"SUBSCRIBE with {len(ids)} Subscription Identifiers")
+            sub_id = ids[0]
         codes = []
         for topic_filter, options in packet.topics:
             if topic_filter.startswith("$share/"):
@@ -483,6 +513,16 @@ class Connection:
                 self.no_local.add(topic_filter)   # [MQTT-3.8.3-3], applied by the fan-out
             else:
                 self.no_local.discard(topic_filter)
+            # a SUBSCRIBE replaces the filter's subscription and its options ([MQTT-3.8.4-3]): its identifier
+            # too -- none when this SUBSCRIBE has none
+            if sub_id is not None:
+                self.sub_ids[topic_filter] = sub_id   # [MQTT-3.3.4-3], applied by the fan-out
+            else:
+                self.sub_ids.pop(topic_filter, None)
+            if v5 and options & 0x08:
+                self.rap.add(topic_filter)        # [MQTT-3.3.1-12/-13], applied by the fan-out
+            else:
+                self.rap.discard(topic_filter)
             codes.append(qos)
         await self.broker.save_subscriptions(self)
         self.send(SubAck(packet.packet_id, codes))
@@ -492,6 +532,8 @@ class Connection:
         for topic_filter in packet.topics:
             codes.append(0x00 if self.filters.pop(topic_filter, None) is not None else 0x11)
             self.no_local.discard(topic_filter)
+            self.sub_ids.pop(topic_filter, None)
+            self.rap.discard(topic_filter)
         await self.broker.save_subscriptions(self)
         self.send(UnsubAck(packet.packet_id, codes))
 
@@ -640,13 +682,21 @@ class Connection:
     def _publish(self, message: dict[str, Any], qos: int, pid: int | None, dup: bool,
                  remaining: int | None) -> Publish:
         properties = None
+        # RETAIN as the fan-out set it: the published flag when a matching subscription has Retain As Published,
+        # else 0 ([MQTT-3.3.1-12], -13); MQTT 3.1.1 forwards 0 always ([MQTT-3.3.1-9])
+        retain = False
         if self.version == MQTT5:
+            retain = bool(message.get("rapRetain"))
             properties = Properties(PacketTypes.PUBLISH)
             raw = base64.b64decode(message.get("props") or "")
             if raw:
                 with contextlib.suppress(Exception):
                     properties.unpack(raw)
-            if remaining is not None:
+            # the remaining interval ([MQTT-3.3.2-6]); (defect expiry_property_dropped: left out, though the
+            # message still expires)
+            if remaining is not None and not self.config.has("expiry_property_dropped"):
                 properties.MessageExpiryInterval = remaining
-        return Publish(message["topic"], base64.b64decode(message["payload"]), qos, False, dup and qos > 0,
+            for sub_id in message.get("subIds") or ():
+                properties.SubscriptionIdentifier = sub_id  # [MQTT-3.3.4-3]: those of the matching subscriptions
+        return Publish(message["topic"], base64.b64decode(message["payload"]), qos, retain, dup and qos > 0,
                        pid, properties)

@@ -178,6 +178,44 @@ _DEFECTS = (
            "ADD_MESSAGES_SCRIPT, thingsboard/tbmq bca8e9a) has the same shape: `SET msgKey msgJson EX "
            "(msg.msgExpiryInterval or defaultTtl)` with no guard for 0, and the last packet id written only at the "
            "end.")),
+
+    # --- MQTT 5 delivery rules (docs/reference-broker.md "MQTT coverage")
+    Defect("qos_upgrade",
+           "the fan-out delivers at the subscription's granted QoS instead of the minimum of it and the published "
+           "QoS, so a QoS 1 message goes out at QoS 2 to a QoS 2 subscription",
+           "qos.upgraded", False, "reference_broker/kafka_path.py",
+           shows=(
+           "QoS 1 publishes to QoS 2 subscriptions (mqtt5-delivery): every one of them is delivered with QoS 2, "
+           "through its QoS 2 flow (PUBREC / PUBREL / PUBCOMP) [MQTT-3.8.4-8].")),
+    Defect("expiry_property_dropped",
+           "the PUBLISH to a subscriber leaves out the Message Expiry Interval (the message still expires in the "
+           "broker)",
+           "expiry.property_missing", False, "reference_broker/connection.py",
+           shows=(
+           "MQTT 5 publishes with an expiry interval (mqtt5-delivery, p2p-expiry): their deliveries to MQTT 5 "
+           "subscribers carry no Message Expiry Interval [MQTT-3.3.2-6].")),
+    Defect("user_properties_dropped",
+           "the user properties of an MQTT 5 PUBLISH are not kept with the message, so subscribers receive it "
+           "without them",
+           "props.forwarded_changed", False, "reference_broker/connection.py",
+           shows=(
+           "[workload] mqtt5_properties (mqtt5-delivery): every delivery's props lacks the two user properties its "
+           "publish_invoke row has [MQTT-3.3.2-17].")),
+    Defect("receive_maximum_ignored",
+           "the client's Receive Maximum is not read: the broker keeps up to its own in-flight window (max_inflight) "
+           "of QoS 1 and 2 PUBLISHes unacknowledged on a connection",
+           "flow.receive_maximum", False, "reference_broker/connection.py",
+           shows=(
+           "a subscriber with Receive Maximum 2 that withholds its PUBACKs before it drops (mqtt5-receive-maximum): "
+           "every message published meanwhile reaches it, many more than 2 unacknowledged [MQTT-3.3.4-9].")),
+    Defect("pubrel_not_resent",
+           "the QoS 2 flows a connection had PUBREC for and awaited PUBCOMP on are dropped when it ends, so the "
+           "resumed session never resends their PUBREL",
+           "qos2.pubrel_not_resent", False, "reference_broker/connection.py",
+           shows=(
+           "QoS 2 subscribers that stop reading after a PUBREC, drop abruptly and resume (qos2-resume): the "
+           "message each answered with PUBREC is never released on the resumed session [MQTT-4.4.0-1] -- and "
+           "never delivered (durability.lost too).")),
 )
 
 CATALOG: dict[str, Defect] = {d.name: d for d in _DEFECTS}

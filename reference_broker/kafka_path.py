@@ -330,13 +330,23 @@ class FanOut:
             message = orjson.loads(record.value)
             for client, granted in self.index.match(message["topic"]).items():
                 sub = self.index.records[client]
-                if sub.get("no_local") and client == message.get("publisher"):
+                own = client == message.get("publisher")
+                if sub.get("no_local") and own:
                     granted = not_local_grant(sub, message["topic"])
                     if granted is None:
                         continue  # [MQTT-3.8.3-3]: only No Local filters match the publisher's own message
+                # [MQTT-3.8.4-8] (3.1.1 §3.8.4): the minimum of the published QoS and the granted one
                 qos = min(granted, message["qos"])
+                if broker.config.has("qos_upgrade"):
+                    qos = granted  # defect: delivered at the subscription's QoS, also above the published one
                 # "gen": the session this subscription belongs to; a newer session of the client drops it
                 out = dict(message, qos=qos, gen=sub["gen"]) if sub.get("gen") else dict(message, qos=qos)
+                if sub.get("sub_ids") or sub.get("rap"):
+                    sub_ids, rap = subscription_options(sub, message["topic"], own)
+                    if sub_ids:
+                        out["subIds"] = sub_ids
+                    if rap and message.get("retain"):
+                        out["rapRetain"] = True
                 if sub.get("persistent") and qos > 0:
                     pending.append(await broker.producer.send(
                         broker.config.persisted_topic, orjson.dumps(out), key=client.encode()))
@@ -345,6 +355,18 @@ class FanOut:
         # commit (by the caller) only after every persisted-topic write is acknowledged
         if pending:
             await asyncio.gather(*pending)
+
+
+def subscription_options(record: dict[str, Any], topic: str, own: bool) -> tuple[list[int], bool]:
+    """(Subscription Identifiers, Retain As Published) of the client's filters matching ``topic`` (of those without
+    No Local when ``own``).  One copy goes to the client, so it carries every matching subscription's identifier
+    ([MQTT-3.3.4-3], -4), in ascending order; its RETAIN is the published flag when any of them has Retain As
+    Published ([MQTT-3.3.1-13]; MQTT 5 leaves a mix of options on overlapping subscriptions open)."""
+    no_local = set(record.get("no_local", ())) if own else set()
+    matching = [f for f in record.get("filters", {}) if f not in no_local and topic_matches(f, topic)]
+    ids = record.get("sub_ids", {})
+    rap = set(record.get("rap", ()))
+    return sorted({int(ids[f]) for f in matching if f in ids}), any(f in rap for f in matching)
 
 
 def not_local_grant(record: dict[str, Any], topic: str) -> int | None:

@@ -178,6 +178,8 @@ class Broker:
         subscription = await store.get_subscription(client) if resumed else None
         conn.filters = dict(subscription["filters"]) if subscription else {}
         conn.no_local = set(subscription.get("no_local", ())) if subscription else set()
+        conn.sub_ids = dict(subscription.get("sub_ids", {})) if subscription else {}
+        conn.rap = set(subscription.get("rap", ())) if subscription else set()
         if resumed:
             conn.inbound_qos2 = await store.inbound_qos2(client)
         # a resumed session keeps its id; a new one gets the connection's (messages of an older session still
@@ -209,6 +211,10 @@ class Broker:
                       "gen": conn.session_gen}
             if conn.no_local:
                 record["no_local"] = sorted(conn.no_local & set(conn.filters))
+            if conn.sub_ids:  # MQTT 5 subscription options the fan-out applies (kafka_path.subscription_options)
+                record["sub_ids"] = {f: i for f, i in sorted(conn.sub_ids.items()) if f in conn.filters}
+            if conn.rap:
+                record["rap"] = sorted(conn.rap & set(conn.filters))
         await self.store.put_subscription(conn.client_id, record)
 
     async def connection_lost(self, conn: Connection) -> None:

@@ -28,7 +28,8 @@ An unknown name is refused when the configuration is loaded, and `BrokerConfig.h
 broker's own code, naming the valid ones.
 
 Each has a focused test that shows the changed behaviour: the save-script defects in
-`tests/integration/test_lua_scripts.py`, the others in `tests/integration/test_broker_defects.py`
+`tests/integration/test_lua_scripts.py`, the MQTT 5 delivery ones in
+`tests/integration/test_broker_mqtt5_delivery.py`, the others in `tests/integration/test_broker_defects.py`
 (`test_every_defect_has_a_focused_test` keeps that true).
 """
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.history_schema import Kind, Phase
+from contracts.invariants import RECOVERY_AFTER_FAULT_S
 from spark_checkers.guarantees import Guarantees
 
 SMALL_KINDS = (
@@ -428,7 +429,8 @@ def _unresponsive(timeline: Timeline, guarantees: Guarantees) -> None:
     client fault — a pause of the node, a partition, a kill or restart, and a fault of what the node depends
     on (a Redis master paused stalls the reference broker's CONNECT, a peer down stalls a cluster node) — and
     the final heal (workload_end to heal_all).  A stretch that outlasts the faults covering it by more than
-    the grace is unplanned from where the cover ends."""
+    the grace is unplanned from where the cover ends; one that began under a fault is the node's recovery from
+    it for RECOVERY_AFTER_FAULT_S after the cover ends (contracts/invariants.py)."""
     stretches: list[tuple[dict, dict | None]] = []
     open_: dict[str, dict] = {}
     for event in timeline.node_events:
@@ -447,6 +449,9 @@ def _unresponsive(timeline: Timeline, guarantees: Guarantees) -> None:
         # Never answered again: it failed every probe at least until its "unresponsive" row, and nothing after
         # that says it answered (the probe went on until the run's teardown).
         until = end["t_mono_us"] if end is not None else max(start["t_mono_us"], timeline.t_last)
+        if any(lo <= since <= hi for lo, hi in covers):
+            # It stopped answering under a planned fault: what follows the cover is its recovery.
+            grace_us = max(grace_us, RECOVERY_AFTER_FAULT_S * 1_000_000)
         uncovered = _uncovered_from(since, until, covers, grace_us)
         if uncovered is None:
             continue

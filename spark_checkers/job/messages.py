@@ -59,6 +59,7 @@ def publishes(events, constant: dict[str, str] | None = None):
         on_invoke("expiry_s").alias("expiry_s"), on_invoke("body_hash").alias("pub_hash"),
         on_invoke("node").alias("pub_node"), on_invoke("protocol").alias("pub_protocol"),
         on_invoke("props").alias("pub_props"), on_invoke("retain").alias("pub_retain"),
+        on_invoke("packet_size").alias("pub_packet_size"),
         F.min(F.when(F.col("kind") == Kind.PUBLISH_ACK, F.col("t_mono_us"))).alias("t_ack"),
         F.min(F.when(F.col("kind") == Kind.PUBLISH_FAIL, F.col("t_mono_us"))).alias("t_fail"),
         F.min(F.when(F.col("kind") == Kind.PUBLISH_INDETERMINATE, F.col("t_mono_us"))).alias("t_indet"),
@@ -190,7 +191,9 @@ def _message_aggregates(columns=()) -> list:
             F.min(F.when(F.col("acked"), F.col("next_t"))).alias("first_ack_t"),
             F.sum(F.col("resend").cast("int")).alias("n_resends"),
             F.max(F.col("t") + F.col("remaining_expiry_s") * 1_000_000).alias("implied_deadline"),
-            F.max(F.when(~F.col("acked") & (F.coalesce("qos", F.lit(0)) > 0), F.lit(1)).otherwise(F.lit(0))).alias(
+            # acked is null on the last use of a packet-id slot (no row after it): never acknowledged.
+            F.max(F.when(~F.coalesce(F.col("acked"), F.lit(False)) & (F.coalesce("qos", F.lit(0)) > 0), F.lit(1))
+                  .otherwise(F.lit(0))).alias(
                 "any_unacked")]
 
 

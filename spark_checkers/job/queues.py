@@ -191,7 +191,11 @@ def online_trims(gaps, table):
                                                         | ((F.col("publisher") == F.col("m_publisher"))
                                                            & (F.col("pub_seq") > F.col("m_pub_seq"))))))
     pairs = (F.broadcast(gone).join(queued, ["run_id", "client"])
-             .filter(newer & (F.col("t_gone") > F.col("trim_from")) & (F.col("t_arr") <= F.col("trim_until"))))
+             # t_gone after its entry too: a newer message the subscriber acknowledged before its publisher saw
+             # the PUBACK (t_gone < t_arr) was never queued inside the window, and its -1 before its +1 would
+             # lower the peak.
+             .filter(newer & (F.col("t_gone") > F.greatest("t_arr", "trim_from"))
+                     & (F.col("t_arr") <= F.col("trim_until"))))
     m = ["run_id", "client", "m_publisher", "m_pub_seq"]
     # Why a sweep: +1 where a newer message enters the window [trim_from, trim_until], -1 where it leaves (a leave
     # sorts before an enter at the same instant: queued over [t_arr, t_gone)); the running sum's peak is the

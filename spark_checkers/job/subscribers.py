@@ -10,6 +10,8 @@ from pyspark.sql import functions as F
 from spark_checkers.job.columns import DELIVERED_COLUMNS, PUBLISH_COLUMNS, SUBSCRIBER_MESSAGE, sql
 from spark_checkers.timeline import NEVER
 
+SUBSCRIPTION_ID_BYTES = 5  # a Subscription Identifier property: its id byte and a Variable Byte Integer (1-4 bytes)
+
 
 def expiry_deadline():
     """When a message expires: its MQTT 5 expiry interval after the publish, else the broker's default TTL."""
@@ -46,8 +48,17 @@ def subscriber_rows(claims, dsm, runs_b, clients_b):
     got = dsm.select(*SUBSCRIBER_MESSAGE, "n_deliveries", F.col("first.t").alias("t_first"), "t_last", "first_ack_t",
                      "n_resends", "n_after_ack")  # the last two for the delivery metrics only
     t = claims.join(got, list(SUBSCRIBER_MESSAGE), "left")
-    t = t.join(runs_b.drop("fault_times", "fault_spans"), "run_id").join(clients_b.select("run_id", "client", "offline"),
-                                                          ["run_id", "client"], "left")
+    t = t.join(runs_b.drop("fault_times", "fault_spans"), "run_id").join(
+        clients_b.select("run_id", "client", "offline", "conn_limits"), ["run_id", "client"], "left")
+    # Too large for the subscriber: a PUBLISH above the Maximum Packet Size its CONNECT sent is discarded by the
+    # broker without sending it, as if it had been sent ([MQTT-3.1.2-25]): not owed.  The copy it would get is
+    # the publisher's packet plus what the broker adds (a subscription identifier: up to SUBSCRIPTION_ID_BYTES),
+    # so a publish that large enough for the copy to exceed the limit is not owed (flow.packet_too_large judges
+    # any copy that was sent anyway).
+    limit = sql("array_min(transform(filter(coalesce(conn_limits, array()), c -> c.maximum_packet_size IS NOT NULL),"
+                " c -> c.maximum_packet_size))")
+    too_large = F.coalesce(F.col("pub_packet_size") + SUBSCRIPTION_ID_BYTES > limit, F.lit(False))
+    t = t.withColumn("is_cand", F.col("is_cand") & ~too_large).drop("conn_limits")
     t = t.select("*", F.coalesce("t_ack", "t_invoke").alias("t_arr"))
     k = sql("element_at(filter(coalesce(offline, array()), i -> i.c > t_arr), 1)")
     t = t.select("*", k.alias("k"), F.col("t_first").isNotNull().alias("delivered"))

@@ -115,6 +115,13 @@ def session_expiry(offline_to_slot, expiry_s, faults=()):
     return spec, lambda rows: s.set_connect(rows, "sub-0", 0, session_expiry_s=expiry_s)
 
 # name -> (spec, mutation, {invariant: count} among RULES (every other one 0), words its witness says)
+def _never_sent(rows, publish_size):
+    """sub-0 (Maximum Packet Size SIZE) never gets pub-0 #4, published as a PUBLISH of ``publish_size`` bytes."""
+    rows = s.drop_delivery(s.set_connect_detail(rows, "sub-0", 0, maximum_packet_size=SIZE), "sub-0", "pub-0", 4)
+    s.publish_row(rows, Kind.PUBLISH_INVOKE, "pub-0", 4)["packet_size"] = publish_size
+    return rows
+
+
 CASES = {
     "clean_v5": (V5, None, {}, ()),
     "clean_v5_qos2": (QOS2, None, {}, ()),
@@ -206,6 +213,10 @@ CASES = {
                                                             "sub-0", "pub-0", 4, packet_size=SIZE + 1),
                          {"flow.packet_too_large": 1}, (f"{SIZE + 1} bytes", f"Maximum Packet Size {SIZE}")),
     "packet_of_the_maximum_size": (V5, lambda r: s.set_connect_detail(r, "sub-0", 0, maximum_packet_size=SIZE), {}, ()),
+    # A message too large for the subscriber's Maximum Packet Size is discarded unsent ([MQTT-3.1.2-25]): not owed
+    # (durability.lost 0, test_a_message_too_large_for_the_subscriber_is_not_owed); one that fits is.
+    "too_large_discarded": (V5, lambda r: _never_sent(r, SIZE + 20), {}, ()),
+    "fits_but_never_sent": (V5, lambda r: _never_sent(r, SIZE - 5), {}, ()),
     # --- durability.expired_session_present ---
     # 1.3 s offline with an expiry of 1 s (+ the 0.2 s tolerance); 1.1 s; 1.3 s with 2 s; 1.3 s across a kill
     "expired_session_present": (*session_expiry(16, 1), {"durability.expired_session_present": 1},
@@ -293,3 +304,11 @@ def test_a_version_1_history_shows_nothing_of_version_2(reports, name):
     items = _items(reports[name])
     assert {i: items[i]["count"] for i in RULES} == {i: 0 for i in RULES}
     assert {i for i in RULES if BY_ID[i].needs_v2} <= {i for i in RULES if items[i]["verdict"] == "unknown"}
+
+
+def test_a_message_too_large_for_the_subscriber_is_not_owed(reports):
+    """Its copy (the publish + a subscription identifier) is larger than the Maximum Packet Size: the broker
+    discards it as if sent; the near miss, 5 bytes under the limit, is owed and lost."""
+    assert _items(reports["too_large_discarded"])["durability.lost"]["count"] == 0
+    lost = _items(reports["fits_but_never_sent"])["durability.lost"]
+    assert (lost["verdict"], lost["count"]) == ("fail", 1)

@@ -272,17 +272,17 @@ def test_mqtt_3_2_2_3_3_server_receive_maximum_declared_and_enforced_0x93(broker
 
 # ------------------------------------------------------------------ what the broker does not do (§3.2.2.3)
 def test_mqtt_3_2_2_3_connack_declares_what_the_broker_does_not_support(brokers):
-    """Retain, shared subscriptions, subscription identifiers and topic aliases are declared unavailable;
-    wildcards and QoS 2 are supported, so neither Wildcard Subscription Available nor Maximum QoS is sent;
-    Receive Maximum and Maximum Packet Size are the configured limits."""
+    """Retain, shared subscriptions and topic aliases are declared unavailable; wildcards, subscription
+    identifiers and QoS 2 are supported, so neither Wildcard Subscription Available, Subscription Identifiers
+    Available nor Maximum QoS is sent; Receive Maximum and Maximum Packet Size are the configured limits."""
     cluster = brokers()
     client = cluster.probe(version=5)
     client.connect(clean=True)
     p = client.connack_properties
-    assert (p.RetainAvailable, p.SharedSubscriptionAvailable, p.SubscriptionIdentifierAvailable,
-            p.TopicAliasMaximum) == (0, 0, 0, 0)
+    assert (p.RetainAvailable, p.SharedSubscriptionAvailable, p.TopicAliasMaximum) == (0, 0, 0)
     assert (p.ReceiveMaximum, p.MaximumPacketSize) == (100, 1048576)
-    assert not hasattr(p, "WildcardSubscriptionAvailable") and not hasattr(p, "MaximumQoS")
+    assert not any(hasattr(p, name) for name in ("WildcardSubscriptionAvailable", "MaximumQoS",
+                                                 "SubscriptionIdentifierAvailable"))
 
 
 def test_mqtt_3_2_2_14_publish_with_retain_when_unavailable_disconnect_0x9a(brokers):
@@ -360,16 +360,18 @@ def test_mqtt_3_3_4_6_publish_from_client_with_subscription_identifier_is_protoc
     expect_disconnect(client, codec.RC_PROTOCOL_ERROR)
 
 
-def test_mqtt_3_2_2_3_12_subscribe_with_subscription_identifier_disconnect_0xa1(brokers):
-    """Subscription Identifiers Available = 0: a SUBSCRIBE carrying one gets DISCONNECT 0xA1; the same
-    SUBSCRIBE without it gets SUBACK (the near miss)."""
+def test_mqtt_3_8_2_1_2_subscription_identifier_given_twice_is_a_protocol_error(brokers):
+    """A SUBSCRIBE with one Subscription Identifier gets SUBACK (the near miss); one with two is a Protocol
+    Error, DISCONNECT 0x82 (§3.8.2.1.2).  (0 is refused the same way: paho will not encode it.)"""
     cluster = brokers()
     client = raw(cluster)
     assert raw_connect(client).reason_code == 0
-    client.send(codec.Subscribe(1, [(FILTER, 1)], Properties(PacketTypes.SUBSCRIBE)))
+    client.send(codec.Subscribe(1, [(FILTER, 1)], props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=3)))
     assert client.receive().reason_codes == [1]
-    client.send(codec.Subscribe(2, [(FILTER, 1)], props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=3)))
-    expect_disconnect(client, codec.RC_SUBSCRIPTION_IDS_NOT_SUPPORTED)
+    twice = props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=3)
+    twice.SubscriptionIdentifier = 4  # paho appends: the property appears twice on the wire
+    client.send(codec.Subscribe(2, [(FILTER, 1)], twice))
+    expect_disconnect(client, codec.RC_PROTOCOL_ERROR)
 
 
 def test_mqtt_3_2_2_3_13_shared_subscription_disconnect_0x9e(brokers):

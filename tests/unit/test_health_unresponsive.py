@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contracts.history_schema import Kind, Phase
+from contracts.invariants import RECOVERY_AFTER_FAULT_S
 from harness.death_watch import DeathWatch, ProbeAnswer
 from spark_checkers.guarantees import Guarantees
 from spark_checkers.rules.catalog import explain
@@ -122,12 +123,20 @@ def test_a_client_fault_covers_nothing():
     assert len(_found(timeline)) == 1
 
 
-def test_outlasting_the_cover_by_more_than_the_grace_is_a_violation_from_where_the_cover_ends():
+def test_outlasting_the_cover_by_more_than_the_recovery_is_a_violation_from_where_the_cover_ends():
+    """It stopped answering under the pause: once the pause is over it has RECOVERY_AFTER_FAULT_S to answer again."""
     timeline = Rows().fault("f1", "process_pause", "mosquitto", 2.0, 5.0, 5.1).stretch(
-        "mosquitto", 2.5, 12.5, 24.0).timeline()
+        "mosquitto", 2.5, 12.5, 5.1 + RECOVERY_AFTER_FAULT_S + 1).timeline(end_s=100.0)
     (witness,) = _found(timeline)
     assert witness["t"] == int(5.1 * S) and witness["t_from"] == int(2.5 * S)
     assert "outside every planned fault from 5.100 s" in explain("health.unresponsive", witness, timeline)
+
+
+def test_near_miss_a_recovery_after_the_fault_within_its_allowance_is_covered():
+    """rabbitmq-cluster-partition-1: the minority node (pause_minority) answered 10.5 s after the partition healed."""
+    timeline = Rows().fault("f1", "net_partition", "rabbit3", 2.0, 18.0, 18.05).stretch(
+        "rabbit3", 12.0, 22.0, 28.55).timeline()
+    assert not _found(timeline)
 
 
 def test_a_fault_that_starts_after_the_node_stopped_answering_for_the_grace_does_not_cover_it():

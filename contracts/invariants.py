@@ -61,7 +61,7 @@ INVARIANTS: tuple[Invariant, ...] = (
                          "the Session State for those Clients that have matching Subscriptions; [MQTT-3.1.2-23] the Client and "
                          "Server MUST store the Session State after the Network Connection is closed if the Session Expiry "
                          "Interval is greater than 0; [MQTT-4.4.0-1] unacknowledged PUBLISH packets are resent on the "
-                         "reconnect (MQTT 3.1.1 [MQTT-3.1.2-4], [MQTT-3.1.2-5]: after the disconnection of a CleanSession 0 "
+                         "reconnect (MQTT 3.1.1 [MQTT-3.1.2-4], [MQTT-3.1.2-5]: after the disconnection of a CleanSession = 0 "
                          "Session the Server MUST store further QoS 1 and QoS 2 messages that match its subscriptions). QoS 1 "
                          "and 2 arrive at least once (§4.3.2, §4.3.3).")),
     Invariant("durability.lost_allowed", "Owed message lost to a fault the target never promised to survive "
@@ -81,10 +81,10 @@ INVARIANTS: tuple[Invariant, ...] = (
                          "[MQTT-3.1.2-6]: state data associated with a discarded Session MUST NOT be reused in any subsequent "
                          "Session).")),
     Invariant("durability.clean_start_session_present", "Session present 1 on a connection accepted with clean "
-              "start 1 (clean session 1)",
+              "start 1 (CleanSession = 1)",
               statement="[MQTT-3.2.2-2] If the Server accepts a connection with Clean Start set to 1, the Server MUST "
                         "set Session Present to 0 in the CONNACK packet in addition to setting a 0x00 (Success) Reason "
-                        "Code in the CONNACK packet (MQTT 3.1.1 [MQTT-3.2.2-1], clean session 1)."),
+                        "Code in the CONNACK packet (MQTT 3.1.1 [MQTT-3.2.2-1], CleanSession = 1)."),
     Invariant("durability.expired_session_present", "Session present 1 on a reconnect after the session's expiry "
               "interval had elapsed", mqtt5_only=True,
               statement=("[MQTT-4.1.0-2] The Server MUST discard the Session State when the Network Connection is closed and "

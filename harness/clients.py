@@ -399,7 +399,7 @@ class ClientSession:
 
     @property
     def session_persistent(self) -> bool:
-        """Does the current connection's session outlive it?  3.1.1: clean session 0; MQTT 5: clean start 0
+        """Does the current connection's session outlive it?  3.1.1: CleanSession = 0; MQTT 5: clean start 0
         (TBMQ's rule: then kept even with expiry 0) or a session expiry interval > 0."""
         if not self.plan.persistent:
             return False

@@ -32,7 +32,7 @@ class Publisher:
 class Subscriber:
     name: str
     protocol: int
-    persistent: bool  # clean session 0 / clean start 0
+    persistent: bool  # CleanSession = 0 / clean start 0
     session_expiry_s: int | None  # MQTT 5: the session expiry interval it connects with
     topic_filter: str
     qos: int  # requested, and granted

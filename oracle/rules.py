@@ -71,7 +71,7 @@ def session_lost_allowed(m: Model) -> list[Item]:
 
 @rule("durability.clean_start_session_present")
 def clean_start_session_present(m: Model) -> list[Item]:
-    """An accepted connect with clean start 1 (3.1.1 clean session 1) answered session present 1."""
+    """An accepted connect with clean start 1 (3.1.1 CleanSession = 1) answered session present 1."""
     return [(life.client, c["seq"]) for life in m.lives.values() for c in life.accepted
             if c.get("clean_start") is True and c.get("session_present") is True]
 

@@ -2,7 +2,7 @@
 windows (docs/invariants.md "Owed", rules 3 and 6; "A discarded session's messages"), and the sessions the
 broker lost or brought back at a reconnect.
 
-Persistent session (docs/invariants.md, "Declared guarantees"): MQTT 3.1.1 clean session 0, or MQTT 5 clean
+Persistent session (docs/invariants.md, "Declared guarantees"): MQTT 3.1.1 CleanSession = 0, or MQTT 5 clean
 start 0 or session expiry > 0.  An MQTT 5 session ends ``session_expiry_s`` after its disconnect (0 or
 absent: the broker keeps it).
 """

@@ -272,7 +272,7 @@ class Broker:
         present = session is not None and not clean_start
         if not present:
             self.held = {k: v for k, v in self.held.items() if k[0] != sub.name}
-            # Persistent as this CONNECT asks: clean session 0 / clean start 0, or (MQTT 5) a session expiry > 0.
+            # Persistent as this CONNECT asks: CleanSession = 0 / clean start 0, or (MQTT 5) a session expiry > 0.
             keeps = not clean_start or (sub.protocol == 5 and (sub.session_expiry_s or 0) > 0)
             session = Session(sub, keeps, counter=self.first_counter if sub.name not in self.had_session else 0)
             self.sessions[sub.name] = session

@@ -348,7 +348,7 @@ def _expired_sessions_present(timeline: Timeline, client: str, rows: list[dict],
 
 
 def _clean_start_sessions_present(timeline: Timeline, client: str, rows: list[dict]) -> None:
-    """durability.clean_start_session_present: a connection accepted with clean start 1 (3.1.1: clean session 1)
+    """durability.clean_start_session_present: a connection accepted with clean start 1 (3.1.1: CleanSession = 1)
     answered session present 1.  The server must then discard any session and start a new one, and say so with
     session present 0 ([MQTT-3.2.2-2]; 3.1.1 [MQTT-3.2.2-1])."""
     for row in rows:

@@ -201,7 +201,7 @@ def _session_lost(w: dict[str, Any], timeline: Timeline) -> str:
 
 @explains("durability.clean_start_session_present")
 def _clean_start_session_present(w: dict[str, Any], timeline: Timeline) -> str:
-    flag = "clean session 1" if w.get("protocol") == 4 else "clean start 1"
+    flag = "CleanSession = 1" if w.get("protocol") == 4 else "clean start 1"
     where = f" on {w['node']}" if w.get("node") else ""
     return (f"{w['client']} connected at {seconds(w.get('t'), timeline.t_first)}{where} with {flag} and the broker "
             "answered session present = 1: a clean start discards the session, so no session can be present.")

@@ -39,7 +39,7 @@ def subscriber(cluster, *, qos: int = 1, version: int = 5, **options):
     if version == 5:
         sub.connect(clean=True, session_expiry=3600)  # a fresh session that outlives its connections
     else:
-        sub.connect(clean=True)  # 3.1.1: clean session 1 discards any old state, 0 keeps the new one
+        sub.connect(clean=True)  # 3.1.1: CleanSession = 1 discards any old state, 0 keeps the new one
         sub.disconnect()
         sub.connect(clean=False)
     sub.subscribe(FILTER, qos, **options)

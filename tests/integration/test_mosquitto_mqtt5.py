@@ -260,7 +260,7 @@ def test_mosquitto_honours_maximum_packet_size(mosquitto, tmp_path):
 def test_mosquitto_resends_pubrel_on_the_resumed_session(mosquitto, tmp_path, protocol):
     clients = Clients(tmp_path, mosquitto)
     sub = clients.subscriber(Subscription(FILTER, 2), protocol=protocol)
-    if protocol == 4:  # 3.1.1: clean session 1 then 0, a session that outlives the connection
+    if protocol == 4:  # 3.1.1: CleanSession = 1, then = 0, a session that outlives the connection
         sub.disconnect(abrupt=False, why="persistent from here")
         clients.connect(sub)
     pub = clients.publisher()

@@ -31,7 +31,7 @@ from spark_checkers.loader import RunInput, local_run_dir, open_run
 from spark_checkers.rules.catalog import explain
 from spark_checkers.rules.logs import LOG_INVARIANTS, LogFinding, judge_logs
 from spark_checkers.rules.losses import LOSS_INVARIANTS, loss_gaps
-from spark_checkers.timeline import Timeline, build_timeline
+from spark_checkers.timeline import Timeline, build_timeline, has_mqtt5
 from spark_checkers.verdicts import NOT_APPLICABLE, VERDICTS, InvariantResult, decide, exit_code
 
 
@@ -346,7 +346,7 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
                                        white_box=g.white_box if g else True,
                                        queue_policy=g.queue_policy if g else "drop_oldest",
                                        allowance=_allowance(g), history_version=_history_version(run),
-                                       mqtt5=timeline is None or _has_mqtt5(timeline))
+                                       mqtt5=timeline is None or has_mqtt5(timeline))
         shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count,
                                     outcome.contexts.get(invariant.id, []))
         if invariant.id == "liveness.unseen_over_time":
@@ -386,10 +386,6 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
 def _history_version(run: RunInput) -> int:
     version = (run.manifest or {}).get("schema_version")
     return version if isinstance(version, int) else SCHEMA_VERSION
-
-
-def _has_mqtt5(timeline: Timeline) -> bool:
-    return any(row.get("protocol") == 5 for rows in timeline.connects.values() for row in rows)
 
 
 def _log_findings(run: RunInput, g, timeline: Timeline | None, fatal: tuple[str, ...]) -> dict[str, LogFinding]:

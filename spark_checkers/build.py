@@ -51,7 +51,7 @@ from spark_checkers.rules.losses import LOSS_INVARIANTS, owed_checks, with_cause
 from spark_checkers.rules.qos import qos2_flows
 from spark_checkers.rules.registry import BACKLOGS, IN_FLIGHT, MESSAGES, QOS2_FLOWS, SLOTS, STORED_IDS
 from spark_checkers.rules.whitebox import packet_id_gaps
-from spark_checkers.timeline import Timeline, detail_of
+from spark_checkers.timeline import Timeline, detail_of, has_mqtt5
 
 
 @dataclass
@@ -234,7 +234,7 @@ def delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b, all_cla
 
 def mqtt5(timelines: dict[str, Timeline]) -> bool:
     """Whether any run of the batch had an MQTT 5 connection: else the deliveries carry nothing of MQTT 5 to read."""
-    return any(row.get("protocol") == 5 for t in timelines.values() for rows in t.connects.values() for row in rows)
+    return any(has_mqtt5(t) for t in timelines.values())
 
 
 def flow_groups(events, timelines: dict[str, Timeline], clients_b, runs_b, by: tuple[str, ...]) -> list:

@@ -94,6 +94,11 @@ class Timeline:
         return sorted(times)
 
 
+def has_mqtt5(timeline: Timeline) -> bool:
+    """Whether any client of the run connected with MQTT 5 (an mqtt5_only rule has something to judge)."""
+    return any(row.get("protocol") == 5 for rows in timeline.connects.values() for row in rows)
+
+
 def is_persistent(row: dict) -> bool:
     """MQTT 3.1.1 clean session = 0; MQTT 5 session expiry > 0 or clean start = 0 (TBMQ's rule)."""
     if row.get("clean_start") is False:

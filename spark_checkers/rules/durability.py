@@ -122,6 +122,12 @@ def _after_failed_publish(w: dict[str, Any], timeline: Timeline) -> str:
             f"{seconds(w.get('t'), o)}.")
 
 
+def _by_cause(w: dict[str, Any]) -> str:
+    """' (31 durability.lost, ...)': the invariants a session window's lost messages fall under, or ''."""
+    causes = sorted((w.get("lost_by_cause") or {}).items())
+    return f" ({', '.join(f'{n} {cause}' for cause, n in causes)})" if w.get("acked_lost") else ""
+
+
 def _with_session(w: dict[str, Any], timeline: Timeline) -> str:
     """What the lost session owed, in acknowledged messages (api.py: _session_windows), and whether it came back."""
     o = timeline.t_first
@@ -133,9 +139,7 @@ def _with_session(w: dict[str, Any], timeline: Timeline) -> str:
         owed, lost = w.get("acked_owed", 0), w.get("acked_lost", 0)
         until = "then" if returned is not None else "at that reconnect"
         text += (("; " if returned is not None else " ") + f"{owed} acknowledged message(s) were owed to it {until}, "
-                 f"{lost} of them never delivered"
-                 + (f" ({', '.join(f'{n} {cause}' for cause, n in sorted(w.get('lost_by_cause', {}).items()))})"
-                    if lost else "") + ".")
+                 f"{lost} of them never delivered{_by_cause(w)}.")
     elif returned is not None:
         text += "."
     return text
@@ -168,9 +172,7 @@ def _session_returned(w: dict[str, Any], timeline: Timeline) -> str:
     if "acked_owed" in w:
         lost = w.get("acked_lost", 0)
         text += (f" Judged as the one session it was: {w['acked_owed']} acknowledged message(s) owed to it from its "
-                 f"disconnect to this reconnect, {lost} never delivered"
-                 + (f" ({', '.join(f'{n} {cause}' for cause, n in sorted(w.get('lost_by_cause', {}).items()))})"
-                    if lost else "") + ".")
+                 f"disconnect to this reconnect, {lost} never delivered{_by_cause(w)}.")
     return text
 
 

@@ -7,8 +7,8 @@ printed with the run's directory, the invariant, both answers and the items coun
 wrong is then traced by hand (tests/data/oracle/ keeps the regression cases, test_oracle_regressions.py).
 
 The batch: ``ORDEAL_ORACLE_BATCH`` histories (200 here; tox -e nightly runs more), drawn with the fixed seed
-``ORDEAL_ORACLE_SEED`` (Hypothesis's database off): every run of this module checks the same batch.  A checker
-bug already traced and kept as a regression case (KNOWN_CHECKER_BUGS) is printed, not failed, until its fix.
+``ORDEAL_ORACLE_SEED`` (Hypothesis's database off): every run of this module checks the same batch.  Every
+disagreement fails: a checker bug found this way is fixed with its regression case, never excused.
 """
 
 from __future__ import annotations
@@ -27,10 +27,6 @@ from spark_checkers.api import check_runs
 
 BATCH = int(os.environ.get("ORDEAL_ORACLE_BATCH", "200"))
 SEED = int(os.environ.get("ORDEAL_ORACLE_SEED", "20261202"))
-# Checker bugs the oracle found, each kept as a regression case (tests/data/oracle/<case>, a strict xfail in
-# test_oracle_regressions.py until the checker is fixed): disagreements on these invariants are printed, not
-# failed.  Remove an entry with the fix.
-KNOWN_CHECKER_BUGS: dict[str, str] = {}  # invariant -> its regression case under tests/data/oracle/
 
 # One Spark batch of BATCH histories: about 1.5 min on 2 shared cores for 200 (see the printed timing).
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(max(900, BATCH * 5))]
@@ -61,21 +57,10 @@ def compare(batch, rules=None) -> list:
 
 
 def test_the_oracle_and_the_checkers_agree_on_every_generated_history(batch):
-    everything = compare(batch)
-    known = Counter(d.invariant for d in everything if d.invariant in KNOWN_CHECKER_BUGS)
-    for invariant, n in sorted(known.items()):
-        print(f"known checker bug, {n} run(s): {invariant} (tests/data/oracle/{KNOWN_CHECKER_BUGS[invariant]})")
-    found = [d for d in everything if d.invariant not in KNOWN_CHECKER_BUGS]
+    found = compare(batch)
     drawn = {str(d): run for d, run in zip(batch[0], batch[2], strict=True)}
     assert not found, f"{len(found)} disagreement(s):\n" + "\n".join(
         f"{describe(d)}\n  drawn: {drawn[d.run_dir].label()}" for d in found[:40])
-
-
-def test_every_known_checker_bug_has_its_regression_case():
-    from pathlib import Path
-
-    cases = Path(__file__).resolve().parents[1] / "data" / "oracle"
-    assert all((cases / case / "expected.json").is_file() for case in KNOWN_CHECKER_BUGS.values())
 
 
 def test_the_batch_makes_the_checkers_decide_something(batch):

@@ -1,6 +1,7 @@
 """The disagreements between the oracle and the checkers that were traced to a checker bug, each kept as its
 smallest history under tests/data/oracle/<case>/ (a run directory) with the right answer in its expected.json:
-``{"why": ..., "expected": {invariant: [verdict, count]}, "checker_xfail": reason while the checker is wrong}``.
+``{"why": ..., "expected": {invariant: [verdict, count]}, "fixed": the checker's bug and its fix,
+"checker_xfail": reason while the checker is still wrong}``.
 
 Both judges must give the right answer; a checker still wrong is a strict xfail naming its fix, so the test
 turns red the day the checker is fixed and the mark must go."""

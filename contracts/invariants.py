@@ -55,6 +55,14 @@ class Invariant:
     mqtt5_only: bool = False
 
 
+# The normative statements several rules check, worded once.
+_QOS_MINIMUM = ("[MQTT-3.8.4-8] The QoS of Application Messages sent in response to a Subscription MUST be the minimum "
+                "of the QoS of the originally published message and the Maximum QoS granted by the Server")
+_EXPIRY_REDUCED = ("[MQTT-3.3.2-6] The PUBLISH packet sent to a Client by the Server MUST contain a Message Expiry "
+                   "Interval set to the received value minus the time that the Application Message has been waiting "
+                   "in the Server.")
+
+
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant("durability.lost", "Owed message never delivered after the drain", needs_complete_history=True,
               statement=("[MQTT-4.5.0-1] When a Server takes ownership of an incoming Application Message it MUST add it to "
@@ -139,18 +147,12 @@ INVARIANTS: tuple[Invariant, ...] = (
                          "using their original Packet Identifiers. This is the only circumstance where a Client or Server is "
                          "REQUIRED to resend messages. Clients and Servers MUST NOT resend messages at any other time.")),
     Invariant("qos.upgraded", "Delivered at a higher QoS than it was published with",
-              statement=("[MQTT-3.8.4-8] The QoS of Application Messages sent in response to a Subscription MUST be the "
-                         "minimum of the QoS of the originally published message and the Maximum QoS granted by the Server "
-                         "(MQTT 3.1.1 [MQTT-3.8.4-6]): never above the published QoS.")),
+              statement=_QOS_MINIMUM + " (MQTT 3.1.1 [MQTT-3.8.4-6]): never above the published QoS."),
     Invariant("qos.above_grant", "Delivered at a higher QoS than every matching subscription was granted",
-              statement=("[MQTT-3.8.4-8] The QoS of Application Messages sent in response to a Subscription MUST be the "
-                         "minimum of the QoS of the originally published message and the Maximum QoS granted by the Server "
-                         "(MQTT 3.1.1 [MQTT-3.8.4-6]): never above the grant.")),
+              statement=_QOS_MINIMUM + " (MQTT 3.1.1 [MQTT-3.8.4-6]): never above the grant."),
     Invariant("qos.downgraded", "Delivered at a lower QoS than the minimum of its published QoS and the granted QoS",
-              statement=("[MQTT-3.8.4-8] The QoS of Application Messages sent in response to a Subscription MUST be the "
-                         "minimum of the QoS of the originally published message and the Maximum QoS granted by the Server; "
-                         "[MQTT-3.3.4-2] with overlapping subscriptions the Server MUST deliver the message to the Client "
-                         "respecting the maximum QoS of all the matching subscriptions (MQTT 3.1.1 [MQTT-3.8.4-6], "
+              statement=(_QOS_MINIMUM + "; [MQTT-3.3.4-2] with overlapping subscriptions the Server MUST deliver the "
+                         "message to the Client respecting the maximum QoS of all the matching subscriptions (MQTT 3.1.1 [MQTT-3.8.4-6], "
                          "[MQTT-3.3.5-1]).")),
     Invariant("qos2.pubrel_not_resent", "A QoS 2 message the subscriber answered with PUBREC never released "
               "(PUBREL) after its session resumed", needs_complete_history=True, needs_v2=True,
@@ -160,9 +162,7 @@ INVARIANTS: tuple[Invariant, ...] = (
                          "unacknowledged until it has received the corresponding PUBCOMP (MQTT 3.1.1 [MQTT-4.4.0-1]).")),
     Invariant("expiry.property_missing", "MQTT 5 message published with a Message Expiry Interval forwarded without "
               "it", needs_v2=False, mqtt5_only=True,
-              statement=("[MQTT-3.3.2-6] The PUBLISH packet sent to a Client by the Server MUST contain a Message Expiry "
-                         "Interval set to the received value minus the time that the Application Message has been waiting in "
-                         "the Server.")),
+              statement=_EXPIRY_REDUCED),
     Invariant("props.forwarded_changed", "Payload format, content type, correlation data, response topic or user "
               "properties not forwarded unchanged", needs_v2=True, mqtt5_only=True,
               statement=("[MQTT-3.3.2-4] A Server MUST send the Payload Format Indicator unaltered to all subscribers "
@@ -200,9 +200,7 @@ INVARIANTS: tuple[Invariant, ...] = (
                          "onward delivery to a matching subscriber, then it MUST delete the copy of the message for that "
                          "subscriber (without an interval: the broker's declared message TTL).")),
     Invariant("expiry.remaining_not_reduced", "MQTT 5 remaining expiry not reduced by the time it waited",
-              statement=("[MQTT-3.3.2-6] The PUBLISH packet sent to a Client by the Server MUST contain a Message Expiry "
-                         "Interval set to the received value minus the time that the Application Message has been waiting in "
-                         "the Server.")),
+              statement=_EXPIRY_REDUCED),
     Invariant("expiry.dropped_early", "Message with an expiry interval dropped before it expired",
               needs_complete_history=True,
               statement=("[MQTT-4.5.0-1] A message is added to the Session State of the matching subscribers, and "

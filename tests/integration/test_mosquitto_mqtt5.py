@@ -11,9 +11,6 @@ import json
 import os
 import pwd
 import shutil
-import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,23 +18,17 @@ import paho.mqtt.client as mqtt
 import pytest
 from support.capabilities import missing_capability
 from support.dirs import searchable_tmp
+from support.mosquitto import free_port, running_mosquitto
 
 from contracts.history_schema import Kind
 from harness.clients import ClientSession, Counters, SelectorLoop
 from harness.history import HistoryRecorder, read_history
-from harness.mqtt_probe import mqtt_connect
 from properties.plan import PUBLISHER, SUBSCRIBER, ClientPlan, PublishPlan, Subscription
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "europe/ua/kyiv/0/0"
 FILTER = "europe/ua/kyiv/0/+"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture
@@ -51,28 +42,12 @@ def mosquitto():
                 os.chown(base, pwd.getpwnam("mosquitto").pw_uid, -1)
             except KeyError:
                 pass
-        port = _free_port()
+        port = free_port()
         (base / "mosquitto.conf").write_text(
             f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {base}/\n"
             "max_queued_messages 1000\nmax_inflight_messages 100\nlog_dest stdout\nlog_type all\n")
-        log = (base / "mosquitto.log").open("wb")
-        process = subprocess.Popen(["mosquitto", "-c", str(base / "mosquitto.conf")], stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 10
-            while not mqtt_connect("127.0.0.1", port, timeout_s=1.0).ok:
-                assert process.poll() is None, (base / "mosquitto.log").read_text()
-                assert time.monotonic() < deadline, "mosquitto did not answer"
-                time.sleep(0.05)
+        with running_mosquitto(base / "mosquitto.conf", port):
             yield port
-        finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
-            log.close()
 
 
 class Clients:

@@ -12,9 +12,7 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from support.capabilities import missing_capability
 from support.dirs import searchable_tmp
+from support.mosquitto import free_port, running_mosquitto
 
 from contracts.exit_codes import EXIT_PASS, EXIT_UNKNOWN
 from contracts.history_schema import Kind
@@ -155,41 +154,18 @@ def test_a_broker_certificate_from_another_ca_ends_the_run_unknown_naming_the_ve
 
 
 # -- the workload clients' handshake on the selector loop ------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def mosquitto(base):
     """A Mosquitto of the test's own with a TLS-only listener on 127.0.0.1, from the run's certificates."""
-    from harness.mqtt_probe import mqtt_connect
 
     write_target_tls(base, TlsSpec(enabled=True), ["127.0.0.1"], owner=_owner())
     tls = client_tls(base, TlsSpec(enabled=True))
-    port = _free_port()
+    port = free_port()
     config = base / "mosquitto.conf"
     config.write_text(f"listener {port} 127.0.0.1\ncafile {tls.ca_file}\ncertfile {base}/tls/server.pem\n"
                       f"keyfile {base}/tls/server.key\nallow_anonymous true\nlog_dest stdout\n")
-    log = (base / "mosquitto.log").open("wb")
-    process = subprocess.Popen(["mosquitto", "-c", str(config)], stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 10
-        while not mqtt_connect("127.0.0.1", port, tls=tls, timeout_s=1.0).ok:
-            assert process.poll() is None, (base / "mosquitto.log").read_text()
-            assert time.monotonic() < deadline, "mosquitto did not answer over TLS"
-            time.sleep(0.05)
+    with running_mosquitto(config, port, tls=tls):
         yield port, tls
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(5)
-        log.close()
 
 
 def _session(tmp_path: Path, port: int, tls, client_id: str = "test_sub_client_0_0"):

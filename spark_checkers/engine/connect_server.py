@@ -214,9 +214,12 @@ def _stopping(p: Paths, state: dict) -> bool:
 
 
 def _outwait_stopping(p: Paths, timeout: float = ARCHIVE_GRACE_S + 30) -> None:
-    """Wait until a stopping server has ended: a client never connects to a dying one."""
+    """Wait until a stopping server has ended: a client never connects to a dying one.  A live watchdog without a
+    state file is one in its last moment (it removes the file, then lets alive.lock go) or its first (it takes the
+    lock, then writes the file): waited for too, or the client would find neither a server to use nor a reason to
+    start one."""
     deadline = time.monotonic() + timeout
-    while watchdog_alive(p) and _stopping(p, read_state(p) or {}):
+    while watchdog_alive(p) and ((state := read_state(p)) is None or _stopping(p, state)):
         if time.monotonic() > deadline:
             raise ConnectServerError(f"the stopping Spark Connect server did not end within {timeout:.0f} s; "
                                      f"see {p.log}")
@@ -372,10 +375,14 @@ def stop(timeout: float = ARCHIVE_GRACE_S + 30, notify: Callable[[str], None] | 
     p = paths()
     if not watchdog_alive(p):
         return False
+    asked = (read_state(p) or {}).get("watchdog_pid")
     p.stop_request.write_text(str(time.time()))
     deadline = time.monotonic() + timeout
     told = notify is None
-    while watchdog_alive(p):
+    # Wait for the watchdog that was asked, not for alive.lock to be free: a client that arrives meanwhile starts a
+    # new server the moment the old one lets the lock go, and that one is the client's, not this stop's (waiting
+    # for it would wait for its idle timeout).
+    while watchdog_alive(p) and (asked is None or _pid_running(asked)):
         if time.monotonic() > deadline:
             raise ConnectServerError(f"the Spark Connect watchdog did not stop within {timeout:.0f} s; see {p.log}")
         if not told and (writing := (read_state(p) or {}).get("writing_archive")):
@@ -384,6 +391,16 @@ def stop(timeout: float = ARCHIVE_GRACE_S + 30, notify: Callable[[str], None] | 
             told = True
         time.sleep(0.1)
     return True
+
+
+def _pid_running(pid: int) -> bool:
+    """Whether the process lives (a zombie, not yet reaped by the command that started it, has ended)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 # --- Server side (the watchdog) ----------------------------------------------------------------------------

@@ -5,8 +5,10 @@ a client outwaiting a stopping server, and the pruning of the server JVM's class
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -138,6 +140,82 @@ def test_a_client_never_takes_a_stopping_server(tmp_path, monkeypatch, stopping)
         assert not connect_server.watchdog_alive(p)
     finally:
         connect_server.release_lease()
+        os.close(alive)
+
+
+_WATCHDOG = """
+import fcntl, json, os, subprocess, sys, time
+root, successor = sys.argv[1], sys.argv[2] == "1"
+fd = os.open(os.path.join(root, "alive.lock"), os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while the predecessor holds it
+with open(os.path.join(root, "state.json"), "w") as f:
+    json.dump({"status": "ready", "watchdog_pid": os.getpid()}, f)
+if not successor:
+    time.sleep(60)
+    sys.exit(0)
+while not os.path.exists(os.path.join(root, "stop.request")):
+    time.sleep(0.05)
+os.unlink(os.path.join(root, "stop.request"))
+# a client that arrived while this one stopped: its server takes the lock the moment this one lets it go
+nxt = subprocess.Popen([sys.executable, "-c", sys.argv[3], root, "0", sys.argv[3]], start_new_session=True)
+with open(os.path.join(root, "next.pid"), "w") as f:
+    f.write(str(nxt.pid))
+time.sleep(0.5)
+os.unlink(os.path.join(root, "state.json"))
+"""
+
+
+def test_stop_waits_for_the_server_it_asked_not_for_its_successor(tmp_path, monkeypatch):
+    """`ordeal spark stop` returns once the watchdog it asked has ended, although a server a client started meanwhile
+    took alive.lock at once (waiting for that one would wait out its idle timeout).  The near miss: while the asked
+    watchdog lives, stop waits.  The watchdogs are processes that keep the lock protocol (the real server: the
+    archive test in tests/checkers/test_spark_connect.py)."""
+    monkeypatch.setenv("ORDEAL_CACHE_DIR", str(tmp_path))
+    p = connect_server.paths()
+    old = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(p.root), "1", _WATCHDOG], start_new_session=True)
+    successor = None
+    try:
+        deadline = time.monotonic() + 20
+        while (connect_server.read_state(p) or {}).get("watchdog_pid") != old.pid:
+            assert time.monotonic() < deadline and old.poll() is None
+            time.sleep(0.05)
+        started = time.monotonic()
+        assert connect_server.stop(timeout=30) is True
+        assert time.monotonic() - started >= 0.5  # it waited for the asked one to end
+        successor = int((p.root / "next.pid").read_text())
+        assert old.wait(5) == 0
+        assert connect_server.watchdog_alive(p)  # the successor holds the lock: not this stop's to wait for
+        assert time.monotonic() - started < 20
+    finally:
+        for pid in (old.pid, successor):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        old.wait(5)
+
+
+def test_a_client_outwaits_a_watchdog_that_holds_the_lock_without_a_state(tmp_path, monkeypatch):
+    """A live watchdog without state.json is in its first or last moment: the client waits until it has ended (or
+    written its state), so it neither connects to a dying server nor gives up on one being born.  The near miss:
+    no watchdog, nothing to wait for."""
+    import fcntl
+    import threading
+
+    monkeypatch.setenv("ORDEAL_CACHE_DIR", str(tmp_path))
+    p = connect_server.paths()
+    started = time.monotonic()
+    connect_server._outwait_stopping(p, timeout=10)
+    assert time.monotonic() - started < 0.5
+    alive = os.open(p.alive, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(alive, fcntl.LOCK_EX)
+    try:
+        ends = threading.Timer(0.5, fcntl.flock, [alive, fcntl.LOCK_UN])
+        ends.start()
+        started = time.monotonic()
+        connect_server._outwait_stopping(p, timeout=10)
+        assert time.monotonic() - started >= 0.5
+    finally:
+        ends.join()
         os.close(alive)
 
 

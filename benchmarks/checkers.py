@@ -14,6 +14,7 @@ ratio.  Every figure of one invocation is measured in the same conditions: compa
 runs (the machine is shared).
 
     .venv/bin/python benchmarks/checkers.py [--latency 10000 100000 1000000] [--events 1000000 10000000] [--record]
+    .venv/bin/python benchmarks/checkers.py --whole-command 10000 100000 [--record]   # `ordeal check` beside DuckDB
 
 ``--record`` also appends the figures to docs/measurements.md (benchmarks/record.py).
 
@@ -301,6 +302,72 @@ def connect_latency(sizes: list[int], out: Path, repeats: int = 2, steady_rounds
     return list(rows.values())
 
 
+DUCKDB_WHOLE = """
+import json, sys, time
+sys.path.insert(0, sys.argv[2])
+from benchmarks.checkers import duckdb_seconds
+print(json.dumps(duckdb_seconds(__import__("pathlib").Path(sys.argv[1]))[1]))
+"""
+
+
+def whole_command(sizes: list[int], out: Path, repeats: int = 5, warm_checks: int = 20) -> list[dict]:
+    """``ordeal check`` as a user runs it, a whole process on a warm shared server (a private one here, warmed by
+    ``warm_checks`` checks: the server a nightly, or a laptop after a few commands, checks on), beside a whole
+    process that runs the DuckDB loss + order rules on the same files, interleaved per repeat.  The figures:
+    the median wall time of each; the check's own part (report.json's ``check_seconds``) and the command's
+    CPU-seconds (the client: imports, the session, the reports) say where the rest goes."""
+    import resource
+    import statistics
+    import subprocess
+    import sys
+
+    from spark_checkers.engine import connect_server
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "ORDEAL_CACHE_DIR": str((out / "whole-cache").resolve())}
+    dirs = {}
+    for events in sizes:
+        dirs[events] = out / f"latency-{events}"
+        if not (dirs[events] / "history" / MANIFEST_NAME).exists():
+            generate(dirs[events], events)
+
+    def timed(argv: list[str]) -> tuple[float, float, int]:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        code = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=root).returncode
+        wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), code
+
+    ordeal = [sys.executable, "-m", "ordeal.cli"]
+    rows = []
+    try:
+        subprocess.run([*ordeal, "spark", "start"], check=True, env=env, cwd=root, stdout=subprocess.DEVNULL)
+        for i in range(warm_checks):
+            timed([*ordeal, "check", str(dirs[sizes[i % len(sizes)]])])
+        for events in sizes:
+            whole, cpu, inside, duck = [], [], [], []
+            for _ in range(repeats):
+                wall, used, code = timed([*ordeal, "check", str(dirs[events])])
+                whole.append(wall)
+                cpu.append(used)
+                inside.append(json.loads((dirs[events] / "report.json").read_text())["environment"]["check_seconds"])
+                duck.append(timed([sys.executable, "-c", DUCKDB_WHOLE, str(dirs[events]), str(root)])[0])
+            row = {"events": events, "repeats": repeats, "check_command_s": round(statistics.median(whole), 2),
+                   "check_command_best_s": round(min(whole), 2), "check_inside_s": round(statistics.median(inside), 2),
+                   "check_command_cpu_s": round(statistics.median(cpu), 2),
+                   "outside_check_s": round(statistics.median(w - c for w, c in zip(whole, inside, strict=True)), 2),
+                   "duckdb_command_s": round(statistics.median(duck), 2),
+                   "check_command_vs_duckdb_command": round(statistics.median(whole) / statistics.median(duck), 1),
+                   "exit_code": code, "load_avg_1m": round(os.getloadavg()[0], 1)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        subprocess.run([*ordeal, "spark", "stop"], env=env, cwd=root, stdout=subprocess.DEVNULL)
+        connect_server.release_lease()
+    return rows
+
+
 def _timed_check(spark, run_dir: Path, label: str) -> tuple[float, dict, dict]:
     """(seconds, JVM CPU seconds by thread group, failed invariants' counts) of one ``check_runs``.  Its jobs
     carry the job group ``label`` in Spark's event log ($ORDEAL_SPARK_EVENT_LOG; benchmarks/stages.py --group)."""
@@ -343,6 +410,9 @@ def main() -> None:
     parser.add_argument("--warmed-child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--spark-master", default="local[2]",
                         help="The 1M/10M comparison's classic session (Spark Connect figures: the latency part).")
+    parser.add_argument("--whole-command", type=int, nargs="*", default=None, metavar="EVENTS",
+                        help="Only `ordeal check` as a whole process on a warm server beside a whole DuckDB process, "
+                             "for these history sizes (e.g. 10000 100000).")
     parser.add_argument("--record", action="store_true",
                         help="also append the figures to docs/measurements.md (benchmarks/record.py)")
     args = parser.parse_args()
@@ -356,6 +426,12 @@ def main() -> None:
         print(json.dumps(warmed_first_check(spark_session(args.spark_master), args.warmed_child)))
         return
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.whole_command is not None:
+        rows = whole_command(args.whole_command or [10_000, 100_000], args.out)
+        (args.out / "whole-command.json").write_text(json.dumps(rows, indent=2))
+        if args.record and rows:
+            _record(rows)
+        return
     latency = per_run_latency(args.latency, args.out, warm_only=args.warm_only) if args.latency else []
     (args.out / "latency.json").write_text(json.dumps(latency, indent=2))
     if args.record and latency:

@@ -52,3 +52,8 @@ def read_json(path: str | Path, kind: str | None = None) -> dict[str, Any]:
     and json.JSONDecodeError pass through."""
     path = Path(path)
     return check_version(json.loads(path.read_text()), path, kind)
+
+
+def write_json(path: str | Path, document: dict[str, Any]) -> None:
+    """Write a run-directory JSON document the one way they are written (sorted keys, indented, a newline)."""
+    Path(path).write_text(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")

@@ -32,7 +32,7 @@ from contracts.exit_codes import EXIT_PASS, EXIT_UNKNOWN
 from contracts.history_schema import Kind, Phase
 from contracts.scenario import Scenario, load_scenario, with_provider
 from contracts.topology import ServiceTopology, Target
-from contracts.versions import SUMMARY_VERSION
+from contracts.versions import SUMMARY_VERSION, write_json
 from faults.base import FaultContext
 from faults.nemesis import Nemesis, schedule_from_slots
 from faults.network import heal_all_network
@@ -531,7 +531,7 @@ def _write_traceback(run_dir: Path) -> None:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    write_json(run_dir / "summary.json", summary)
 
 
 def recorder_safe_note(recorder: HistoryRecorder, text: str) -> None:

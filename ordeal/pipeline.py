@@ -12,12 +12,14 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contracts.exit_codes import EXIT_PASS, EXIT_UNKNOWN
-from contracts.versions import SUMMARY_VERSION, SchemaVersionError, read_json
-from harness.run import Reporter, RunResult, SilentReporter, run_scenario, write_summary
-from properties.plan import Plan
+from contracts.versions import SUMMARY_VERSION, SchemaVersionError, read_json, write_json
+
+if TYPE_CHECKING:  # the harness is imported where a run starts: `ordeal check` needs none of it (its start-up)
+    from harness.run import Reporter, RunResult
+    from properties.plan import Plan
 
 SUMMARY = "summary.json"
 
@@ -29,6 +31,8 @@ def run(scenario_path: str | Path, seed: int, out: str | Path = "runs", *, repor
     """Plan and run one scenario (harness/run.py), then check it and write its reports (unless
     ``check=False``: summary.json says skipped and ``check_and_record`` adds the verdict later, several
     runs in one Spark session).  A run whose history is incomplete is never checked: it stays unknown."""
+    from harness.run import RunResult, SilentReporter, run_scenario
+
     reporter = reporter or SilentReporter()
     result = run_scenario(scenario_path, seed, out, reporter=reporter, check=check, stop=stop, plan=plan,
                           replay_command=replay_command, provider=provider, keeper=keeper)
@@ -58,9 +62,13 @@ def check_and_record(run_dirs: list[Path | str], *, spark_master: str | None = N
     (when the run has one: a run made by the harness).  Never raises for a checker failure: each run is then
     unknown, with the reason in its summary."""
     from spark_checkers.api import check_runs
+    from spark_checkers.html import prepare as prepare_html
     from spark_checkers.reports import print_table, write_reports
 
     dirs = [Path(d) for d in run_dirs]
+    # The report's plotting library and template load while this thread waits for the Spark server.
+    preparing = threading.Thread(target=prepare_html, name="ordeal-report-prepare", daemon=True)
+    preparing.start()
     began = time.monotonic()
     try:
         reports: list[dict[str, Any] | None] = list(check_runs(dirs, spark_master=spark_master, spark=spark))
@@ -68,6 +76,7 @@ def check_and_record(run_dirs: list[Path | str], *, spark_master: str | None = N
     except Exception as error:  # noqa: BLE001 - a broken checker makes the verdict unknown, never a crash
         reports, failure = [None] * len(dirs), f"the checker failed: {type(error).__name__}: {error}"
     each_s = (time.monotonic() - began) / max(len(dirs), 1)
+    preparing.join()
     checked: list[Checked] = []
     for run_dir, report in zip(dirs, reports, strict=True):
         if report is not None:
@@ -116,7 +125,7 @@ def record_check(run_dir: Path | str, check_exit: int | None, *, check_s: float 
         summary["checked"] = True
     if check_s is not None:
         summary.setdefault("timings_s", {})["check_s"] = round(check_s, 3)
-    write_summary(Path(run_dir), summary)
+    write_json(Path(run_dir) / SUMMARY, summary)
     return summary
 
 

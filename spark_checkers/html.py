@@ -21,6 +21,20 @@ _ENVIRONMENT = jinja2.Environment(
 )
 
 
+def prepare() -> None:
+    """Import the plotting library and compile the template: called in a thread while a check runs on the Spark
+    server (the command waits then), so that writing report.html after it pays neither (``ordeal check``'s
+    whole-command time; benchmarks/checkers.py).  A failure here is left to the real render to raise."""
+    try:
+        _ENVIRONMENT.get_template("report.html.j2")
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - render_html meets the same error and reports it
+        pass
+
+
 def render_html(report: dict[str, Any]) -> str:
     sections = [item for item in report["invariants"] if item.get("witnesses") or item["verdict"] in ("fail", "unknown")]
     return _ENVIRONMENT.get_template("report.html.j2").render(

@@ -13,7 +13,7 @@ from typing import Any
 
 from contracts import scenario as scenario_model
 from contracts.target_nodes import BROKER
-from faults import client, failure_paths, network, process, redis_failover  # noqa: F401  (registration side effects)
+from faults import client, failure_paths, latency, network, process, redis_failover  # noqa: F401  (registration side effects)
 from faults.base import (
     FAULT_KINDS,
     Fault,
@@ -24,6 +24,7 @@ from faults.base import (
     normalise_params,
     registered_kinds,
 )
+from faults.latency import LINK_KINDS
 from faults.network import RING_MIN_NODES
 from faults.selectors import SELECTOR_HELP, kafka_role_of, parse_selector
 
@@ -39,6 +40,10 @@ PROVIDER_GAPS: dict[str, dict[str, str]] = {
         "net_bandwidth": "bandwidth limits are tc htb classes on the harness' lo; container traffic crosses the "
                          "run's bridge instead, and no shaping for it is built (no netem in this kernel, no "
                          "toxiproxy binary on these machines)",
+        **{kind: "link faults go through a toxiproxy on the link; on this provider that is meant to be the real "
+                 "toxiproxy image, and no image registry is reachable here to get it, while the harness' own "
+                 "proxy (harness/toxiproxy/) is routed for the local provider's client -> broker link only"
+           for kind in LINK_KINDS},
     },
 }
 
@@ -125,6 +130,7 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "redis_write_stall": ("redis-master-of:{subscriber}",),
     "redis_outage": ("redis-master-of:{subscriber}",),
     "kafka_outage_during_save": ("kafka",),
+    **{kind: ("broker-random",) for kind in LINK_KINDS},
 }
 # Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
 LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart", "kafka_outage_during_save")
@@ -160,6 +166,9 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
         return ""
 
     info = kind_info(kind)
+    if kind in LINK_KINDS:
+        return (f"mix.{kind}: link faults route the reference topology's client -> broker link through the "
+                "harness' toxiproxy; a black-box target's links are not routed through it")
     if info.category == "redis":
         return (f"mix.{kind}: {kind} needs the reference topology's Redis Cluster, which a black-box target "
                 "does not have")

@@ -50,6 +50,7 @@ class ReferenceTarget:
         self.reset_s: float | None = None
         self.topology: ServiceTopology | None = None if self.keeper else topology_class(
             self.config, self.run_dir, broker_config=self._write_broker_config)
+        self.link_proxy = None  # harness/toxiproxy: the proxy a plan's link faults need (route_links)
 
     def _write_broker_config(self, topology: ServiceTopology) -> Path:
         path = self.run_dir / "broker-config.json"
@@ -74,7 +75,38 @@ class ReferenceTarget:
                                  detail={"action": "ready", "role": node.role, "pid": node.pid,
                                          "address": node.address})
 
+    def route_links(self, plan: Plan) -> list[str]:
+        """Route the links the plan's link faults sit on (faults/latency.py) through the harness' toxiproxy;
+        nothing when it has none.  The topology then carries ``link_proxies`` and the clients connect to the
+        proxies (``endpoints``)."""
+        from faults.latency import CLIENT_BROKER, LINK_ATTRIBUTE, proxied_links
+        from harness.toxiproxy import route_client_links, running_toxiproxy
+
+        links = proxied_links(plan.faults)
+        if not links:
+            return []
+        unrouted = sorted(links - {CLIENT_BROKER})
+        if unrouted:
+            raise RuntimeError(f"link(s) {', '.join(unrouted)} cannot be routed through the proxy; "
+                               f"routed: {CLIENT_BROKER}")
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.link_proxy = running_toxiproxy(log_path=self.run_dir / "logs" / "toxiproxy.log")
+        proxy = self.link_proxy.__enter__()
+        routed = route_client_links(proxy.api, list(self.topology.brokers), self.topology.addresses)
+        setattr(self.topology, LINK_ATTRIBUTE, routed)
+        return [f"link {CLIENT_BROKER} routed through the harness' toxiproxy (API {proxy.api}, pid {proxy.pid})"]
+
+    def _stop_link_proxy(self) -> None:
+        from faults.latency import LINK_ATTRIBUTE
+
+        if self.link_proxy is not None:
+            proxy, self.link_proxy = self.link_proxy, None
+            proxy.__exit__(None, None, None)
+        if self.topology is not None and getattr(self.topology, LINK_ATTRIBUTE, None) is not None:
+            setattr(self.topology, LINK_ATTRIBUTE, None)  # a kept topology goes to the next seed unrouted
+
     def stop(self) -> None:
+        self._stop_link_proxy()
         if self.topology is None:
             return
         names = [n.name for n in self.topology.nodes()]
@@ -108,7 +140,12 @@ class ReferenceTarget:
         return ProbeAnswer(f"MQTT CONNECT {node.host}:{node.port}", None if result.ok else result.detail)
 
     def endpoints(self) -> list[Endpoint]:
-        return [(b.host, b.port, b.name) for b in self.topology.brokers]
+        """Where the clients connect: each broker node, or its proxy when route_links routed the link."""
+        from faults.latency import LINK_ATTRIBUTE
+        from harness.toxiproxy import proxied_endpoints
+
+        return proxied_endpoints([(b.host, b.port, b.name) for b in self.topology.brokers],
+                                 getattr(self.topology, LINK_ATTRIBUTE, None))
 
     def client_bind_address(self) -> str:
         """With distinct node addresses (private netns) the clients own 127.0.0.1 (harness/addresses.py)."""
@@ -146,6 +183,8 @@ class ReferenceTarget:
 
     def describe(self) -> dict[str, Any]:
         described = {"kind": "reference", **self.topology.endpoints()}
+        if self.topology.link_proxies:
+            described["link_proxies"] = self.topology.link_proxies
         if self.reuse is not None:
             described["reuse"] = self.reuse
         return described

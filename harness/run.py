@@ -232,6 +232,8 @@ def start_target(live: LiveRun, keeper: TopologyLender | None) -> None:
         topology = target.topology
         live.watch = DeathWatch(topology.nodes, live.recorder, probe=getattr(target, "answers", None),
                                 probed=lambda: list(getattr(topology, "brokers", ()))).start()
+    if hasattr(target, "route_links"):  # link faults (faults/latency.py): the link through the harness' toxiproxy
+        live.outcome["notes"] += target.route_links(inputs.plan)
     live.timings["target_start_s"] = round(time.monotonic() - live.began, 3)
     (inputs.run_dir / "topology.json").write_text(json.dumps(target.describe(), indent=2, default=str) + "\n")
     live.outcome["notes"] += target.apply_presets(inputs.plan)

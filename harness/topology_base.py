@@ -29,6 +29,7 @@ class TopologyBase:
     client_hosts: str | None = None  # faults/selectors.py: the "client" group's address, when fixed
     client_bind_address = ""  # the address the clients bind, when the provider fixes one
     network_fault_place: str | None = None  # faults/network.py: "bridge" for nft bridge-family chains
+    link_proxies: dict | None = None  # faults/latency.py: the links routed through a toxiproxy, when any
 
     def __init__(self, config: TopologyConfig | None, run_dir: Path | str, broker_config: BrokerConfig) -> None:
         self.config = config or TopologyConfig()

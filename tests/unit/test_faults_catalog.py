@@ -17,6 +17,7 @@ EXPECTED_KINDS = {
     "process_kill", "process_stop", "process_pause", "process_restart", "redis_failover",
     "net_partition", "net_partition_oneway", "net_partition_ring", "net_isolate", "net_lossy", "net_bandwidth",
     "client_flap", "client_reconnect_storm", "redis_write_stall", "redis_outage", "kafka_outage_during_save",
+    "link_latency", "link_bandwidth", "link_slow_close", "link_timeout", "link_reset_peer",
 }
 
 

@@ -1,0 +1,472 @@
+"""A TCP proxy serving the subset of toxiproxy's HTTP API that Ordeal uses (Shopify/toxiproxy, API of 2.x).
+
+There is no toxiproxy binary on these machines and this kernel has no netem, so latency, jitter, bandwidth,
+slow close, timeout and reset-peer faults are played by this proxy in the harness: one asyncio process
+(``python -m harness.toxiproxy --listen 127.0.0.1:0``), loopback only, driven over the same HTTP API as the
+real toxiproxy, so ``toxiproxy-python`` (or a real toxiproxy on the containers provider) can stand behind it.
+
+HTTP side: the standard library (asyncio streams, one JSON request per connection, ``Connection: close``).
+The API is a dozen JSON routes of a few hundred bytes each; aiohttp is not a dependency of the project, and a
+new one for this would be heavier than the forty lines of request parsing below.
+
+API (the subset; paths, status codes and JSON shapes as toxiproxy's api.go):
+
+    GET    /version                          -> 200 text "ordeal-toxiproxy <version>"
+    POST   /reset                            -> 204 (every proxy enabled, every toxic removed)
+    GET    /proxies                          -> 200 {name: proxy}
+    POST   /proxies   {name, listen, upstream, enabled?}   -> 201 proxy | 409 exists | 400 bad
+    GET    /proxies/{name}                   -> 200 proxy | 404
+    POST   /proxies/{name}  {enabled?, listen?, upstream?} -> 200 proxy (disabling drops every connection)
+    PATCH  /proxies/{name}                   (same as POST)
+    DELETE /proxies/{name}                   -> 204
+    GET    /proxies/{name}/toxics            -> 200 [toxic]
+    POST   /proxies/{name}/toxics  {name?, type, stream?, toxicity?, attributes}  -> 200 toxic | 409 | 400
+    GET    /proxies/{name}/toxics/{toxic}    -> 200 toxic | 404
+    POST   /proxies/{name}/toxics/{toxic}  {attributes?, toxicity?}  -> 200 toxic
+    DELETE /proxies/{name}/toxics/{toxic}    -> 204
+
+    proxy = {"name", "listen", "upstream", "enabled", "toxics": [toxic]}
+    toxic = {"name", "type", "stream": "upstream"|"downstream", "toxicity": 0..1, "attributes": {...}}
+    errors: {"error": message, "status": code}
+
+Toxics (toxiproxy's toxics/*.go semantics; ``upstream`` = client -> server, ``downstream`` = server -> client;
+the default name is ``<type>_<stream>``; a connection draws once per toxic whether it is affected, with
+probability ``toxicity``; toxics added or changed apply to open connections at once):
+
+    latency     latency, jitter (ms): each chunk delivered latency +- uniform(jitter) after it arrived
+                (pipelined: chunks keep their order, a second chunk does not wait for the first's delay)
+    bandwidth   rate (KB/s): each chunk takes len/rate to pass, one after another
+    slow_close  delay (ms): when the sending side closes, the close reaches the other side delay later
+    timeout     timeout (ms): no data passes; the connection is closed after timeout (0: never, data is
+                dropped until the toxic is removed)
+    reset_peer  timeout (ms): the connection is reset (RST: SO_LINGER 0) after timeout from the toxic's
+                start on it; downstream resets the client's socket, upstream the server's
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+VERSION = "ordeal-toxiproxy 1.0 (toxiproxy API 2.x subset)"
+STREAMS = ("upstream", "downstream")
+# type -> {attribute: default}; every attribute a non-negative integer, as in toxiproxy.
+TOXIC_TYPES: dict[str, dict[str, int]] = {
+    "latency": {"latency": 0, "jitter": 0},
+    "bandwidth": {"rate": 0},
+    "slow_close": {"delay": 0},
+    "timeout": {"timeout": 0},
+    "reset_peer": {"timeout": 0},
+}
+CHUNK = 32 * 1024
+LOOPBACK_PREFIX = "127."
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Toxic:
+    name: str
+    type: str
+    stream: str
+    toxicity: float
+    attributes: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.type, "stream": self.stream, "toxicity": self.toxicity,
+                "attributes": dict(self.attributes)}
+
+
+def parse_toxic(body: dict[str, Any], existing: Toxic | None = None) -> Toxic:
+    """A toxic from an add (``existing`` None) or update request body; ApiError 400 when it is bad."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    kind = existing.type if existing else body.get("type")
+    if kind not in TOXIC_TYPES:
+        raise ApiError(400, f"invalid toxic type {kind!r}; allowed: {', '.join(TOXIC_TYPES)}")
+    stream = existing.stream if existing else body.get("stream", "downstream")
+    if stream not in STREAMS:
+        raise ApiError(400, f"invalid stream {stream!r}; allowed: {', '.join(STREAMS)}")
+    toxicity = body.get("toxicity", existing.toxicity if existing else 1.0)
+    if isinstance(toxicity, bool) or not isinstance(toxicity, (int, float)) or not 0 <= toxicity <= 1:
+        raise ApiError(400, f"toxicity must be a number in [0, 1], got {toxicity!r}")
+    attributes = dict(existing.attributes if existing else TOXIC_TYPES[kind])
+    given = body.get("attributes") or {}
+    if not isinstance(given, dict):
+        raise ApiError(400, "attributes must be a JSON object")
+    for key, value in given.items():
+        if key not in TOXIC_TYPES[kind]:
+            raise ApiError(400, f"toxic type {kind!r} has no attribute {key!r}; allowed: "
+                                f"{', '.join(TOXIC_TYPES[kind])}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ApiError(400, f"attribute {key!r} must be a non-negative integer, got {value!r}")
+        attributes[key] = value
+    name = existing.name if existing else body.get("name") or f"{kind}_{stream}"
+    if not isinstance(name, str):
+        raise ApiError(400, f"toxic name must be a string, got {name!r}")
+    return Toxic(name, kind, stream, float(toxicity), attributes)
+
+
+def split_address(text: Any, what: str) -> tuple[str, int]:
+    if not isinstance(text, str) or ":" not in text:
+        raise ApiError(400, f"{what} must be 'host:port', got {text!r}")
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        number = int(port)
+    except ValueError:
+        raise ApiError(400, f"{what}: port must be a number, got {text!r}") from None
+    return host, number
+
+
+class Connection:
+    """One client connection and its upstream: two pumps, the toxics' state for this connection."""
+
+    def __init__(self, proxy: Proxy, client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                 server: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        self.proxy = proxy
+        self.client, self.server = client, server
+        self.rng = random.Random()
+        self.draws: dict[tuple[str, int], bool] = {}  # (toxic name, id) -> affected
+        self.timers: dict[tuple[str, int], asyncio.Task] = {}
+        self.closed = False
+        self.tasks: list[asyncio.Task] = []
+
+    def affected(self, toxic: Toxic) -> bool:
+        key = (toxic.name, id(toxic))
+        if key not in self.draws:
+            self.draws[key] = toxic.toxicity >= 1 or self.rng.random() < toxic.toxicity
+        return self.draws[key]
+
+    def active(self, stream: str) -> list[Toxic]:
+        return [t for t in self.proxy.toxics.values() if t.stream == stream and self.affected(t)]
+
+    def toxics_changed(self) -> None:
+        """Start the timers of timeout / reset_peer toxics new to this connection, drop those removed."""
+        live = {(t.name, id(t)): t for t in self.proxy.toxics.values()}
+        for key in [key for key in self.timers if key not in live]:
+            self.timers.pop(key).cancel()
+        for key, toxic in live.items():
+            if toxic.type in ("timeout", "reset_peer") and key not in self.timers and self.affected(toxic):
+                self.timers[key] = asyncio.ensure_future(self._timer(toxic))
+
+    async def _timer(self, toxic: Toxic) -> None:
+        wait_ms = toxic.attributes["timeout"]
+        if toxic.type == "timeout" and wait_ms == 0:
+            return  # data is dropped while it lasts; the connection stays open
+        await asyncio.sleep(wait_ms / 1000)
+        if toxic.type == "reset_peer":
+            self.close(reset="client" if toxic.stream == "downstream" else "server")
+        else:
+            self.close()
+
+    def start(self) -> None:
+        self.tasks = [asyncio.ensure_future(self._pump(self.client[0], self.server[1], "upstream")),
+                      asyncio.ensure_future(self._pump(self.server[0], self.client[1], "downstream"))]
+        self.toxics_changed()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stream: str) -> None:
+        queue: asyncio.Queue = asyncio.Queue()
+        deliver = asyncio.ensure_future(self._deliver(queue, writer, stream))
+        last_at = 0.0  # when the previous chunk is delivered (bandwidth: one after another; order kept)
+        try:
+            while not self.closed:
+                try:
+                    data = await reader.read(CHUNK)
+                except (ConnectionError, OSError):
+                    data = b""
+                if not data:
+                    break
+                arrived = time.monotonic()
+                toxics = self.active(stream)
+                if any(t.type == "timeout" for t in toxics):
+                    continue  # nothing passes while a timeout toxic lasts
+                delay = 0.0
+                for toxic in toxics:
+                    if toxic.type == "latency":
+                        jitter = toxic.attributes["jitter"]
+                        delay += max(0.0, toxic.attributes["latency"] + self.rng.uniform(-jitter, jitter)) / 1000
+                at = max(arrived + delay, last_at)
+                for toxic in toxics:
+                    if toxic.type == "bandwidth" and toxic.attributes["rate"] > 0:
+                        at += len(data) / (toxic.attributes["rate"] * 1000)
+                last_at = at
+                await queue.put((at, data))
+        finally:
+            await queue.put(None)  # end of stream
+            with contextlib.suppress(asyncio.CancelledError):
+                await deliver
+
+    async def _deliver(self, queue: asyncio.Queue, writer: asyncio.StreamWriter, stream: str) -> None:
+        while True:
+            item = await queue.get()
+            if item is None:
+                break
+            at, data = item
+            wait = at - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if self.closed:
+                return
+            try:
+                writer.write(data)
+                await writer.drain()
+            except (ConnectionError, OSError):
+                self.close()
+                return
+        slow = [t.attributes["delay"] for t in self.active(stream) if t.type == "slow_close"]
+        if slow:
+            await asyncio.sleep(sum(slow) / 1000)
+        self.close()
+
+    def close(self, reset: str = "") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for timer in self.timers.values():
+            timer.cancel()
+        for side, (_reader, writer) in (("client", self.client), ("server", self.server)):
+            if side == reset:
+                sock = writer.get_extra_info("socket")
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+            else:
+                writer.close()
+        self.proxy.connections.discard(self)
+
+
+@dataclass
+class Proxy:
+    name: str
+    listen: str
+    upstream: str
+    enabled: bool = True
+    toxics: dict[str, Toxic] = field(default_factory=dict)
+    server: asyncio.base_events.Server | None = None
+    connections: set[Connection] = field(default_factory=set)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "listen": self.listen, "upstream": self.upstream, "enabled": self.enabled,
+                "toxics": [toxic.to_dict() for toxic in self.toxics.values()]}
+
+    async def start(self) -> None:
+        host, port = split_address(self.listen, "listen")
+        if not host.startswith(LOOPBACK_PREFIX):
+            raise ApiError(400, f"listen {self.listen!r}: this proxy listens on loopback (127.x.y.z) only")
+        try:
+            self.server = await asyncio.start_server(self._accept, host, port, reuse_address=True)
+        except OSError as error:
+            raise ApiError(500, f"proxy {self.name}: cannot listen on {self.listen}: {error}") from None
+        bound = self.server.sockets[0].getsockname()
+        self.listen = f"{bound[0]}:{bound[1]}"
+        self.enabled = True
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+            self.server = None
+        for connection in list(self.connections):
+            connection.close()
+        self.enabled = False
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = split_address(self.upstream, "upstream")
+        try:
+            server = await asyncio.open_connection(host, port)
+        except OSError:
+            writer.close()  # as toxiproxy: the client's connection is closed when the upstream refuses
+            return
+        connection = Connection(self, (reader, writer), server)
+        self.connections.add(connection)
+        connection.start()
+
+    def toxics_changed(self) -> None:
+        for connection in list(self.connections):
+            connection.toxics_changed()
+
+
+class Api:
+    def __init__(self) -> None:
+        self.proxies: dict[str, Proxy] = {}
+
+    async def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        parts = [part for part in path.split("?")[0].split("/") if part]
+        if parts == ["version"] and method == "GET":
+            return 200, VERSION
+        if parts == ["reset"] and method == "POST":
+            for proxy in self.proxies.values():
+                proxy.toxics.clear()
+                if not proxy.enabled:
+                    await proxy.start()
+                proxy.toxics_changed()
+            return 204, None
+        if not parts or parts[0] != "proxies":
+            raise ApiError(404, f"no route {method} {path}")
+        if len(parts) == 1:
+            if method == "GET":
+                return 200, {name: proxy.to_dict() for name, proxy in self.proxies.items()}
+            if method == "POST":
+                return 201, await self.create(body)
+        proxy = self.proxies.get(parts[1]) if len(parts) > 1 else None
+        if proxy is None:
+            raise ApiError(404, "proxy not found")
+        if len(parts) == 2:
+            if method == "GET":
+                return 200, proxy.to_dict()
+            if method in ("POST", "PATCH"):
+                return 200, await self.update(proxy, body)
+            if method == "DELETE":
+                await proxy.stop()
+                del self.proxies[proxy.name]
+                return 204, None
+        if len(parts) >= 3 and parts[2] == "toxics":
+            if len(parts) == 3:
+                if method == "GET":
+                    return 200, [toxic.to_dict() for toxic in proxy.toxics.values()]
+                if method == "POST":
+                    toxic = parse_toxic(body)
+                    if toxic.name in proxy.toxics:
+                        raise ApiError(409, "toxic already exists")
+                    proxy.toxics[toxic.name] = toxic
+                    proxy.toxics_changed()
+                    return 200, toxic.to_dict()
+            elif len(parts) == 4:
+                toxic = proxy.toxics.get(parts[3])
+                if toxic is None:
+                    raise ApiError(404, "toxic not found")
+                if method == "GET":
+                    return 200, toxic.to_dict()
+                if method in ("POST", "PATCH"):
+                    proxy.toxics[toxic.name] = parse_toxic(body, existing=toxic)
+                    proxy.toxics_changed()
+                    return 200, proxy.toxics[toxic.name].to_dict()
+                if method == "DELETE":
+                    del proxy.toxics[toxic.name]
+                    proxy.toxics_changed()
+                    return 204, None
+        raise ApiError(405, f"method {method} not allowed on {path}")
+
+    async def create(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "missing required field: name")
+        if name in self.proxies:
+            raise ApiError(409, "proxy already exists")
+        split_address(body.get("upstream"), "upstream")
+        proxy = Proxy(name, body.get("listen") or "127.0.0.1:0", body["upstream"])
+        if body.get("enabled", True):
+            await proxy.start()
+        else:
+            proxy.enabled = False
+        self.proxies[name] = proxy
+        return proxy.to_dict()
+
+    async def update(self, proxy: Proxy, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        moved = False
+        for key in ("listen", "upstream"):
+            if key in body and body[key] != getattr(proxy, key):
+                split_address(body[key], key)
+                setattr(proxy, key, body[key])
+                moved = True
+        enabled = body.get("enabled", proxy.enabled)
+        if proxy.enabled and (not enabled or moved):
+            await proxy.stop()
+        if enabled and not proxy.enabled:
+            await proxy.start()
+        return proxy.to_dict()
+
+
+async def serve_http(api: Api, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        request_line = (await reader.readline()).decode("latin-1").strip()
+        if not request_line:
+            return
+        method, path, _version = request_line.split(" ", 2)
+        length = 0
+        while True:
+            line = (await reader.readline()).decode("latin-1").strip()
+            if not line:
+                break
+            key, _, value = line.partition(":")
+            if key.strip().lower() == "content-length":
+                length = int(value.strip())
+        raw = await reader.readexactly(length) if length else b""
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            status, payload = 400, {"error": "bad request body: not JSON", "status": 400}
+        else:
+            try:
+                status, payload = await api.handle(method.upper(), path, body)
+            except ApiError as error:
+                status, payload = error.status, {"error": str(error), "status": error.status}
+        if payload is None:
+            data, kind = b"", "text/plain"
+        elif isinstance(payload, str):
+            data, kind = payload.encode(), "text/plain"
+        else:
+            data, kind = json.dumps(payload).encode(), "application/json"
+        reason = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 404: "Not Found",
+                  405: "Method Not Allowed", 409: "Conflict", 500: "Internal Server Error"}.get(status, "")
+        head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\nConnection: close\r\n"
+        if status != 204:
+            head += f"Content-Length: {len(data)}\r\n"
+        writer.write(head.encode() + b"\r\n" + (data if status != 204 else b""))
+        await writer.drain()
+    except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+        pass
+    finally:
+        writer.close()
+
+
+async def main_async(listen: str) -> None:
+    api = Api()
+    host, port = split_address(listen, "--listen")
+    if not host.startswith(LOOPBACK_PREFIX):
+        raise SystemExit(f"--listen {listen!r}: the API listens on loopback (127.x.y.z) only")
+    server = await asyncio.start_server(lambda r, w: serve_http(api, r, w), host, port, reuse_address=True)
+    bound = server.sockets[0].getsockname()
+    print(json.dumps({"api": f"{bound[0]}:{bound[1]}", "version": VERSION}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    server.close()
+    for proxy in list(api.proxies.values()):
+        await proxy.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.toxiproxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--listen", default="127.0.0.1:8474", help="the API's address (loopback only)")
+    args = parser.parse_args(argv)
+    asyncio.run(main_async(args.listen))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "images": ("images", "images"),
     "selftest": ("selftest", "selftest"),
     "scoreboard": ("scoreboard", "scoreboard"),
+    "merge": ("merge", "merge"),
     "spark": ("spark", "spark"),
 }
 

@@ -33,6 +33,12 @@ Corpus layout (``--corpus DIR``):
                        the highest seed explored)
   unknowns.jsonl       every unknown (exit 2) run with its reasons
 
+Shards (``--shard K/N``, ordeal/shard.py): shard K of N runs only the seeds s with s % N == K - 1, from the
+first of them at or after the start (``--seed-start``, or one after the highest seed in the corpus), each next
+one N further on.  Every exploration appends itself to ``<out>/explore-summary.json`` (``write_summary``:
+schema version, the shard, per scenario the seeds run with each one's verdict and exit code, the failing
+entries, paths relative to ``<out>``), which ``ordeal merge`` (ordeal/merge.py) reads.
+
 Promotion (``ordeal explore --promote ENTRY``) copies an entry to tests/data/regressions/<entry>/ with an
 expect.json; tests/integration/test_explore_regressions.py replays each one in the smoke tier.
 """
@@ -40,6 +46,7 @@ expect.json; tests/integration/test_explore_regressions.py replays each one in t
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import threading
@@ -54,12 +61,15 @@ from contracts.errors import UsageError
 from contracts.exit_codes import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN
 from contracts.scenario import load_scenario
 from ordeal.replay import Played, first_witness, play, replay_command
+from ordeal.shard import WHOLE, Shard
 from properties.generate import make_plan
 
 # a run's overhead before any was measured: topology start and stop and a cold Spark check on a busy machine,
 # the check by far the largest part (docs/measurements.md)
 FIRST_RUN_OVERHEAD_S = 60.0
 REGRESSIONS_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "regressions"
+SUMMARY_NAME = "explore-summary.json"  # in --out: every exploration written there (write_summary)
+EXPLORE_SUMMARY_VERSION = 1  # its schema_version; ordeal merge refuses one it does not know
 
 
 class ExploreError(UsageError):
@@ -76,6 +86,7 @@ class ExploreSettings:
     overlap_checks: bool = True  # check finished seeds in the background, batched, while the next one runs
     keep_topology: bool = True  # one topology for every seed, reset and verified between them (harness/local/keeper.py)
     topology_spares: int = 1  # kept topologies reset in the background while a seed runs on another; 0 = in line
+    shard: Shard = WHOLE  # only the seeds of this shard (ordeal/shard.py)
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,8 @@ class ExploreResult:
     topology_fallbacks: list[str] = field(default_factory=list)  # why a kept topology was given up
     topology_resets: list[float] = field(default_factory=list)  # seconds of each reset between seeds
     topology_spares: int = 0  # >0: the resets ran in the background, beside the next seed
+    shard: Shard = WHOLE
+    first_seed: int | None = None
 
     @property
     def exit_code(self) -> int:
@@ -129,6 +142,13 @@ class ExploreResult:
         if any(r.exit_code == EXIT_FAIL for r in self.runs):
             return EXIT_FAIL
         return EXIT_UNKNOWN if any(r.exit_code not in (EXIT_PASS, EXIT_FAIL) for r in self.runs) else EXIT_PASS
+
+
+def start_seed(settings: ExploreSettings, scenario: str) -> int:
+    """The exploration's first seed: the shard's first seed at or after --seed-start, or after the highest seed
+    of ``scenario`` in the corpus (then every next one ``settings.shard.n`` further on)."""
+    start = settings.seed_start if settings.seed_start is not None else next_seed(settings.corpus, scenario)
+    return settings.shard.first_seed(start)
 
 
 def next_seed(corpus: Path, scenario: str) -> int:
@@ -237,10 +257,12 @@ class BackgroundChecker:
 def explore(scenario_path: Path, settings: ExploreSettings, log: Callable[[str], None] = print) -> ExploreResult:
     scenario = load_scenario(scenario_path)  # ScenarioError names the file and key
     settings.corpus.mkdir(parents=True, exist_ok=True)
-    seed = settings.seed_start if settings.seed_start is not None else next_seed(settings.corpus, scenario.name)
-    result = ExploreResult(scenario.name)
+    seed = start_seed(settings, scenario.name)
+    result = ExploreResult(scenario.name, shard=settings.shard, first_seed=seed)
     deadline = time.monotonic() + settings.budget_s
-    log(f"exploring {scenario.name} from seed {seed}, budget {settings.budget_s:g} s, corpus {settings.corpus}")
+    log(f"exploring {scenario.name} from seed {seed}"
+        + ("" if settings.shard.whole else f" (shard {settings.shard}: the seeds s % {settings.shard.n} == {settings.shard.k - 1})")
+        + f", budget {settings.budget_s:g} s, corpus {settings.corpus}")
     try:
         _loop(result, scenario, scenario_path, settings, seed, deadline, log)
     except KeyboardInterrupt:
@@ -313,7 +335,7 @@ def _seeds(result: ExploreResult, scenario, scenario_path: Path, settings: Explo
             checker.submit(played, plan)  # checked beside the next seed
         else:  # checked already (serial), or never checked (cut, incomplete history: unknown)
             _log_run(result, _record(played, plan, scenario_path, settings.corpus, cut=cut), log)
-        seed += 1
+        seed += settings.shard.n  # the shard's next seed (1/1: the next seed)
         if stop.is_set() and not cut:  # SIGINT/SIGTERM during the run: the user wants to stop
             result.stop_reason = "interrupted (SIGINT/SIGTERM)"
             break
@@ -438,6 +460,61 @@ def throughput_lines(result: ExploreResult) -> list[str]:
         lines.append(f"checks: {runs} runs in {len(result.check_batches)} Spark jobs, {seconds:.0f} s in all "
                      f"({seconds / max(runs, 1):.1f} s per run), beside the next seeds")
     return lines
+
+
+def check_summary_shard(out: Path, shard: Shard) -> None:
+    """Refuse to add this shard's exploration to an ``<out>/explore-summary.json`` of another shard (one
+    directory is one shard's output); checked before exploring."""
+    existing = _read_summary(out / SUMMARY_NAME)
+    if existing is not None and existing.get("shard") != shard.to_dict():
+        raise ExploreError(f"{out / SUMMARY_NAME}: holds shard {existing.get('shard')}, not --shard {shard}; "
+                           "give each shard its own --out")
+
+
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        document = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ExploreError(f"{path}: not JSON ({error}); remove it or use another --out") from error
+    if not isinstance(document, dict) or document.get("schema_version") != EXPLORE_SUMMARY_VERSION:
+        raise ExploreError(f"{path}: schema_version {(document or {}).get('schema_version')!r} is not "
+                           f"{EXPLORE_SUMMARY_VERSION}; remove it or use another --out")
+    return document
+
+
+def exploration_record(result: ExploreResult, settings: ExploreSettings, scenario_path: Path) -> dict[str, Any]:
+    """One exploration as explore-summary.json keeps it; paths relative to ``settings.out``."""
+    def rel(path: str | Path | None) -> str | None:
+        return None if path is None else os.path.relpath(path, settings.out)
+
+    verdicts = {EXIT_PASS: "pass", EXIT_FAIL: "fail"}
+    return {
+        "scenario": result.scenario, "scenario_path": str(scenario_path), "corpus": rel(settings.corpus),
+        "first_seed": result.first_seed, "budget_s": settings.budget_s, "elapsed_s": round(result.elapsed_s, 2),
+        "stop_reason": result.stop_reason, "exit_code": result.exit_code,
+        "verdict": verdicts.get(result.exit_code, "unknown"),
+        "seeds": [r.seed for r in result.runs],
+        "runs": [{"seed": r.seed, "exit_code": r.exit_code, "verdict": verdicts.get(r.exit_code, "unknown"),
+                  "seconds": round(r.seconds, 2), "run_dir": rel(r.run_dir), "failing": list(r.failing),
+                  "unknown": list(r.unknown), "entry": rel(r.entry)} for r in result.runs],
+        "failing_entries": [rel(r.entry) for r in result.runs if r.entry],
+    }
+
+
+def write_summary(result: ExploreResult, settings: ExploreSettings, scenario_path: Path) -> Path:
+    """Append this exploration to ``<out>/explore-summary.json`` (created with the shard on first use)."""
+    path = settings.out / SUMMARY_NAME
+    document = _read_summary(path) or {"schema_version": EXPLORE_SUMMARY_VERSION, "kind": "explore",
+                                       "shard": settings.shard.to_dict(), "explorations": []}
+    if document.get("shard") != settings.shard.to_dict():
+        raise ExploreError(f"{path}: holds shard {document.get('shard')}, not --shard {settings.shard}; "
+                           "give each shard its own --out")
+    document["explorations"].append(exploration_record(result, settings, scenario_path))
+    settings.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    return path
 
 
 def promote(entry: Path, regressions: Path = REGRESSIONS_DIR, expect: str = "fail") -> Path:

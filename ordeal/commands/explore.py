@@ -14,7 +14,9 @@ from contracts.scenario import find_scenario, load_scenario
 from ordeal.commands.durations import parse_duration
 from ordeal.commands.images import build_missing_images
 from ordeal.commands.isolation import enter_isolation, isolation_option
+from ordeal.commands.merge import shard_option
 from ordeal.commands.spark import spark_options
+from ordeal.shard import Shard
 
 
 @click.command(name="explore")
@@ -44,14 +46,22 @@ from ordeal.commands.spark import spark_options
 @click.option("--expect", type=click.Choice(["fail", "pass"]), default="fail", show_default=True,
               help="With --promote: the smoke tier expects the replay to fail the same invariants (a planted "
                    "defect the suite must keep catching) or to pass (a fixed bug must stay fixed).")
+@shard_option
 @isolation_option
 def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | None, out: Path,
             spark_master: str | None, serial_checks: bool, fresh_topology: bool, topology_spares: int, promote_entry: Path | None, regressions: Path | None,
-            expect: str, isolated: bool) -> None:
+            expect: str, shard: Shard, isolated: bool) -> None:
     """Run new seeds of SCENARIO until --budget is spent; keep every failing run's plan in --corpus with its
     replay command and first witness; end with a summary table; exit 1 if any run failed, else 2 if any
     was unknown, else 0."""
-    from ordeal.explore import REGRESSIONS_DIR, ExploreSettings, promote, summary_lines
+    from ordeal.explore import (
+        REGRESSIONS_DIR,
+        ExploreSettings,
+        check_summary_shard,
+        promote,
+        summary_lines,
+        write_summary,
+    )
     from ordeal.explore import explore as explore_runs
 
     if promote_entry is not None:
@@ -66,11 +76,14 @@ def explore(scenario: str | None, budget: str, corpus: Path, seed_start: int | N
     path = find_scenario(scenario)
     settings = ExploreSettings(budget_s=parse_duration(budget), corpus=corpus, out=out, seed_start=seed_start,
                                spark_master=spark_master, overlap_checks=not serial_checks,
-                               keep_topology=not fresh_topology, topology_spares=topology_spares)
+                               keep_topology=not fresh_topology, topology_spares=topology_spares, shard=shard)
+    check_summary_shard(out, shard)  # one --out is one shard's output
     build_missing_images(load_scenario(path))  # a bad scenario is refused here, before the namespace re-exec;
     # on the containers provider its missing images are built here, in the host's network
     click.echo(f"network: {enter_isolation(isolated)}", err=True)  # every seed runs in this namespace
     result = explore_runs(path, settings, log=lambda line: click.echo(line))
-    for line in summary_lines(result):
+    click.echo(f"wrote {write_summary(result, settings, path)}"
+               + ("" if shard.whole else f" (shard {shard}; `ordeal merge` the N shard directories)"))
+    for line in summary_lines(result):  # the verdict line last, as every command ends
         click.echo(line)
     sys.exit(result.exit_code)

@@ -10,7 +10,9 @@ import click
 
 from contracts.errors import UsageError
 from ordeal.commands.isolation import enter_isolation, isolation_option
+from ordeal.commands.merge import shard_option
 from ordeal.commands.spark import spark_options
+from ordeal.shard import Shard
 
 
 @click.command(name="selftest")
@@ -35,10 +37,11 @@ from ordeal.commands.spark import spark_options
               help="Run nothing: judge OUT's stored runs again (their report.json) and rewrite its outputs.")
 @click.option("--recheck", is_flag=True,
               help="With --rejudge: check OUT's stored runs again first (changed checkers), then judge.")
+@shard_option
 @isolation_option
 def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None, blackbox: bool | None,
              defects: tuple[str, ...], seeds: tuple[int, ...], spark_master: str | None, rejudge: bool,
-             recheck: bool, isolated: bool) -> None:
+             recheck: bool, shard: Shard, isolated: bool) -> None:
     """Run the defect detection matrix: each catalog defect switched on in its scenario must be caught by
     its expected invariant, and the correct broker must pass the same scenarios.  Writes OUT/selftest.json
     and OUT/selftest.html.  Exit 0: all caught, no false alarm; 1: a defect missed or a correct run
@@ -51,6 +54,8 @@ def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None,
     matrix = load_matrix(matrix_path or DEFAULT_MATRIX)
     if recheck and not rejudge:
         raise UsageError("--recheck goes with --rejudge (it checks OUT's stored runs again, then judges them)")
+    if rejudge and not shard.whole:
+        raise UsageError(f"--shard {shard} goes without --rejudge (a re-judged OUT keeps the shard it was run as)")
     if rejudge:
         if not (out / "selftest.json").is_file():
             raise UsageError(f"--rejudge: {out / 'selftest.json'} does not exist; run the self-test first")
@@ -61,7 +66,12 @@ def selftest(tier: str, out: Path, matrix_path: Path | None, repeat: int | None,
         # private namespace; without it they are refused and every such run is unknown
         click.echo(f"network: {enter_isolation(isolated)}", err=True)
         result = run_selftest(matrix, tier, out, repeat=repeat, blackbox=blackbox, defects=defects,
-                              seeds=seeds, spark_master=spark_master, log=lambda text: click.echo(text, err=True))
+                              seeds=seeds, spark_master=spark_master, log=lambda text: click.echo(text, err=True),
+                              shard=shard)
     click.echo(text_table(result_document(result, matrix)))
+    if result.shard and result.shard.get("n", 1) > 1:
+        click.echo(f"shard {result.shard['k']}/{result.shard['n']}: {len(result.rows)} of "
+                   f"{len(result.shard.get('planned', []))} planned runs; `ordeal merge` the N shard directories "
+                   "for the tier's verdict")
     click.echo(f"wrote {out / 'selftest.json'} and {out / 'selftest.html'}")
     sys.exit(result.exit_code)

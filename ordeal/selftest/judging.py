@@ -48,6 +48,7 @@ class SelftestResult:
     check_s: float | None = None
     total_s: float | None = None
     errors: list[str] = field(default_factory=list)
+    shard: dict[str, Any] | None = None  # ordeal/shard.py shard_record (K, N, the whole plan's labels); merged: merge's
 
     @property
     def exit_code(self) -> int:

@@ -21,10 +21,14 @@ from ordeal.selftest.judging import (
 from ordeal.selftest.matrix import Matrix, defect_catalog
 from ordeal.tables import aligned
 
+SELFTEST_VERSION = 1  # selftest.json; ordeal merge refuses a version it does not know (missing = 1)
+
 
 def result_document(result: SelftestResult, matrix: Matrix) -> dict[str, Any]:
     catalog = defect_catalog()
     return {
+        "schema_version": SELFTEST_VERSION,
+        "shard": result.shard,
         "tier": result.tier,
         "matrix": matrix.source,
         "exit_code": result.exit_code,

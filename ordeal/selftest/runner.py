@@ -16,20 +16,26 @@ from ordeal.selftest.matrix import REPO_ROOT, Matrix, defect_catalog, relative_t
 from ordeal.selftest.outputs import junit_xml, markdown, result_document
 from ordeal.selftest.page import render_html
 from ordeal.selftest.tier import Job, plan_jobs, scenario_with_defect
+from ordeal.shard import WHOLE, Shard, shard_jobs, shard_record
 
 
 def run_selftest(matrix: Matrix, tier: str, out: Path, *, repeat: int | None = None, blackbox: bool | None = None,
                  defects: tuple[str, ...] = (), seeds: tuple[int, ...] = (), spark_master: str | None = None,
-                 log: Callable[[str], None] = print) -> SelftestResult:
+                 log: Callable[[str], None] = print, shard: Shard = WHOLE) -> SelftestResult:
     """Run every job of the tier one after the other, then check all runs in one Spark job, judge, write
-    selftest.json + selftest.html under ``out``."""
+    selftest.json + selftest.html under ``out``.  ``shard``: only this shard's runs of the tier
+    (ordeal/shard.py); selftest.json records the shard and the whole plan for ``ordeal merge``."""
     from ordeal import pipeline
 
     started = time.monotonic()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = plan_jobs(matrix, tier, repeat=repeat, blackbox=blackbox, defects=defects, seeds=seeds)
-    result = SelftestResult(tier=tier, uncovered=matrix.uncovered(defect_catalog()) if not defects else ())
+    planned = plan_jobs(matrix, tier, repeat=repeat, blackbox=blackbox, defects=defects, seeds=seeds)
+    jobs = shard_jobs(planned, shard)
+    result = SelftestResult(tier=tier, uncovered=matrix.uncovered(defect_catalog()) if not defects else (),
+                            shard=shard_record(shard, planned))
+    if not shard.whole:
+        log(f"shard {shard}: {len(jobs)} of the tier's {len(planned)} runs")
     played: list[tuple[Job, Path | None, float | None, str, str]] = []  # job, run dir, run_s, replay, error
     for number, job in enumerate(jobs, 1):
         scenario_path = job.scenario
@@ -89,7 +95,9 @@ def rejudge(out: Path, matrix: Matrix, *, recheck: bool = False, spark_master: s
         previous["check_s"] = round(time.monotonic() - mark, 2)
     result = SelftestResult(tier=previous["tier"], uncovered=tuple(previous.get("uncovered", ())),
                             check_s=previous.get("check_s"), total_s=previous.get("total_s"),
-                            errors=list(previous.get("errors", [])))
+                            errors=list(previous.get("errors", [])),
+                            shard=previous.get("shard") or {**WHOLE.to_dict(),
+                                                            "planned": [r["label"] for r in previous["rows"]]})
     # A row's expectation comes from the matrix as it is now (an entry may point at a new invariant since the
     # run): the stored expect/need only stand in for a defect the matrix no longer has.
     current = {e.defect: e for e in matrix.entries if e.tier == previous["tier"]}

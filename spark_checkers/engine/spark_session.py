@@ -5,6 +5,7 @@ In order of precedence:
    server of one's own).  An unreachable one raises ``SparkUnavailable`` naming it (the checks are then
    unknown, never passed).
 2. ``master`` (``--spark-master URL``): a classic in-process session (py4j + a JVM of this process's own).
+   A standalone master (``spark://``) nobody listens on raises ``SparkUnavailable`` naming it, within seconds.
 3. ``$ORDEAL_SPARK_REMOTE``, then ``$ORDEAL_SPARK_MASTER``: the same, from the environment.
 4. A classic session already active in this process (tests, benchmarks) is reused as is.
 5. Otherwise the shared local Spark Connect server (connect_server.py beside this module), started on
@@ -154,6 +155,8 @@ def _classic(master: str, app_name: str):
         # checked on Connect, e.g. the test session) would then refuse to start.  This process has no Connect
         # session of its own, so the mark is not its own.
         os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    if master.startswith("spark://"):
+        _probe_standalone(master)
     if master.startswith("local"):
         # A local check talks only to itself: keep the driver on loopback rather than the host's interface.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -173,6 +176,20 @@ def _probe(url: str, timeout: float = 5.0) -> None:
             pass
     except OSError as error:
         raise SparkUnavailable(f"Spark Connect endpoint {url} is unreachable: {error}") from None
+
+
+def _probe_standalone(master: str, timeout: float = 5.0) -> None:
+    """A standalone master (``spark://HOST:PORT[,HOST:PORT...]``, several for a standby pair) nobody listens on
+    is unavailable at once: Spark itself retries the registration for about a minute before it gives up."""
+    errors = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host or address, int(port) if port.isdigit() else 7077), timeout=timeout):
+                return
+        except (OSError, ValueError) as error:
+            errors.append(f"{address}: {error}")
+    raise SparkUnavailable(f"master {master} is unreachable: {'; '.join(errors)}")
 
 
 def _connect(url: str, label: str, key: str | None = None):

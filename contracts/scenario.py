@@ -50,6 +50,10 @@ PATTERNS = ("p2p", "fan-in")
 QOS_KEYS = {"qos0": 0, "qos1": 1, "qos2": 2}
 PROTOCOL_KEYS = {"mqtt311": 4, "mqtt5": 5}
 RECONNECT_NODES = ("same", "other", "any")
+# [scenario] resource_sample_s: how often the harness samples its own resources while the workload runs
+# (harness/resources.py, <run dir>/resources.jsonl); 0 turns the sampler off.
+DEFAULT_RESOURCE_SAMPLE_S = 5.0
+MAX_RESOURCE_SAMPLE_S = 3600.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -152,6 +156,7 @@ class ScenarioInfo:
     duration_s: float
     drain_quiet_s: float
     drain_timeout_s: float
+    resource_sample_s: float = DEFAULT_RESOURCE_SAMPLE_S
 
 
 MQTT_VERSIONS = {"3.1.1": 4, "5": 5}  # the names a target declares -> the protocol level a CONNECT carries
@@ -560,12 +565,21 @@ def _read_info(s: _Section) -> ScenarioInfo:
         duration_s=s.number("duration_s", required=True, above=0.0, maximum=86400.0),
         drain_quiet_s=s.number("drain_quiet_s", 3.0, above=0.0, maximum=3600.0),
         drain_timeout_s=s.number("drain_timeout_s", 60.0, above=0.0, maximum=86400.0),
+        resource_sample_s=_resource_sample_s(s),
     )
     if info.drain_timeout_s < info.drain_quiet_s:
         raise s.fail("drain_timeout_s", info.drain_timeout_s,
                      f"must be >= drain_quiet_s ({info.drain_quiet_s})")
     s.finish()
     return info
+
+
+def _resource_sample_s(s: _Section) -> float:
+    value = s.number("resource_sample_s", DEFAULT_RESOURCE_SAMPLE_S, minimum=0.0, maximum=MAX_RESOURCE_SAMPLE_S)
+    if 0.0 < value < 0.1:
+        raise s.fail("resource_sample_s", value, "must be 0 (no resource samples) or at least 0.1 seconds "
+                     f"(default {DEFAULT_RESOURCE_SAMPLE_S}: harness/resources.py, docs/history.md)")
+    return value
 
 
 def _read_topology(source: str, table: Any) -> Mapping[str, Any]:

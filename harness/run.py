@@ -42,6 +42,7 @@ from harness.executor import Executor, ExecutorSettings
 from harness.history import HistoryRecorder, read_history, read_manifest
 from harness.providers import make_target
 from harness.reference_target import TopologyLender
+from harness.resources import ResourceSampler, topology_pids
 from harness.tls import client_tls
 from properties.generate import make_plan, plan_notes
 from properties.plan import Plan
@@ -140,6 +141,7 @@ class LiveRun:
     executor: Executor | None = None
     nemesis: Nemesis | None = None
     watch: DeathWatch | None = None
+    sampler: ResourceSampler | None = None
     healed_all: bool = False
 
 
@@ -266,9 +268,17 @@ def play_workload(live: LiveRun) -> None:
     executor, nemesis = live.executor, live.nemesis
     live.reporter.phase("workload", total_s=live.inputs.plan.duration_s)
     mark = time.monotonic()
-    executor.play(on_start=nemesis.start if nemesis else None,
-                  on_tick=lambda elapsed: live.reporter.tick(elapsed, executor.counters.as_dict(),
-                                                             _faults_active(nemesis)))
+    every_s = live.inputs.scenario.scenario.resource_sample_s
+    if every_s > 0:  # resources.jsonl (harness/resources.py): the harness's RSS, fds, history size
+        live.sampler = ResourceSampler(live.inputs.run_dir, every_s, began=live.began,
+                                       node_pids=topology_pids(live.target.topology)).start()
+    try:
+        executor.play(on_start=nemesis.start if nemesis else None,
+                      on_tick=lambda elapsed: live.reporter.tick(elapsed, executor.counters.as_dict(),
+                                                                 _faults_active(nemesis)))
+    finally:
+        if live.sampler is not None:
+            live.sampler.stop()
     _raise_if_stopped(live.stop)
     settle = executor.settle()
     live.timings["workload_s"] = round(time.monotonic() - mark, 3)

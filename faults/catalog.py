@@ -13,7 +13,7 @@ from typing import Any
 
 from contracts import scenario as scenario_model
 from contracts.target_nodes import BROKER
-from faults import client, failure_paths, latency, network, process, redis_failover  # noqa: F401  (registration side effects)
+from faults import client, failure_paths, latency, network, power, process, redis_failover  # noqa: F401  (registration side effects)
 from faults.base import (
     FAULT_KINDS,
     Fault,
@@ -24,6 +24,9 @@ from faults.base import (
     normalise_params,
     registered_kinds,
 )
+from faults.clock import CLOCK_KINDS  # also registers the clock kinds
+from faults.clock import check_spec as check_clock_spec
+from faults.disk import DISK_KINDS, FILE_KINDS  # also registers the disk kinds
 from faults.latency import LINK_KINDS
 from faults.network import RING_MIN_NODES
 from faults.selectors import SELECTOR_HELP, kafka_role_of, parse_selector
@@ -44,6 +47,15 @@ PROVIDER_GAPS: dict[str, dict[str, str]] = {
                  "toxiproxy image, and no image registry is reachable here to get it, while the harness' own "
                  "proxy (harness/toxiproxy/) is routed for the local provider's client -> broker link only"
            for kind in LINK_KINDS},
+        **{kind: "clock faults preload libfaketime into the node processes the harness starts; a container runs "
+                 "its image's processes, which would need libfaketime inside every image and the offset file "
+                 "mounted in: not built" for kind in CLOCK_KINDS},
+        **{kind: "disk faults act on a node's data directory as the harness reaches it (a size-limited tmpfs in the "
+                 "run's mount namespace for disk_full, the host directory for the file faults); a container's data "
+                 "lives in its own mount namespace and none of this is built for it" for kind in DISK_KINDS},
+        "power_loss": "power_loss needs the node's data directory on the harness' lazyfs mount (a FUSE process the "
+                      "local provider starts before the node); a container's data directory lives in its own mount "
+                      "namespace and no lazyfs is built into the images",
     },
 }
 
@@ -78,6 +90,7 @@ def validate_spec(fault: FaultSpec | Mapping[str, Any]) -> FaultSpec:
         info = kind_info(fault.kind)
         params = normalise_params(fault.kind, fault.params)
         target = _validate_target(info, fault.target)
+        check_clock_spec(fault.kind, target, params)  # clock faults: a runtime libfaketime cannot reach
     except FaultSpecError as error:
         raise FaultSpecError(f"fault {fault.id!r}: {error}") from None
     return FaultSpec(fault.id, fault.kind, target, params)
@@ -131,9 +144,14 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
     "redis_outage": ("redis-master-of:{subscriber}",),
     "kafka_outage_during_save": ("kafka",),
     **{kind: ("broker-random",) for kind in LINK_KINDS},
+    **{kind: ("broker-random",) for kind in CLOCK_KINDS},
+    **{kind: ("redis-master-of:{subscriber}", "redis-random-replica") for kind in DISK_KINDS},
+    "power_loss": ("redis-master-of:{subscriber}",),
 }
 # Fault kinds that take a node down (its memory is gone): on an in-memory Kafka log they lose the log.
 LOG_LOSING_KINDS = ("process_kill", "process_stop", "process_restart", "kafka_outage_during_save")
+LOG_LOSING_KINDS += FILE_KINDS  # faults/disk.py: they SIGKILL the node before damaging its file
+LOG_LOSING_KINDS += ("power_loss",)  # faults/power.py: a SIGKILL (and the unsynced writes with it)
 
 # What an external target has: its nodes (node:<name>; the broker nodes also as broker:N, broker-random,
 # broker-minority, broker-majority, broker-holding:CLIENT) and its clients.
@@ -166,6 +184,18 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
         return ""
 
     info = kind_info(kind)
+    if kind in DISK_KINDS:
+        return (f"mix.{kind}: disk faults need the node's data directory in the harness' reach (disk_full: on a "
+                "size-limited tmpfs the run mounts before the node starts); a black-box target's nodes are not "
+                "prepared that way")
+    if kind == "power_loss":
+        return (f"mix.{kind}: power_loss needs the node's data directory on the harness' lazyfs mount (mounted by "
+                "the local topology before the node starts, so that the writes it never fsynced can be dropped); a "
+                "black-box target's nodes are not prepared that way")
+    if kind in CLOCK_KINDS:
+        return (f"mix.{kind}: clock faults preload libfaketime into the reference topology's node processes at "
+                "their start; an external target's nodes run its own start commands (wrappers, runtimes "
+                "libfaketime may not reach), and no preload is wired into them")
     if kind in LINK_KINDS:
         return (f"mix.{kind}: link faults route the reference topology's client -> broker link through the "
                 "harness' toxiproxy; a black-box target's links are not routed through it")

@@ -12,11 +12,12 @@ A selector is a short string, so plans stay plain JSON:
     broker-random             a broker node (seeded choice)
     broker-minority           a minority of the broker nodes (seeded choice; 1 of 3, 2 of 5; at least 1)
     broker-majority           a majority of the broker nodes (seeded choice; 2 of 3, 3 of 5)
+    redis-all                 every Redis node at once (a whole-cluster fault: power loss of every node)
     broker-holding:CLIENT     the broker node holding that client's session: the reference topology reads
                               it from Redis; an external target asks its [target.formation] holding command,
                               else it is the node of the client's current (or last) connection
 
-A selector names one node, except broker-minority and broker-majority, which name a set
+A selector names one node, except broker-minority, broker-majority and redis-all, which name a set
 (``resolve_nodes``); a process fault on a set acts on each of its nodes.
 
 Network faults take *groups*: a role — ``redis``, ``broker``, ``kafka``, ``storage``, ``client`` — or
@@ -37,14 +38,14 @@ from contracts.topology import NodeHandle, Topology
 from faults.base import FaultNotApplicable, FaultSpecError
 
 _NO_ARG = ("redis-random-master", "redis-random-replica", "kafka", "storage", "broker-random", "broker-minority",
-           "broker-majority")
-SET_SELECTORS = ("broker-minority", "broker-majority")  # name several nodes at once
+           "broker-majority", "redis-all")
+SET_SELECTORS = ("broker-minority", "broker-majority", "redis-all")  # name several nodes at once
 _WITH_ARG = ("node", "redis-master-of", "redis-replica-of", "broker", "broker-holding")
 ROLE_GROUPS = ("redis", "broker", "kafka", "storage", "client")
 
 SELECTOR_HELP = (
     "node:NAME, redis-master-of:CLIENT, redis-replica-of:CLIENT, redis-random-master, "
-    "redis-random-replica, kafka, storage, broker:N, broker-random, broker-minority, broker-majority, "
+    "redis-random-replica, redis-all, kafka, storage, broker:N, broker-random, broker-minority, broker-majority, "
     "broker-holding:CLIENT"
 )
 GROUP_HELP = "a role (" + ", ".join(ROLE_GROUPS) + "), client:ID, or a node selector (" + SELECTOR_HELP + ")"
@@ -156,6 +157,11 @@ def resolve_nodes(topology: Topology, selector: Selector | str, rng: random.Rand
     selector = parse_selector(selector) if isinstance(selector, str) else selector
     if selector.how not in SET_SELECTORS:
         return [resolve_node(topology, selector, rng, key_prefix)]
+    if selector.how == "redis-all":
+        nodes = sorted(getattr(topology, "redis_nodes", []) or [], key=lambda node: node.name)
+        if not nodes:
+            raise FaultNotApplicable(f"target {selector}: the topology has no Redis nodes")
+        return nodes
     brokers = sorted(getattr(topology, "brokers", []) or [], key=lambda node: node.name)
     if not brokers:
         raise FaultNotApplicable(f"target {selector}: the topology has no broker nodes")

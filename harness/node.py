@@ -184,6 +184,14 @@ class ProcessNode(Node):
         # asked for is told apart (harness/death_watch.py); ``exit_reported``: that exit is recorded once.
         self.down_on_purpose = False
         self.exit_reported = False
+        # harness/disk.py DiskHolder: the data dir is a size-limited fs inside the holder's mount namespace,
+        # and the node starts in that namespace (faults/disk.py disk_full); None: the host's file system.
+        self.disk = None
+
+    @property
+    def data_view(self) -> Path:
+        """Where the harness reaches the node's data dir as the node sees it."""
+        return self.disk.view(self.data_dir) if self.disk is not None else self.data_dir
 
     @property
     def pid(self) -> int | None:
@@ -211,7 +219,8 @@ class ProcessNode(Node):
             self.log_offset = log.tell()
             log.write(f"=== ordeal: start {time.strftime('%H:%M:%S')} {' '.join(self.argv)}\n".encode())
             log.flush()
-            self._process = spawn(self.argv, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+            argv = self.disk.wrap(self.argv, self.cwd) if self.disk is not None else self.argv
+            self._process = spawn(argv, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL,
                                   stdout=log, stderr=subprocess.STDOUT)
         self.paused = False
         self.started_at = time.monotonic()

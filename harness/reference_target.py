@@ -48,6 +48,7 @@ class ReferenceTarget:
         self.keeper = keeper if keeper is not None and self.config.provider == "local" else None
         self.reuse: dict[str, Any] | None = None  # what the keeper did (summary.json "topology_reuse")
         self.reset_s: float | None = None
+        self.topology_class = topology_class  # prepare_clocks: a fresh topology instead of a kept one
         self.topology: ServiceTopology | None = None if self.keeper else topology_class(
             self.config, self.run_dir, broker_config=self._write_broker_config)
         self.link_proxy = None  # harness/toxiproxy: the proxy a plan's link faults need (route_links)
@@ -74,6 +75,91 @@ class ReferenceTarget:
             self.recorder.record(Kind.NODE_EVENT, node=node.name,
                                  detail={"action": "ready", "role": node.role, "pid": node.pid,
                                          "address": node.address})
+
+    def prepare_clocks(self, plan: Plan) -> list[str]:
+        """Before the nodes start: the roles the plan's clock faults may hit (faults/clock.py) start under
+        libfaketime, each node reading its offset from <run_dir>/clock/<node> (faults/libfaketime.py).  A kept
+        topology's Redis started without it, so such a seed runs on a fresh topology.  Nothing when the plan
+        has no clock fault."""
+        from faults.clock import planned_clock_roles
+        from faults.libfaketime import (
+            CLOCK_DIR,
+            ClockError,
+            ClockSetup,
+            libfaketime_problem,
+            redis_binary_problem,
+        )
+        from harness import binaries
+
+        roles = planned_clock_roles(plan.faults)
+        if not roles:
+            return []
+        problem = libfaketime_problem()
+        if self.config.provider != "local":
+            problem = (f"clock faults preload libfaketime into host processes; the {self.config.provider} provider's "
+                       "nodes are containers")
+        elif "redis" in roles:
+            problem = problem or redis_binary_problem(binaries.redis_server(self.config.redis_server))
+        if problem:
+            raise ClockError(problem)
+        notes = []
+        if self.keeper is not None:
+            self.keeper = None
+            self.topology = self.topology_class(self.config, self.run_dir, broker_config=self._write_broker_config)
+            notes.append("clock faults: a fresh topology for this seed (the kept one's nodes run without libfaketime)")
+        self.topology.clocks = ClockSetup(self.run_dir / CLOCK_DIR, frozenset(roles))
+        return notes + [f"clock faults: the {' and '.join(sorted(roles))} nodes run under libfaketime (offset files in "
+                        f"{CLOCK_DIR}/)"]
+
+    def prepare_disks(self, plan: Plan) -> list[str]:
+        """Before the nodes start: put every Redis node's data dir on a size-limited tmpfs (harness/disk.py) when
+        the plan holds a disk_full fault (faults/disk.py); its target is only resolved once the cluster formed,
+        so each Redis node gets one.  Nothing when the plan has none."""
+        from faults.disk import disk_full_size_bytes
+
+        size = disk_full_size_bytes(plan.faults)
+        if size is None:
+            return []
+        notes = []
+        if self.keeper is not None:  # its Redis started before this plan, on the host's file system
+            self.keeper = None
+            self.reuse = {"kept": False, "fresh_because": "disk_full needs size-limited Redis data directories"}
+            self.topology = self.topology_class(self.config, self.run_dir, broker_config=self._write_broker_config)
+            notes.append("disk_full: this seed runs on a fresh topology, not the kept one")
+        if not hasattr(self.topology, "disk_limits"):
+            raise RuntimeError("disk_full faults need the Redis nodes' data directories on a size-limited file "
+                               f"system from their start; the {self.config.provider} provider's topology has none")
+        self.topology.disk_limits = {"redis": size}
+        return notes + [f"disk_full: every Redis node's data directory is a {size >> 20} MiB tmpfs in the run's "
+                        "mount namespace (harness/disk.py)"]
+
+    def prepare_power(self, plan: Plan) -> list[str]:
+        """Before the nodes start: put every Redis node's data dir on its own lazyfs mount (harness/power.py) when
+        the plan holds a power_loss fault (faults/power.py); its target is only resolved once the cluster formed,
+        so each Redis node gets one.  A kept topology's Redis runs on the host's file system, so such a seed runs
+        on a fresh topology.  Nothing when the plan has none."""
+        from harness.power import LAZYFS_DIR, planned_power_loss
+
+        if not planned_power_loss(plan.faults):
+            return []
+        refusal = ("power_loss needs the node's data directory on the harness' lazyfs mount from the node's start; "
+                   f"the {self.config.provider} provider's topology has none")
+        if self.config.provider != "local":
+            raise RuntimeError(refusal)
+        notes = []
+        if self.keeper is not None:  # its Redis started before this plan, on the host's file system
+            self.keeper = None
+            self.reuse = {"kept": False, "fresh_because": "power_loss needs lazyfs Redis data directories"}
+            self.topology = self.topology_class(self.config, self.run_dir, broker_config=self._write_broker_config)
+            notes.append("power_loss: this seed runs on a fresh topology, not the kept one")
+        if not hasattr(self.topology, "power_roles"):
+            raise RuntimeError(refusal)
+        if getattr(self.topology, "disk_limits", None):
+            raise RuntimeError("power_loss and disk_full in one plan: both need the Redis data directories (a lazyfs "
+                               "mount, a size-limited tmpfs); split them into two scenarios")
+        self.topology.power_roles = ("redis",)
+        return notes + [f"power_loss: every Redis node's data directory is a lazyfs mount (backing dirs in "
+                        f"{LAZYFS_DIR}/, unsynced file data held until fsync: harness/lazyfs/)"]
 
     def route_links(self, plan: Plan) -> list[str]:
         """Route the links the plan's link faults sit on (faults/latency.py) through the harness' toxiproxy;
@@ -185,6 +271,10 @@ class ReferenceTarget:
         described = {"kind": "reference", **self.topology.endpoints()}
         if self.topology.link_proxies:
             described["link_proxies"] = self.topology.link_proxies
+        if getattr(self.topology, "disk_holder", None) is not None:  # faults/disk.py: the size-limited data dirs
+            described["disk_holder"] = self.topology.disk_holder.describe()
+        if getattr(self.topology, "power_mounts", None) is not None:  # faults/power.py: the lazyfs data dirs
+            described["lazyfs"] = self.topology.power_mounts.describe()
         if self.reuse is not None:
             described["reuse"] = self.reuse
         return described

@@ -229,6 +229,12 @@ def start_target(live: LiveRun, keeper: TopologyLender | None) -> None:
     live.target = target = make_target(inputs.scenario, inputs.run_dir, live.recorder, keeper=keeper)
     live.reporter.phase("starting the target")
     target.prepare()
+    if hasattr(target, "prepare_clocks"):  # clock faults (faults/clock.py): their nodes start under libfaketime
+        live.outcome["notes"] += target.prepare_clocks(inputs.plan)
+    if hasattr(target, "prepare_disks"):  # disk_full faults (faults/disk.py): size-limited data dirs from node start
+        live.outcome["notes"] += target.prepare_disks(inputs.plan)
+    if hasattr(target, "prepare_power"):  # power_loss faults (faults/power.py): lazyfs data dirs from node start
+        live.outcome["notes"] += target.prepare_power(inputs.plan)
     target.start()
     if target.topology is not None:  # from here on, a node that exits or stops answering is a finding
         topology = target.topology

@@ -9,9 +9,12 @@ cd "$here"
 need_apt=()
 # rabbitmq-server: RabbitMQ's MQTT plugin, a shipped black-box target (scenarios/rabbitmq-*.toml).
 # ejabberd: ejabberd's mod_mqtt, a clustered black-box target (scenarios/ejabberd-cluster-*.toml).
-for pair in redis-server:redis-server mosquitto:mosquitto nft:nftables ip:iproute2 unshare:util-linux java:openjdk-17-jre-headless node:nodejs npm:npm /usr/lib/rabbitmq/bin/rabbitmq-server:rabbitmq-server /usr/sbin/ejabberdctl:ejabberd; do
+# faketime (and its libfaketime): the clock faults' preload into a node's processes (faults/clock.py).
+# fuse3 + libfuse3-dev, pkg-config, gcc: pip builds pyfuse3 (no wheel here) for harness/lazyfs, the power-loss
+# file system (faults/power.py).
+for pair in redis-server:redis-server mosquitto:mosquitto nft:nftables ip:iproute2 unshare:util-linux java:openjdk-17-jre-headless node:nodejs npm:npm /usr/lib/rabbitmq/bin/rabbitmq-server:rabbitmq-server /usr/sbin/ejabberdctl:ejabberd faketime:faketime fusermount3:fuse3 pkg-config:pkg-config gcc:gcc /usr/include/fuse3/fuse.h:libfuse3-dev; do
   bin="${pair%%:*}"; pkg="${pair#*:}"
-  command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need_apt+=("$pkg")
+  command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || [ -f "$bin" ] || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -46,6 +46,15 @@ class LocalTopology(TopologyBase):
         self.kafka: TansuNode | None = None
         self.storage: ProcessNode | None = None
         self.brokers: list[ProcessNode] = []
+        self.clocks = None  # faults/libfaketime.py ClockSetup: the roles that start under libfaketime (clock faults)
+        # faults/disk.py disk_full: role -> bytes of the tmpfs each such node's data dir is on (set before start,
+        # from the plan: ReferenceTarget.prepare_disks); the holder of their mount namespace (harness/disk.py).
+        self.disk_limits: dict[str, int] = {}
+        self.disk_holder = None
+        # faults/power.py power_loss: the roles whose data dirs go on lazyfs (set before start, from the plan:
+        # ReferenceTarget.prepare_power); the mounts (harness/power.py PowerMounts), kept until stop.
+        self.power_roles: tuple[str, ...] = ()
+        self.power_mounts = None
 
     def start(self, with_brokers: bool = True) -> None:
         """with_brokers=False: Redis and Kafka only; the broker nodes are started later with ``start_brokers``
@@ -78,15 +87,37 @@ class LocalTopology(TopologyBase):
         began = time.monotonic()
         for _ in range(self.config.redis_nodes):
             host, port = self.addresses.allocate(REDIS_PORT, with_bus=True)
+            name = f"redis-{host.rsplit('.', 1)[1] if self.addresses.mode == 'distinct' else port}"
             self.redis_nodes.append(RedisNode(
-                f"redis-{host.rsplit('.', 1)[1] if self.addresses.mode == 'distinct' else port}", host, port,
+                name, host, port,
                 binary, run_dir=self.run_dir, appendfsync=self.config.redis_appendfsync,
-                node_timeout_ms=self.config.redis_node_timeout_ms))
+                node_timeout_ms=self.config.redis_node_timeout_ms, env=self._clock_env(name, "redis")))
+        self._limit_disks("redis", self.redis_nodes)
+        if "redis" in self.power_roles:  # lazyfs data dirs from the first start (harness/power.py)
+            from harness.power import PowerMounts
+
+            self.power_mounts = PowerMounts.start(self.redis_nodes, self.run_dir)
         self.redis = RedisCluster(self.redis_nodes, self.config.redis_masters,
                                   self.config.redis_replicas_per_master)
         self.redis.start_processes()
         self.redis.create(timeout=self.config.ready_timeout_s)
         self.timings["redis_formed_s"] = round(time.monotonic() - began, 3)
+
+    def _limit_disks(self, role: str, nodes: list[ProcessNode]) -> None:
+        """Put the nodes' data dirs on tmpfs of ``disk_limits[role]`` bytes in the run's disk holder."""
+        size = self.disk_limits.get(role)
+        if not size or not nodes:
+            return
+        if role in getattr(self, "power_roles", ()):  # both would own the same data dirs
+            raise RuntimeError(f"a plan with both disk_full and power_loss faults on {role} nodes: disk_full puts "
+                               "their data directories on a size-limited tmpfs in its own mount namespace, "
+                               "power_loss on lazyfs on the host, and a node can write to one of them only")
+        from harness.disk import DiskHolder
+
+        self.disk_holder = DiskHolder.start({node.data_dir: size for node in nodes},
+                                            self.run_dir / "logs" / "disk-holder.log")
+        for node in nodes:
+            node.disk = self.disk_holder
 
     def _start_kafka(self, found: Mapping[str, Path]) -> None:
         began = time.monotonic()
@@ -115,12 +146,16 @@ class LocalTopology(TopologyBase):
                     "--node-id", name, "--listen", f"{host}:{port}"]
             node = ProcessNode(name, "broker", host, port, argv, log_path=run_dir / "logs" / f"{name}.log",
                                data_dir=run_dir / "data" / name, cwd=REPO_ROOT,
-                               ready_check=_broker_ready)
+                               ready_check=_broker_ready, env=self._clock_env(name, "broker"))
             self.brokers.append(node)
             node.start()
         for node in self.brokers:
             node.wait_ready(self.config.ready_timeout_s)
         self.timings["brokers_ready_s"] = round(time.monotonic() - began, 3)
+
+    def _clock_env(self, name: str, role: str) -> dict[str, str] | None:
+        """The node's libfaketime environment when the run's clock faults may hit its role (faults/clock.py)."""
+        return self.clocks.env_for(name, role) if self.clocks is not None else None
 
     def stop_brokers(self, timeout: float = 10.0) -> None:
         """Stop the broker nodes only (Redis and Kafka keep running) and forget them."""
@@ -144,6 +179,15 @@ class LocalTopology(TopologyBase):
                 node.stop(timeout)
             except Exception as error:  # noqa: BLE001 - keep stopping the others, report at the end
                 errors.append(f"{node.name}: {error}")
+        if self.disk_holder is not None:  # after its nodes: the tmpfs goes with the last process in the namespace
+            holder, self.disk_holder = self.disk_holder, None
+            holder.stop()
+        if self.power_mounts is not None:  # after its nodes: a mount with a node still on it would not go
+            mounts, self.power_mounts = self.power_mounts, None
+            try:
+                mounts.stop()
+            except Exception as error:  # noqa: BLE001 - reported with the others
+                errors.append(str(error))
         self.started = False
         if errors:
             raise RuntimeError("stopping the topology: " + "; ".join(errors))

@@ -3,6 +3,7 @@ directory and log under the run directory (the cluster itself: harness/running_r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from harness.node import ProcessNode
@@ -13,18 +14,24 @@ class RedisNode(RedisCommands, ProcessNode):
     """A redis-server / valkey-server process of the local Redis Cluster, configured for cluster mode."""
 
     def __init__(self, name: str, host: str, port: int, binary: Path, *, run_dir: Path,
-                 appendfsync: str, node_timeout_ms: int) -> None:
+                 appendfsync: str, node_timeout_ms: int, env: dict[str, str] | None = None) -> None:
         data_dir = run_dir / "data" / name
         log_path = run_dir / "logs" / f"{name}.log"
         self.config_path = data_dir / "redis.conf"
         super().__init__(name, "redis", host, port, [str(binary), str(self.config_path)],
-                         log_path=log_path, data_dir=data_dir, ready_check=answers_ping)
+                         log_path=log_path, data_dir=data_dir, ready_check=answers_ping, env=env)
         self.appendfsync, self.node_timeout_ms = appendfsync, node_timeout_ms
         self._node_id: str | None = None
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(self._config_text())  # the cluster state lives in nodes.conf + AOF
+        # Written where the node will read it: on a size-limited data dir (harness/disk.py) that is the tmpfs
+        # in the holder's mount namespace, not the host directory under it.
+        config = self.data_view / self.config_path.name
+        config.write_text(self._config_text())  # cluster state: nodes.conf + AOF
+        if getattr(self, "lazyfs", None) is not None:  # harness/power.py: the harness' own file is not a write a
+            with open(config, "rb+") as handle:       # power loss of the node may take (nor count as dropped)
+                os.fsync(handle.fileno())
         super().start()
 
     def _config_text(self) -> str:

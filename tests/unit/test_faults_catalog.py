@@ -18,6 +18,9 @@ EXPECTED_KINDS = {
     "net_partition", "net_partition_oneway", "net_partition_ring", "net_isolate", "net_lossy", "net_bandwidth",
     "client_flap", "client_reconnect_storm", "redis_write_stall", "redis_outage", "kafka_outage_during_save",
     "link_latency", "link_bandwidth", "link_slow_close", "link_timeout", "link_reset_peer",
+    "disk_full", "file_truncate", "file_bitflip",
+    "clock_offset", "clock_jump", "clock_strobe", "clock_drift",
+    "power_loss",
 }
 
 

@@ -1,0 +1,81 @@
+"""Lazyfs data directories for the nodes a plan's power_loss faults can hit (faults/power.py).
+
+    mounts = PowerMounts.start(nodes, run_dir)   # before the nodes start: node.data_dir is now a lazyfs mount
+    ...                                          # node.lazyfs is its LazyFsMount; kept across node restarts
+    mounts.stop()                                # after the nodes stopped: nothing left mounted
+
+Each node's data directory is the mount point of its own lazyfs process (harness/lazyfs/): file data is held
+until the node fsyncs it, so a power loss can drop what it never fsynced.  The backing directory (what "the
+disk" holds) lives under ``<run_dir>/lazyfs/<node>/``; the control sockets live in a short directory under
+/tmp, because a unix socket path holds at most 107 bytes and run directories are often deeper than that.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.lazyfs import LazyFsMount
+
+POWER_KINDS = ("power_loss",)
+LAZYFS_DIR = "lazyfs"  # under the run dir: each node's backing directory
+# The roles whose nodes get a lazyfs data directory: only Redis keeps its durable state in its data dir (the
+# reference broker writes no files; Tansu's log is in its S3 bucket).
+POWER_ROLES = ("redis",)
+
+
+def planned_power_loss(faults: Iterable[Any]) -> bool:
+    """Whether a plan's faults (FaultSlot objects or dicts) hold a power_loss."""
+    for fault in faults:
+        kind = fault.get("kind") if isinstance(fault, Mapping) else getattr(fault, "kind", None)
+        if kind in POWER_KINDS:
+            return True
+    return False
+
+
+@dataclass
+class PowerMounts:
+    """The run's lazyfs mounts, one per node, and the /tmp directory of their control sockets."""
+
+    mounts: dict[str, LazyFsMount]
+    socket_dir: Path
+
+    @classmethod
+    def start(cls, nodes: Sequence[Any], run_dir: Path) -> PowerMounts:
+        """Mount a lazyfs on every node's data dir and set ``node.lazyfs``; all or nothing."""
+        socket_dir = Path(tempfile.mkdtemp(prefix="ordeal-lazyfs-", dir="/tmp"))
+        started = cls({}, socket_dir)
+        try:
+            for node in nodes:
+                mount = LazyFsMount(backing=run_dir / LAZYFS_DIR / node.name, mountpoint=Path(node.data_dir),
+                                    control=socket_dir / f"{node.name}.sock",
+                                    log_path=run_dir / "logs" / f"lazyfs-{node.name}.log")
+                mount.start()
+                started.mounts[node.name] = mount
+                node.lazyfs = mount
+        except BaseException:
+            started.stop()
+            raise
+        return started
+
+    def stop(self) -> None:
+        """End every lazyfs process (each unmounts); call after the nodes on them stopped.  Raises if one stays
+        mounted, after trying all."""
+        errors = []
+        for name, mount in self.mounts.items():
+            try:
+                mount.stop()
+            except Exception as error:  # noqa: BLE001 - stop the others, report at the end
+                errors.append(f"{name}: {error}")
+        self.mounts = {}
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        if errors:
+            raise RuntimeError("stopping the lazyfs mounts: " + "; ".join(errors))
+
+    def describe(self) -> dict:
+        return {name: {"mountpoint": str(m.mountpoint), "backing": str(m.backing), "control": str(m.control),
+                       "pid": m.pid} for name, m in sorted(self.mounts.items())}

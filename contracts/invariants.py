@@ -342,6 +342,12 @@ def _reference_log_patterns(broker: dict) -> tuple[LogPattern, ...]:
                     "purpose (reported)" if skip else
                     "a strategy that must not lose records committed records it failed to save")), source=src))
     patterns += [
+        # Redis refuses every write while its AOF cannot be written (MISCONF: a full disk, disk-full-redis): the
+        # check is a node-wide state that cannot change while a script runs, so a script meets it at its first
+        # write and has written nothing; the broker retries the whole save (docs/findings.md, "Disk full").
+        LogPattern("redis_refused_write", r"MISCONF Errors writing to the AOF file", "report", ("broker",),
+                   why="Redis refused the broker's writes while its AOF could not be written (the script wrote "
+                       "nothing; the broker retries)", source=src),
         LogPattern("lua_script_error", r"user_script:\d+|@user_function|Error (?:running|compiling) script"
                    r"|BUSY Redis is busy running a script", "fail", ("broker",),
                    why="a Redis script of the broker failed (lua/): its writes may be partial", source=src),

@@ -30,7 +30,7 @@ from spark_checkers.job.timing import timed
 from spark_checkers.loader import RunInput, local_run_dir, open_run
 from spark_checkers.rules.catalog import explain
 from spark_checkers.rules.logs import LOG_INVARIANTS, LogFinding, judge_logs
-from spark_checkers.rules.losses import LOSS_INVARIANTS, loss_gaps
+from spark_checkers.rules.losses import EXPIRED_BY_CLOCK, LOSS_INVARIANTS, loss_gaps
 from spark_checkers.timeline import Timeline, build_timeline, has_mqtt5
 from spark_checkers.verdicts import NOT_APPLICABLE, VERDICTS, InvariantResult, decide, exit_code
 
@@ -349,6 +349,12 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
                                        mqtt5=timeline is None or has_mqtt5(timeline))
         shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count,
                                     outcome.contexts.get(invariant.id, []))
+        if invariant.id == "expiry.dropped_early" and witnesses.get(EXPIRED_BY_CLOCK) and timeline is not None:
+            # What the clock explains beside the losses (rules/losses.py EXPIRED_BY_CLOCK): reported, never counted.
+            details["expired_by_clock"] = {
+                "count": counts.get(EXPIRED_BY_CLOCK, 0),
+                "shown": [{"text": explain(EXPIRED_BY_CLOCK, w, timeline), "data": w}
+                          for w in witnesses[EXPIRED_BY_CLOCK][:WITNESS_CAP]]}
         if invariant.id == "liveness.unseen_over_time":
             count = int(sum(metrics.get("unseen_delta_per_bucket", {}).values()))
             details["owed"] = metrics.get("count", {}).get("owed", 0)

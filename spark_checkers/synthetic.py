@@ -717,3 +717,30 @@ def release_qos2(rows: list[Row], client: str, publisher: str, pub_seq: int, t_m
     return sort_rows([*_copy(rows), {**common, "t_mono_us": t_mono_us, "kind": Kind.PUBREL_RECEIVED,
                                      "detail": json.dumps({"known": True})}, release,
                       {**common, "t_mono_us": t_mono_us + 300, "kind": Kind.DELIVERY_ACK_SENT, "qos": 2}])
+
+
+def clock_fault(rows: list[Row], fault_id: str, kind: str, node: str, changes: Iterable[tuple[int, float, str]],
+                heal_t: int | None = None, **detail: Any) -> list[Row]:
+    """A clock fault on ``node`` as the nemesis records it (faults/clock.py): its fault_start at the first change,
+    a ``node_event`` (action "clock", offset_s, reason) per change (t_mono_us, offset_s, reason), evidence that it
+    bit and, at ``heal_t``, its heal: the fault_heal row and the clock row setting the offset back to 0.
+    ``detail``: what the first change's row adds (a drift's rate_ppm)."""
+    changes = list(changes)
+    start = changes[0][0]
+    out = _copy(rows)
+    out.append({"t_mono_us": start - 1, "kind": Kind.FAULT_START, "fault_id": fault_id, "fault_kind": kind,
+                "node": node, "detail": json.dumps({"node": node})})
+    for i, (t, offset_s, reason) in enumerate(changes):
+        extra = detail if i == 0 else {}
+        out.append({"t_mono_us": t, "kind": Kind.NODE_EVENT, "node": node, "fault_id": fault_id,
+                    "detail": json.dumps({"action": "clock", "by": "nemesis", "offset_s": offset_s, "kind": kind,
+                                          "reason": reason, **extra})})
+    out.append({"t_mono_us": start + 1, "kind": Kind.FAULT_EVIDENCE, "fault_id": fault_id, "fault_kind": kind,
+                "node": node, "bit": True, "detail": json.dumps({"stage": "apply", "checks": []})})
+    if heal_t is not None:
+        out.append({"t_mono_us": heal_t, "kind": Kind.FAULT_HEAL, "fault_id": fault_id, "fault_kind": kind,
+                    "node": node})
+        out.append({"t_mono_us": heal_t + 1, "kind": Kind.NODE_EVENT, "node": node, "fault_id": fault_id,
+                    "detail": json.dumps({"action": "clock", "by": "nemesis", "offset_s": 0.0, "kind": kind,
+                                          "reason": "heal"})})
+    return sort_rows(out)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from contracts.history_schema import Kind, Phase
 from contracts.invariants import RECOVERY_AFTER_FAULT_S
@@ -17,6 +18,12 @@ SMALL_KINDS = (
     Kind.FAULT_START, Kind.FAULT_HEAL, Kind.FAULT_EVIDENCE, Kind.FAULT_ERROR, Kind.SESSION_SNAPSHOT, Kind.PHASE,
 )
 NEVER = (1 << 62)  # "no end" for intervals, as a long Spark can compare
+# The clock timeline (docs/clock-model.md): the node_event action of every change of a node's wall-clock offset
+# and the fault kinds that make them (faults/clock.py CLOCK_ACTION, CLOCK_KINDS; tests/unit/test_clock_skew.py
+# pins them equal).  Not imported from there: the checkers read a history on machines without the harness.
+CLOCK_ACTION = "clock"
+CLOCK_FAULT_KINDS = ("clock_offset", "clock_jump", "clock_strobe", "clock_drift")
+BROKER, REDIS = "broker", "redis"  # the roles whose clocks a clock fault moves
 
 
 def detail_of(row: dict) -> dict[str, Any]:
@@ -51,6 +58,28 @@ class FaultSpan:
     t_healed: int | None = None
 
 
+class ClockRow(NamedTuple):
+    """One change of a node's wall-clock offset (its clock minus the harness's), in force from ``t_mono_us`` to the
+    node's next row; ``drifting``: the offset runs linearly from this row's value to the next row's."""
+
+    t_mono_us: int
+    offset_us: int
+    drifting: bool
+
+
+@dataclass(frozen=True)
+class ClockSegment:
+    """One stretch of a node's clock timeline, [t_from, t_to), with the least and the most offset it takes (a
+    drifting stretch: its two ends).  The runs table's ``clock_rows`` (job/clock.py reads them in Spark)."""
+
+    node: str
+    role: str
+    t_from: int
+    t_to: int
+    lo_us: int
+    hi_us: int
+
+
 @dataclass
 class Timeline:
     run_id: str
@@ -78,6 +107,9 @@ class Timeline:
     sub_options: dict[tuple[str, str, int], tuple[int | None, bool]] = field(default_factory=dict)
     phases: dict[str, dict] = field(default_factory=dict)
     snapshots: list[dict] = field(default_factory=list)
+    # node -> its clock timeline, oldest first (clock node_event rows; before a node's first row its offset is 0)
+    clock: dict[str, list[ClockRow]] = field(default_factory=dict)
+    nodes: set[str] = field(default_factory=set)  # every node a row names: a node without clock rows is at 0
     incomplete: list[str] = field(default_factory=list)
     violations: dict[str, list[dict]] = field(default_factory=dict)  # invariant -> witnesses (all of them)
     unknown: dict[str, str] = field(default_factory=dict)  # invariant -> reason
@@ -92,6 +124,151 @@ class Timeline:
     def fault_times(self) -> list[int]:
         times = [f.t_start for f in self.faults] + [e["t_mono_us"] for e in self.node_events]
         return sorted(times)
+
+    def nodes_of(self, role: str) -> set[str]:
+        """Every node of ``role`` the history names, with or without clock rows."""
+        return {n for n in self.nodes | set(self.clock) if role_of(n) == role}
+
+    def clock_skew_us(self, stampers: Iterable[str], judges: Iterable[str], a: int, b: int) -> tuple[int, int]:
+        """(δ⁺, δ⁻) over [a, b]: how early, and how late, a time stamped on one of ``stampers`` may be judged on
+        one of ``judges`` (``clock_skew_us``)."""
+        return clock_skew_us(self.clock, stampers, judges, a, b)
+
+    def clock_segments(self) -> list[ClockSegment]:
+        """The clock timeline as the runs table's ``clock_rows`` (``clock_segments``)."""
+        return clock_segments(self.clock, self.nodes)
+
+
+def role_of(node: str) -> str | None:
+    """A node's role for the clock model by its name (broker-N, redis-N); None: a node no clock fault moves."""
+    return REDIS if node.startswith("redis-") else BROKER if node.startswith("broker-") else None
+
+
+def clock_row(row: dict) -> ClockRow | None:
+    """The ClockRow of a node_event row with detail.action "clock" (faults/clock.py), else None."""
+    detail = detail_of(row)
+    if detail.get("action") != CLOCK_ACTION or not isinstance(detail.get("offset_s"), int | float):
+        return None
+    return ClockRow(row["t_mono_us"], round(float(detail["offset_s"]) * 1e6),
+                    detail.get("reason") == "drift" or "rate_ppm" in detail)
+
+
+def _clock_timeline(timeline: Timeline) -> None:
+    """Timeline.clock from the clock node_event rows.  Two rows the history implies are added: the offset a drift
+    reached just before its heal (the heal row's ``reached_s``: the drift ran on between its last row and the heal),
+    and, for a drift that never healed, where its rate took it by the end of the history."""
+    rates: dict[str, float] = {}
+    for event in timeline.node_events:
+        row, node = clock_row(event), event.get("node")
+        if row is None or not node:
+            continue
+        detail = detail_of(event)
+        rows = timeline.clock.setdefault(node, [])
+        if isinstance(detail.get("rate_ppm"), int | float):
+            rates[node] = float(detail["rate_ppm"])
+        if rows and rows[-1].drifting and not row.drifting and isinstance(detail.get("reached_s"), int | float):
+            rows.append(ClockRow(row.t_mono_us, round(float(detail["reached_s"]) * 1e6), False))
+        rows.append(row)
+    for node, rows in timeline.clock.items():
+        last = rows[-1]
+        if last.drifting and node in rates and timeline.t_last > last.t_mono_us:
+            drift = round(rates[node] * 1e-6 * (timeline.t_last - last.t_mono_us))
+            rows.append(ClockRow(timeline.t_last, last.offset_us + drift, False))
+
+
+def offset_range_us(rows: list[ClockRow], a: int, b: int) -> tuple[int, int]:
+    """(inf, sup) of one node's offset over [a, b]: the value in force at ``a`` (0 before the node's first row),
+    every row in (a, b], and, when the row in force at ``b`` drifts, the next row (the drift reaches it linearly)."""
+    before = [r for r in rows if r.t_mono_us <= a]
+    inside = [r for r in rows if a < r.t_mono_us <= b]
+    values = [before[-1].offset_us if before else 0] + [r.offset_us for r in inside]
+    at_b = inside[-1] if inside else before[-1] if before else None
+    if at_b is not None and at_b.drifting:
+        after = [r for r in rows if r.t_mono_us > b]
+        if after:
+            values.append(after[0].offset_us)
+    return min(values), max(values)
+
+
+def clock_skew_us(clock: dict[str, list[ClockRow]], stampers: Iterable[str], judges: Iterable[str], a: int,
+                  b: int) -> tuple[int, int]:
+    """(early_us, late_us) = (δ⁺, δ⁻) of docs/clock-model.md over W = [a, b]: a time one of ``stampers`` stamps
+    and one of ``judges`` judges may come due up to δ⁺ early (a judge's clock ahead of the stamp's) and up to δ⁻
+    late.  δ⁺ = max(0, max over judges of sup Δ − min over stampers of inf Δ), δ⁻ the other way round.  A node
+    without clock rows has Δ = 0 throughout; no nodes on a side: nothing to judge, (0, 0)."""
+    stamp = [offset_range_us(clock.get(n, []), a, b) for n in set(stampers)]
+    judge = [offset_range_us(clock.get(n, []), a, b) for n in set(judges)]
+    if not stamp or not judge:
+        return 0, 0
+    early = max(hi for _, hi in judge) - min(lo for lo, _ in stamp)
+    late = max(hi for _, hi in stamp) - min(lo for lo, _ in judge)
+    return max(0, early), max(0, late)
+
+
+def clock_segments(clock: dict[str, list[ClockRow]], nodes: Iterable[str] = ()) -> list[ClockSegment]:
+    """Every node's clock timeline as stretches [t_from, t_to) with their least and most offset, so that a window
+    [a, b] sees exactly the values ``offset_range_us`` takes: those of the stretches with t_from <= b and t_to > a.
+    Empty for a history without clock rows (then every skew is 0); with some, every other node of a role that
+    clocks move (``nodes``) is one stretch at 0 (its clock is the harness's)."""
+    if not clock:
+        return []
+    segments = []
+    for node, rows in sorted(clock.items()):
+        role = role_of(node) or BROKER  # a clock row of an unknown node: counted with the brokers, the wider reading
+        segments.append(ClockSegment(node, role, -NEVER, rows[0].t_mono_us, 0, 0))
+        for i, row in enumerate(rows):
+            nxt = rows[i + 1] if i + 1 < len(rows) else None
+            ends = [row.offset_us] + ([nxt.offset_us] if row.drifting and nxt is not None else [])
+            segments.append(ClockSegment(node, role, row.t_mono_us, nxt.t_mono_us if nxt else NEVER, min(ends),
+                                         max(ends)))
+    for node in sorted(set(nodes) - set(clock)):
+        if role_of(node) is not None:
+            segments.append(ClockSegment(node, role_of(node), -NEVER, NEVER, 0, 0))
+    return segments
+
+
+def segments_skew_us(segments: list[ClockSegment], role: str, a: int, b: int) -> int:
+    """max(0, sup − inf) over [a, b] of every node of ``role`` from its ClockSegments: what job/clock.py computes
+    per row in Spark (the unit tests hold it to ``clock_skew_us`` of the same nodes as stampers and judges)."""
+    seen = [s for s in segments if s.role == role and s.t_from <= b and s.t_to > a]
+    return max(s.hi_us for s in seen) - min(s.lo_us for s in seen) if seen else 0
+
+
+def clock_changes(timeline: Timeline, nodes: Iterable[str] | None, a: int, b: int) -> str:
+    """The clock changes of ``nodes`` (None: every node with a clock row) that bound a window [a, b], in words:
+    "broker-1's clock jumped +120.000 s at 3.200 s (to +120.000 s)"; a drift as one change from its first row to
+    its last; the offset in force at ``a`` when nothing changes inside.  '' when no node has a clock row."""
+    o = timeline.t_first
+    parts = []
+    for node in sorted(timeline.clock if nodes is None else set(nodes) & set(timeline.clock)):
+        rows = timeline.clock[node]
+        before = [r for r in rows if r.t_mono_us <= a]
+        previous = before[-1].offset_us if before else 0
+        inside = [r for r in rows if a < r.t_mono_us <= b]
+        if not inside:
+            if previous:
+                parts.append(f"{node}'s clock was {previous / 1e6:+.3f} s off from before {(a - o) / 1e6:.3f} s")
+            continue
+        # Each row is a change from the value before it: a jump at the row, or, after a drifting row, the end of a
+        # drift (consecutive drift steps are told as one).
+        changes: list[list] = []  # [how, t_from, t_to, from_us, to_us]
+        prev_row = before[-1] if before else None
+        for row in inside:
+            drift = prev_row is not None and prev_row.drifting
+            if drift and changes and changes[-1][0] == "drift" and changes[-1][2] == prev_row.t_mono_us:
+                changes[-1][2], changes[-1][4] = row.t_mono_us, row.offset_us
+            elif drift or row.offset_us != previous:
+                changes.append(["drift" if drift else "jump", prev_row.t_mono_us if drift else row.t_mono_us,
+                                row.t_mono_us, previous, row.offset_us])
+            previous, prev_row = row.offset_us, row
+        for how, t_from, t_to, was, now in changes:
+            if how == "jump":
+                parts.append(f"{node}'s clock jumped {(now - was) / 1e6:+.3f} s at {(t_from - o) / 1e6:.3f} s "
+                             f"(to {now / 1e6:+.3f} s)")
+            else:
+                parts.append(f"{node}'s clock drifted from {was / 1e6:+.3f} s to {now / 1e6:+.3f} s between "
+                             f"{(t_from - o) / 1e6:.3f} s and {(t_to - o) / 1e6:.3f} s")
+    return "; ".join(parts)
 
 
 def has_mqtt5(timeline: Timeline) -> bool:
@@ -115,6 +292,8 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
     fault_rows: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         kind = row["kind"]
+        if row.get("node"):  # every named node: its clock is the harness's unless a clock row says otherwise
+            timeline.nodes.update(n for n in str(row["node"]).split("+") if n)
         if kind in (Kind.CONNECT, Kind.DISCONNECT, Kind.SUBSCRIBE_ACK, Kind.UNSUBSCRIBE_ACK) and row.get("client"):
             by_client[row["client"]].append(row)
         elif kind in (Kind.FAULT_START, Kind.FAULT_HEAL, Kind.FAULT_EVIDENCE, Kind.FAULT_ERROR):
@@ -132,6 +311,7 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
         _subscription_options(timeline, client, client_rows)
     for fault_id, frows in fault_rows.items():
         _fault(timeline, fault_id, frows)
+    _clock_timeline(timeline)
     for client, client_rows in by_client.items():  # after the faults: a fault in the offline window excuses
         _expired_sessions_present(timeline, client, client_rows, guarantees.tolerance_us)
         _clean_start_sessions_present(timeline, client, client_rows)
@@ -328,9 +508,14 @@ def _expired_sessions_present(timeline: Timeline, client: str, rows: list[dict],
     Server must discard the state when the interval has passed ([MQTT-4.1.0-2]), and then has none to present
     ([MQTT-3.2.2-3]).  Not judged: an interval of 0 or none (the reference broker and TBMQ keep a persistent session
     then), 0xFFFFFFFF (never expires), an offline window with a fault or node event in it (the broker may have
-    noticed the disconnect only at the keep-alive timeout, or its session clock stood still while it was down)."""
-    spans = [(f.t_start, f.t_heal if f.t_heal is not None else NEVER) for f in timeline.faults]
-    spans += [(e["t_mono_us"], e["t_mono_us"]) for e in timeline.node_events]
+    noticed the disconnect only at the keep-alive timeout, or its session clock stood still while it was down).
+    A clock fault and its clock rows are no such excuse: the broker's wall clock moved, not its view of the
+    connection, and the clock timeline bounds how late the expiry may come (docs/clock-model.md, "Session
+    expiry"): the limit is S + δ⁻ + the tolerance, δ⁻ stamped by the disconnect's node, judged by any broker."""
+    spans = [(f.t_start, f.t_heal if f.t_heal is not None else NEVER) for f in timeline.faults
+             if f.kind not in CLOCK_FAULT_KINDS]
+    spans += [(e["t_mono_us"], e["t_mono_us"]) for e in timeline.node_events if e.get("action") != CLOCK_ACTION]
+    brokers = timeline.nodes_of(BROKER)
     expiry: int | None = None  # the interval the last accepted connect of this connection sent (MQTT 5)
     online, gone = False, None  # gone: the disconnect that ended the last connection
     for row in rows:
@@ -341,11 +526,16 @@ def _expired_sessions_present(timeline: Timeline, client: str, rows: list[dict],
             if gone is not None and expiry and 0 < expiry < SESSION_NEVER_EXPIRES and row.get("session_present") is True:
                 offline_us = t - gone["t_mono_us"]
                 faulted = any(s <= t and e >= gone["t_mono_us"] for s, e in spans)
-                if offline_us > expiry * 1_000_000 + tolerance_us and not faulted:
+                # Stamped by the node that saw the disconnect (unknown: any broker), judged by any broker.
+                stamper = {gone["node"]} if gone.get("node") else brokers
+                _, late_us = timeline.clock_skew_us(stamper, brokers | stamper, gone["t_mono_us"], t)
+                if offline_us > expiry * 1_000_000 + late_us + tolerance_us and not faulted:
                     timeline.violations.setdefault("durability.expired_session_present", []).append({
                         "client": client, "t": t, "seq": row["seq"], "node": row.get("node"),
                         "t_disconnect": gone["t_mono_us"], "session_expiry_s": expiry, "offline_us": offline_us,
-                        "tol_us": tolerance_us, "clean_start": row.get("clean_start")})
+                        "tol_us": tolerance_us, "clean_start": row.get("clean_start"),
+                        # only under a clock that moved: a history without clock rows reads as it always did
+                        **({"skew_late_us": late_us, "node_disconnect": gone.get("node")} if late_us else {})})
             expiry = row.get("session_expiry_s") if row.get("protocol") == 5 else None
             online, gone = True, None
         elif row["kind"] == Kind.DISCONNECT and online:

@@ -18,7 +18,8 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         timeline, g = timelines[run.run_id], run.guarantees
         run_rows.append((run.run_id, g.persisted_messages_limit, g.ttl_us, g.tolerance_us, timeline.fault_times(),
                          timeline.bucket_us, timeline.t_first, g.slack_us, g.queue_policy,
-                         unpromised_fault_times(timeline, g), fault_spans(timeline)))
+                         unpromised_fault_times(timeline, g), fault_spans(timeline),
+                         [(seg.role, seg.t_from, seg.t_to, seg.lo_us, seg.hi_us) for seg in timeline.clock_segments()]))
         clients = set(timeline.connect_seqs) | set(timeline.offline)
         for client in clients:
             client_rows.append((run.run_id, code_of(client), timeline.connect_seqs.get(client, []),
@@ -46,7 +47,12 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         T.StructField("t_origin", L), T.StructField("slack_us", L), T.StructField("policy", S),
         T.StructField("unpromised_times", T.ArrayType(L)),
         # Every fault and node event as [s, e] (e: the heal, NEVER if none; an event: s = e).
-        T.StructField("fault_spans", T.ArrayType(T.StructType([T.StructField("s", L), T.StructField("e", L)])))]))
+        T.StructField("fault_spans", T.ArrayType(T.StructType([T.StructField("s", L), T.StructField("e", L)]))),
+        # The clock timeline (Timeline.clock_segments): each node's offset stretches [t_from, t_to) with their least
+        # and most offset (µs); empty for a run without clock rows (job/clock.py: every skew is then 0).
+        T.StructField("clock_rows", T.ArrayType(T.StructType([
+            T.StructField("role", S), T.StructField("t_from", L), T.StructField("t_to", L), T.StructField("lo", L),
+            T.StructField("hi", L)])))]))
     clients_df = local_frame(spark, client_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("client", L), T.StructField("connect_seqs", T.ArrayType(L)),
         T.StructField("fresh_seqs", T.ArrayType(L)),

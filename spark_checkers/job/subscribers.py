@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from pyspark.sql import functions as F
 
+from spark_checkers.job.clock import skew_early
 from spark_checkers.job.columns import DELIVERED_COLUMNS, PUBLISH_COLUMNS, SUBSCRIBER_MESSAGE, sql
 from spark_checkers.timeline import NEVER
 
+# A message's first chance to be delivered (``opportunity`` in subscriber_rows), as SQL for the clock bounds.
+OPPORTUNITY_SQL = "CASE WHEN in_backlog THEN greatest(k.c, t_arr + slack_us) ELSE t_arr END"
 SUBSCRIPTION_ID_BYTES = 5  # a Subscription Identifier property: its id byte and a Variable Byte Integer (1-4 bytes)
 
 
@@ -75,7 +78,12 @@ def subscriber_rows(claims, dsm, runs_b, clients_b):
     # later: it expired legally if its deadline falls before that (p2p-expiry seed 1 under load, docs/findings.md).
     opportunity = F.when(F.col("in_backlog"), F.greatest(F.col("k.c"), F.col("t_arr") + F.col("slack_us"))).otherwise(
         F.col("t_arr"))
-    t = t.select("*", (expiry_deadline() < opportunity + F.col("tol_us")).alias("expired_legally"),
+    # A broker or Redis clock that moved between the publish and that chance may expire the message up to
+    # skew_early_us sooner (docs/clock-model.md, "Message expiry"): 0 in a run without clock rows.
+    t = t.select("*", skew_early("t_invoke", OPPORTUNITY_SQL).alias("skew_early_us")).drop("clock_rows")
+    on_time = expiry_deadline() < opportunity + F.col("tol_us")
+    legally = expiry_deadline() - F.col("skew_early_us") < opportunity + F.col("tol_us")
+    t = t.select("*", legally.alias("expired_legally"), (legally & ~on_time).alias("expired_by_clock"),
                  (F.col("in_backlog") & ((F.col("k.c") >= NEVER) | F.col("k.discarded"))).alias("undeliverable"),
                  F.when(F.col("in_backlog"), F.col("k.idx")).otherwise(F.lit(-1)).alias("backlog"))
     # Black-box limit rules count only the settled backlog: acked before reconnect - slack.  A message acked

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pyspark.sql import functions as F
 
+from spark_checkers.job.clock import skew_late
 from spark_checkers.job.codes import witness_name
 from spark_checkers.job.columns import sql
 from spark_checkers.job.subscribers import expiry_deadline
@@ -59,7 +60,7 @@ def message_table(delivered, runs_b, match_b, clients_b):
     """The MESSAGES rows: each delivered (subscriber, message) of ``delivered`` (subscribers.delivered_messages)
     with the publish it claims to be, why it is a phantom if it is one, and its expiry deadline.  The per-run and
     per-client arrays are looked up here, by broadcast, rather than stored with every materialised row."""
-    dr = (delivered.join(runs_b.select("run_id", "fault_times", "fault_spans"), "run_id")
+    dr = (delivered.join(runs_b.select("run_id", "fault_times", "fault_spans", "clock_rows"), "run_id")
           .join(match_b, ["run_id", "topic"], "left")
           .join(clients_b.select("run_id", "client", "disconnects", "connects", "new_sessions"), ["run_id", "client"],
                 "left")
@@ -69,4 +70,7 @@ def message_table(delivered, runs_b, match_b, clients_b):
                       .when(F.col("n_invoke").isNull() | (F.col("n_invoke") == 0), F.lit("never published"))
                       .when((F.col("min_hash") != F.col("pub_hash")) | (F.col("max_hash") != F.col("pub_hash")),
                             F.lit("body hash differs from the published one")))
-    return dr.select("*", phantom_reason.alias("phantom_reason"), expiry_deadline().alias("deadline"))
+    # How late a broker whose clock moved between the publish and the last delivery may still deliver the
+    # message, or count its remaining interval (docs/clock-model.md; rules/expiry.py): 0 without clock rows.
+    return dr.select("*", phantom_reason.alias("phantom_reason"), expiry_deadline().alias("deadline"),
+                     skew_late("t_invoke", "t_last").alias("skew_late_us")).drop("clock_rows")

@@ -21,7 +21,7 @@ from spark_checkers.rules.columns import (
 )
 from spark_checkers.rules.registry import MESSAGES, explains, rule
 from spark_checkers.rules.words import message, seconds
-from spark_checkers.timeline import Timeline
+from spark_checkers.timeline import Timeline, clock_changes
 
 
 @rule("durability.phantom", MESSAGES)
@@ -181,10 +181,14 @@ def _expired_session_present(w: dict[str, Any], timeline: Timeline) -> str:
     """Decided in the timeline (timeline.py: _expired_sessions_present)."""
     o = timeline.t_first
     offline = (w.get("offline_us") or 0) / 1e6
+    late = w.get("skew_late_us") or 0
+    # A clock that moved in the offline window may let the expiry come up to δ⁻ late (docs/clock-model.md).
+    clock = (f" + the {late / 1e6:.3f} s a broker's clock may have been behind the disconnect's "
+             f"({clock_changes(timeline, None, w['t_disconnect'], w['t'])})" if late and w.get("t_disconnect") else "")
     return (f"{w['client']} reconnected at {seconds(w.get('t'), o)}{' on ' + w['node'] if w.get('node') else ''} "
             f"{offline:.3f} s after its disconnect at {seconds(w.get('t_disconnect'), o)}, longer than the Session "
             f"Expiry Interval of {w.get('session_expiry_s')} s its CONNECT had sent (+ the "
-            f"{(w.get('tol_us') or 0) // 1000} ms clock tolerance), yet the broker answered session present = 1: the "
+            f"{(w.get('tol_us') or 0) // 1000} ms clock tolerance{clock}), yet the broker answered session present = 1: the "
             "session must be discarded once the interval has passed [MQTT-4.1.0-2], and session present is 1 only "
             "for a session the server still holds [MQTT-3.2.2-3].")
 

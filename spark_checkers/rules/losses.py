@@ -17,10 +17,15 @@ from spark_checkers.job.metrics import owed_metrics
 from spark_checkers.job.queues import drops
 from spark_checkers.rules.registry import explains
 from spark_checkers.rules.words import seconds
-from spark_checkers.timeline import NEVER, Timeline
+from spark_checkers.timeline import NEVER, Timeline, clock_changes
 
 LOSS_INVARIANTS = ("durability.lost", "durability.lost_allowed", "expiry.dropped_early", "limits.trimmed_under_limit",
                    "limits.trim_not_oldest", "limits.trim_not_newest")
+# Not an invariant: the never-delivered messages a moved clock explains (expired_by_clock: expired only within the
+# clock's bound, docs/clock-model.md), collected beside the violations and shown with expiry.dropped_early's
+# verdict (api.py) as what the clock explains: never counted as a loss, never failing the run.
+EXPIRED_BY_CLOCK = "expiry.dropped_early.by_clock"
+NODES_DIFFER = "the nodes' clocks differed"
 
 
 def with_cause(t):
@@ -76,10 +81,22 @@ def owed_checks(table, gaps):
                  F.when(~carried_into, F.col("rank")).alias("rank"),
                  F.coalesce("carried_into.n_backlog", "n_backlog").alias("n_backlog"), "limit",
                  "prev_delivered", "next_delivered", "position", witness_name("pub_node"), "policy",
-                 "gap_first", "gap_last", "gap_count"]
+                 "gap_first", "gap_last", "gap_count",
+                 # only under a clock that moved (null, so left out of the JSON, without clock rows)
+                 F.when(F.col("skew_early_us") > 0, F.col("skew_early_us")).alias("skew_early_us")]
     lost_w = lost.select("run_id", F.col("cause").alias("invariant"),
                          (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
                          F.to_json(F.struct(*loss_cols)).alias("witness"))
+    # What only the clock explains: not owed for no other reason (not trimmed, not undeliverable), expired only
+    # within skew_early_us of its chance (job/subscribers.py).  No row at all in a run without clock rows.
+    by_clock = gaps.filter(F.col("expired_by_clock") & ~F.col("undeliverable") & ~F.col("legally_trimmed"))
+    clock_cols = [client, publisher, "pub_seq", witness_name("topic"), "t_invoke", "t_ack", "t_origin", "expiry_s",
+                  "in_backlog", F.col("k.d").alias("t_offline"), F.col("k.c").alias("t_reconnect"), "skew_early_us",
+                  witness_name("pub_node")]
+    lost_w = lost_w.unionByName(by_clock.select(
+        "run_id", F.lit(EXPIRED_BY_CLOCK).alias("invariant"),
+        (F.col("t_invoke") - F.col("t_origin")).cast("long").alias("sort_key"),
+        F.to_json(F.struct(*clock_cols)).alias("witness")))
     # Every candidate with what it owes: the delivered ones from the table, the others as open_messages settled.
     owing = ("run_id", "owed", "legally_trimmed", "expired_legally", "undeliverable", "delivered",
              "t_invoke", "t_first", "t_origin", "bucket_us", "client",
@@ -202,6 +219,10 @@ def _lost(w: dict[str, Any], timeline: Timeline, invariant: str) -> str:
                      "newest)")
     if invariant == "expiry.dropped_early":
         parts.append(f"it carried an expiry of {w.get('expiry_s')} s, not yet over when the subscriber came back")
+        if w.get("skew_early_us"):
+            changes = clock_changes(timeline, None, w.get("t_invoke") or 0, w.get("t_reconnect") or NEVER)
+            parts.append(f"not even {w['skew_early_us'] / 1e6:.3f} s early, the most the clocks that moved can have "
+                         f"brought it forward ({changes})")
     if invariant == "limits.trimmed_under_limit":
         parts.append("the broker trimmed more than the limit required")
     if invariant == "limits.trim_not_oldest":
@@ -211,3 +232,19 @@ def _lost(w: dict[str, Any], timeline: Timeline, invariant: str) -> str:
 
 for _invariant in LOSS_INVARIANTS:  # one explanation, with each invariant's own last words
     explains(_invariant)(functools.partial(_lost, invariant=_invariant))
+
+
+@explains(EXPIRED_BY_CLOCK)
+def _expired_by_clock(w: dict[str, Any], timeline: Timeline) -> str:
+    """A never-delivered message the clock explains (EXPIRED_BY_CLOCK): expired early by up to skew_early_us."""
+    o = timeline.t_first
+    deadline = (w.get("t_invoke") or 0) + (w.get("expiry_s") or 0) * 1_000_000
+    chance = w.get("t_reconnect") if w.get("in_backlog") and w.get("t_reconnect") is not None else w.get("t_ack")
+    changes = clock_changes(timeline, None, w.get("t_invoke") or 0, chance if chance is not None else NEVER)
+    where = (f"queued while {w['client']} was offline from {seconds(w.get('t_offline'), o)} to "
+             f"{seconds(w.get('t_reconnect'), o)}" if w.get("in_backlog") else f"sent to {w['client']} while online")
+    return (f"message {w.get('pub_seq')} from {w.get('publisher')} (topic {w.get('topic')}, expiry "
+            f"{w.get('expiry_s') if w.get('expiry_s') is not None else 'the default TTL'} s"
+            + (f", due at {seconds(deadline, o)}" if w.get("expiry_s") is not None else "")
+            + f"), {where}, never arrived: expired early by up to {(w.get('skew_early_us') or 0) / 1e6:.3f} s: "
+            f"{changes or NODES_DIFFER} — an expiry the clock explains, not a loss.")

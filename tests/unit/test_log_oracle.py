@@ -147,6 +147,19 @@ def test_reference_broker_lines(line, expected):
     assert found == ([(expected, "fail", 1)] if expected else []), found
 
 
+def test_a_script_redis_refused_on_a_full_disk_is_reported_and_any_other_script_error_fails():
+    """MISCONF (Redis's AOF cannot be written: disk-full-redis) refuses a script at its first write, so it wrote
+    nothing and the broker retries: reported.  Near miss: the same script failing on anything else still fails."""
+    misconf = (f"{TS} WARNING reference_broker.pipeline: tbmq.msg.persisted: processing failed (attempt 1): "
+               "server:ResponseError: MISCONF Errors writing to the AOF file: No space left on device script: "
+               "b738c3e2, on @user_script:83.; retrying")
+    other = misconf.replace("MISCONF Errors writing to the AOF file: No space left on device",
+                            "WRONGTYPE Operation against a key holding the wrong kind of value")
+    patterns = default_log_patterns("reference", RETRY)
+    assert _verdicts([misconf], patterns) == [("redis_refused_write", "report", 1)]
+    assert _verdicts([other], patterns) == [("lua_script_error", "fail", 1)]
+
+
 def test_library_errors_under_a_kafka_kill_are_reported_not_failed():
     # Every kafka-broker-kill run of the correct broker logs these (aiokafka retrying while Tansu is down).
     lines = [f"{TS} ERROR aiokafka: Unable connect to node with id 0: [Errno 111] Connect call failed",

@@ -6,7 +6,7 @@ sending QoS 1 at ``--rate`` msg/s.  The run has two phases of ``--duration`` sec
   1. quiet: only the well-behaved traffic;
   2. flood: the same traffic while ``--flooders`` separate processes open connection after connection and
      send malformed or abusive input (garbage instead of CONNECT, a property length that lies, a PUBLISH with
-     a wildcard topic, a remaining length of 200 MB, RETAIN = 1, 5,000 QoS 2 publishes never released (the
+     a wildcard topic, a remaining length of 200 MB, a Topic Alias (none is allowed), 5,000 QoS 2 publishes never released (the
      server's Receive Maximum is 100 by default), an over-long topic), each connection until the broker closes it (or
      5 s pass), ``--flood-rounds`` times over; the same input for every broker, however fast it answers.
 The flood runs in other processes so that it does not take the GIL from the well-behaved clients' threads.
@@ -54,10 +54,14 @@ def _connect_v5(client_id: str) -> bytes:
     return codec.encode(codec.Connect(5, client_id, True, 30, Properties(PacketTypes.CONNECT)), 5)
 
 
-def _publish_v5(topic: str, payload: bytes, qos: int, pid: int | None, retain: bool = False) -> bytes:
+def _publish_v5(topic: str, payload: bytes, qos: int, pid: int | None, retain: bool = False,
+                topic_alias: int | None = None) -> bytes:
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
-    return codec.encode(codec.Publish(topic, payload, qos, retain, False, pid, Properties(PacketTypes.PUBLISH)), 5)
+    properties = Properties(PacketTypes.PUBLISH)
+    if topic_alias is not None:
+        properties.TopicAlias = topic_alias
+    return codec.encode(codec.Publish(topic, payload, qos, retain, False, pid, properties), 5)
 
 
 _QOS2_BLOB: list[bytes] = []
@@ -79,7 +83,8 @@ def abusive_inputs(index: int) -> list[tuple[str, list[bytes]]]:
         ("publish_bad_property_length", [connect, bytes(lying)]),
         ("publish_wildcard_topic", [connect, _publish_v5("abuse/#", b"x" * 40, 1, 1)]),
         ("remaining_length_200MB", [connect, bytes([0x30, 0x80, 0x80, 0x80, 0x64])]),
-        ("publish_retain", [connect, _publish_v5("abuse/r", b"x" * 40, 1, 1, retain=True)]),
+        # Topic Alias Maximum 0 is declared: an alias is a protocol error (DISCONNECT 0x94) [MQTT-3.3.2-9].
+        ("publish_topic_alias", [connect, _publish_v5("abuse/a", b"x" * 40, 1, 1, topic_alias=1)]),
         ("topic_too_long", [connect, _publish_v5("a" * 5000, b"x", 1, 1)]),
         ("qos2_never_released", [connect, _QOS2_BLOB[0]]),
     ]

@@ -24,6 +24,7 @@ SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT, AUTH = 
 
 # MQTT 5 reason codes the broker sends
 RC_SUCCESS = 0x00
+RC_DISCONNECT_WITH_WILL = 0x04
 RC_NO_MATCHING_SUBSCRIBERS = 0x10
 RC_UNSPECIFIED_ERROR = 0x80
 RC_MALFORMED_PACKET = 0x81
@@ -66,6 +67,7 @@ class Connect:
     will_payload: bytes | None = None
     will_qos: int = 0
     will_retain: bool = False
+    will_properties: Properties | None = None   # MQTT 5 Will Properties (Will Delay Interval, expiry, ...)
     username: str | None = None
     password: bytes | None = None
 
@@ -424,7 +426,7 @@ def _decode_connect(r: _Reader, flags: int) -> Connect:
         raise MalformedPacket("CONNECT will flags invalid")
     if will:
         if v5:
-            r.properties(PacketTypes.WILLMESSAGE)
+            packet.will_properties = r.properties(PacketTypes.WILLMESSAGE)
         packet.will_topic = r.utf8()
         packet.will_payload = r.binary()
         packet.will_qos = will_qos
@@ -516,7 +518,7 @@ def encode(packet: Packet, version: int = MQTT311) -> bytes:
         body += _utf8(packet.client_id)
         if packet.will_topic is not None:
             if v5:
-                body += Properties(PacketTypes.WILLMESSAGE).pack()
+                body += (packet.will_properties or Properties(PacketTypes.WILLMESSAGE)).pack()
             body += _utf8(packet.will_topic) + _binary(packet.will_payload or b"")
         if packet.username is not None:
             body += _utf8(packet.username)

@@ -72,6 +72,8 @@ class NodeForConnections(Protocol):
 
     async def produce_incoming(self, message: dict[str, Any]) -> asyncio.Future: ...
 
+    def retain_after(self, produced: asyncio.Future, message: dict[str, Any]) -> asyncio.Future: ...
+
 
 class Connection:
     def __init__(self, broker: NodeForConnections, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -90,6 +92,9 @@ class Connection:
         self.no_local: set[str] = set()          # MQTT 5 filters subscribed with No Local = 1
         self.sub_ids: dict[str, int] = {}        # MQTT 5 filter -> the Subscription Identifier it was subscribed with
         self.rap: set[str] = set()               # MQTT 5 filters subscribed with Retain As Published = 1
+        self.will: dict[str, Any] | None = None  # the Will Message, as a publish's message; None after DISCONNECT
+        self.will_delay = 0                      # MQTT 5 Will Delay Interval, seconds
+        self.will_stored = False                 # the Will is also in Redis ({client}_will_conn), for a node kill
         self.max_packet_out: int | None = None   # the client's Maximum Packet Size
         self.window = self.config.max_inflight
         self.closed = False
@@ -291,6 +296,20 @@ class Connection:
             self.send(ConnAck(False, codec.RC_SERVER_UNAVAILABLE if v5 else 0x03))
             await self.close()
             return
+        if connect.will_topic is not None:
+            # kept until the connection ends; published then unless a normal DISCONNECT cleared it
+            # ([MQTT-3.1.2-8], -10); the node decides when (server.py connection_lost, Will Delay Interval)
+            will_props = connect.will_properties if v5 else None
+            self.will = self.application_message(connect.will_topic, connect.will_payload or b"", connect.will_qos,
+                                                 connect.will_retain, will_props)
+            self.will_delay = getattr(will_props, "WillDelayInterval", 0) if will_props is not None else 0
+            try:
+                # in Redis too before the CONNACK: if this node dies with the connection open, the node that
+                # releases its sessions publishes it (server.py release_dead_node_sessions)
+                await self.broker.store.put_connected_will(client_id, self.conn_id, self.will, self.will_delay)
+                self.will_stored = True
+            except RedisError as error:
+                log.warning("%s: Will not stored in Redis (a kill of this node would lose it): %r", client_id, error)
         properties = None
         if v5:
             properties = Properties(PacketTypes.CONNACK)
@@ -299,7 +318,7 @@ class Connection:
             # what this broker does not do, declared (docs/reference-broker.md, conformance table), and the
             # limits it enforces
             properties.TopicAliasMaximum = 0
-            properties.RetainAvailable = 0
+            properties.RetainAvailable = 1
             properties.SharedSubscriptionAvailable = 0
             properties.ReceiveMaximum = self.config.receive_maximum
             properties.MaximumPacketSize = self.config.max_packet_size
@@ -314,8 +333,6 @@ class Connection:
 
     def _refuse_connect(self, connect: Connect) -> int | None:
         """The MQTT 5 CONNACK reason code for a CONNECT this broker must refuse, or None."""
-        if connect.will_topic is not None and connect.will_retain:
-            return codec.RC_RETAIN_NOT_SUPPORTED  # [MQTT-3.2.2-13]: Retain Available = 0
         if connect.prop("AuthenticationMethod") is not None:
             return codec.RC_BAD_AUTHENTICATION_METHOD  # no enhanced authentication (§4.12)
         if connect.will_topic is not None and len(connect.will_topic.encode()) > self.config.max_topic_length:
@@ -335,6 +352,8 @@ class Connection:
         elif isinstance(packet, Simple) and packet.packet_type == codec.PINGREQ:
             self.send(Simple(codec.PINGRESP))
         elif isinstance(packet, Disconnect):
+            if not (self.version == MQTT5 and packet.reason_code == codec.RC_DISCONNECT_WITH_WILL):
+                self.will = None  # a normal DISCONNECT: the Will is discarded unpublished ([MQTT-3.1.2-10])
             if self.version == MQTT5:
                 expiry = packet.prop("SessionExpiryInterval")
                 if expiry is not None and self.connect_expiry == 0 and expiry != 0:
@@ -355,8 +374,6 @@ class Connection:
             raise ProtocolViolation(codec.RC_TOPIC_NAME_INVALID, f"topic of {len(packet.topic.encode())} bytes "
                                     f"exceeds max_topic_length {self.config.max_topic_length}")
         if v5:
-            if packet.retain:  # [MQTT-3.2.2-14]: Retain Available = 0
-                raise ProtocolViolation(codec.RC_RETAIN_NOT_SUPPORTED, "PUBLISH with RETAIN = 1")
             if packet.prop("SubscriptionIdentifier") is not None:
                 raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, "PUBLISH from a client carries a Subscription "
                                         "Identifier [MQTT-3.3.4-6]")
@@ -371,37 +388,49 @@ class Connection:
                 raise ProtocolViolation(codec.RC_RECEIVE_MAXIMUM_EXCEEDED,
                                         f"{len(self.inbound_unacked)} QoS 1/2 PUBLISHes unacknowledged, Receive "
                                         f"Maximum {self.config.receive_maximum}")
+        message = self.application_message(packet.topic, packet.payload, packet.qos, packet.retain,
+                                           packet.properties if v5 else None)
+        self.produces_pending += 1
+        future = await self.broker.produce_incoming(message)
+        # a retained message is stored by the node once Kafka has it, in publish order, also when this
+        # connection ends first (a QoS 0 delete followed at once by DISCONNECT must still delete)
+        stored = self.broker.retain_after(future, message) if packet.retain else None
+        await self.ack_queue.put((packet.qos, packet.packet_id, future, stored))
+
+    def application_message(self, topic: str, payload: bytes, qos: int, retain: bool,
+                            properties: Properties | None) -> dict[str, Any]:
+        """The message a PUBLISH (or a Will: its Will Properties) puts on the incoming topic."""
         now_ms = int(time.time() * 1000)
-        expiry = packet.prop("MessageExpiryInterval") if self.version == MQTT5 else None
+        expiry = getattr(properties, "MessageExpiryInterval", None) if properties is not None else None
         if self.config.has("ignore_message_expiry"):
             expiry = None  # defect
         props = b""
-        if self.version == MQTT5 and packet.properties is not None:
-            # forwarded unaltered, user properties in order ([MQTT-3.3.2-4], -15, -16, -17, -18, -20)
+        if properties is not None:
+            # forwarded unaltered, user properties in order ([MQTT-3.3.2-4], -15, -16, -17, -18, -20; a Will's
+            # the same, [MQTT-3.1.3-10])
             forward = Properties(PacketTypes.PUBLISH)
             names = ["PayloadFormatIndicator", "ContentType", "ResponseTopic", "CorrelationData", "UserProperty"]
             if self.config.has("user_properties_dropped"):
                 names.remove("UserProperty")  # defect: the user properties are not kept with the message
             for name in names:
-                if hasattr(packet.properties, name):
-                    value = getattr(packet.properties, name)
+                if hasattr(properties, name):
+                    value = getattr(properties, name)
                     for item in (value if name == "UserProperty" else [value]):
                         setattr(forward, name, item)
             props = forward.pack()
-        message = {"topic": packet.topic, "qos": packet.qos, "payload": base64.b64encode(packet.payload).decode(),
-                   "retain": packet.retain, "props": base64.b64encode(props).decode(), "time": now_ms,
-                   "expiresAt": None if expiry is None else now_ms + expiry * 1000, "expiryInterval": expiry,
-                   "publisher": self.client_id}
-        self.produces_pending += 1
-        future = await self.broker.produce_incoming(message)
-        await self.ack_queue.put((packet.qos, packet.packet_id, future))
+        return {"topic": topic, "qos": qos, "payload": base64.b64encode(payload).decode(),
+                "retain": retain, "props": base64.b64encode(props).decode(), "time": now_ms,
+                "expiresAt": None if expiry is None else now_ms + expiry * 1000, "expiryInterval": expiry,
+                "publisher": self.client_id}
 
     async def acker(self) -> None:
         """Acknowledge publishes in receive order, each only after Kafka acknowledged its write."""
         while True:
-            qos, packet_id, future = await self.ack_queue.get()
+            qos, packet_id, future, stored = await self.ack_queue.get()
             try:
-                await future
+                # shielded: the connection ending cancels this task, and must not cancel the Kafka write's future
+                # (the node's retained-message worker waits for it too)
+                await asyncio.shield(future)
             except Exception as error:
                 log.warning("%s: produce failed for packet %s: %r", self.client_id, packet_id, error)
                 self._produced()
@@ -414,6 +443,11 @@ class Connection:
                 await self.close()
                 return
             self._produced()
+            if stored is not None:
+                # stored before the PUBACK: a subscriber that subscribes once the publisher has its
+                # acknowledgement gets it ([MQTT-3.3.1-5]; empty payload: deleted, [MQTT-3.3.1-10/-11])
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(stored)
             if qos == 0:
                 continue
             if qos == 1:
@@ -497,6 +531,7 @@ class Connection:
                 raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, f"SUBSCRIBE with {len(ids)} Subscription Identifiers")
             sub_id = ids[0]
         codes = []
+        retained_for: list[tuple[str, int]] = []  # (filter, granted QoS) whose retained messages go out now
         for topic_filter, options in packet.topics:
             if topic_filter.startswith("$share/"):
                 if v5:  # §3.2.2.3.13: Shared Subscription Available = 0
@@ -508,6 +543,10 @@ class Connection:
                 codes.append(codec.RC_TOPIC_FILTER_INVALID if v5 else 0x80)
                 continue
             qos = options & 0x03
+            # Retain Handling (MQTT 5 §3.8.3.1): 0 send, 1 send if the subscription is new, 2 never; 3.1.1: send
+            handling = (options >> 4) & 0x03 if v5 else 0
+            if handling == 0 or (handling == 1 and topic_filter not in self.filters):
+                retained_for.append((topic_filter, qos))
             self.filters[topic_filter] = qos
             if v5 and options & 0x04:
                 self.no_local.add(topic_filter)   # [MQTT-3.8.3-3], applied by the fan-out
@@ -526,6 +565,24 @@ class Connection:
             codes.append(qos)
         await self.broker.save_subscriptions(self)
         self.send(SubAck(packet.packet_id, codes))
+        for topic_filter, qos in retained_for:
+            await self._send_retained(topic_filter, qos, sub_id)
+
+    async def _send_retained(self, topic_filter: str, granted: int, sub_id: int | None) -> None:
+        """The retained messages matching a new subscription, after its SUBACK ([MQTT-3.3.1-6]), RETAIN = 1
+        ([MQTT-3.3.1-8]), at the minimum of their QoS and the granted one.  They go out as live messages:
+        a connection lost before their acknowledgement does not get them again (a new SUBSCRIBE does)."""
+        try:
+            messages = await self.broker.store.retained_matching(topic_filter)
+        except RedisError as error:
+            log.warning("%s: retained messages for %r not read: %r", self.client_id, topic_filter, error)
+            return
+        for message in messages:
+            out = dict(message, qos=min(granted, message["qos"]), retainedDelivery=True)
+            out.pop("subIds", None)
+            if sub_id is not None:
+                out["subIds"] = [sub_id]
+            self.deliver_live(out)
 
     async def on_unsubscribe(self, packet: Unsubscribe) -> None:
         codes = []
@@ -683,10 +740,11 @@ class Connection:
                  remaining: int | None) -> Publish:
         properties = None
         # RETAIN as the fan-out set it: the published flag when a matching subscription has Retain As Published,
-        # else 0 ([MQTT-3.3.1-12], -13); MQTT 3.1.1 forwards 0 always ([MQTT-3.3.1-9])
-        retain = False
+        # else 0 ([MQTT-3.3.1-12], -13); MQTT 3.1.1 forwards 0 always ([MQTT-3.3.1-9]); 1 on a retained message
+        # sent because of a new subscription, both versions ([MQTT-3.3.1-8])
+        retain = bool(message.get("retainedDelivery"))  # sent because of a new subscription: RETAIN 1
         if self.version == MQTT5:
-            retain = bool(message.get("rapRetain"))
+            retain = retain or bool(message.get("rapRetain"))
             properties = Properties(PacketTypes.PUBLISH)
             raw = base64.b64decode(message.get("props") or "")
             if raw:

@@ -167,6 +167,17 @@ _DEFECTS = (
            "(2-4 s) or one that also fails the lease check before the commit does not reach it. TBMQ's device "
            "RETRY_ALL strategy (DeviceMsgAcknowledgeStrategyFactory, bca8e9a) does this by design: after `retries` "
            "(only 0 means forever) it commits, logged at DEBUG.")),
+    Defect("ack_before_durable",
+           "the session store turns Redis' AOF fsync off for throughput (CONFIG SET appendfsync no on every node, "
+           "again after a node restarts) while the topology declares appendfsync always: a save is acknowledged, "
+           "and its Kafka offset committed, before it is on disk",
+           "durability.lost", True, "reference_broker/store.py",
+           shows=(
+           "only a power loss of every Redis node (power-loss-always: power_loss of redis-all, subscribers offline "
+           "with a backlog) shows it: the nodes come back from their last fsync, without every message saved since "
+           "the first save, and the offline subscribers' backlogs are gone. A SIGKILL of the same nodes loses "
+           "nothing (the page cache keeps what Redis wrote), and a single master's power loss is covered by its "
+           "replica (WAIT).")),
     Defect("zero_expiry_breaks_save",
            "a message expiry interval of 0 passes the save script's guard: SET ... EX 0 fails the script "
            "half-way, the poll is retried and skipped, and the messages saved before it are overwritten",

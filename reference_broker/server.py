@@ -49,6 +49,8 @@ class Broker:
         self.producer: AIOKafkaProducer | None = None
         self.server: asyncio.base_events.Server | None = None
         self.subscription_nodes: dict[str, str] = {}
+        self.retain_queue: asyncio.Queue = asyncio.Queue()  # (Kafka future, message, done) in publish order
+        self.retain_worker: asyncio.Task | None = None
         self.stopping = asyncio.Event()
         self.bound_source = False
         # SIGUSR1 arms a crash point (the nemesis' process_kill with at_stage = "persisted_commit"): the node
@@ -198,6 +200,11 @@ class Broker:
             "gen": conn.session_gen}, discard=not resumed and (bool(session) or clean_start)
             and not self.config.has("discarded_queue_kept"))  # defect: the old queue outlives its session
         await store.cancel_expiry(client)
+        # a delayed Will of this session's last connection: cancelled when the session resumes before the delay
+        # ran out, published now when a clean start ends that session ([MQTT-3.1.3-9])
+        pending_will = await store.take_pending_will(client)
+        if pending_will is not None and not resumed:
+            self._spawn(self.publish_will(client, pending_will, "its session ended at a new CONNECT"))
         if not resumed:
             await store.put_subscription(client, None)  # the old session's subscriptions end with it
         if subscription is not None:
@@ -221,12 +228,34 @@ class Broker:
         client = conn.client_id
         if self.connections.get(client) is conn:
             del self.connections[client]
+        will, conn.will = conn.will, None  # once (stop() and the connection's own end both get here)
+        if conn.will_stored:
+            conn.will_stored = False
+            try:
+                await self.store.take_connected_will(client, conn.conn_id)
+            except Exception as error:
+                log.warning("%s: could not remove its Will record: %r", client, error)
         try:
             await self.store.remove_node_client(self.node_id, client)
         except Exception as error:
             log.warning("%s: could not update the node's client set: %r", client, error)
         if conn.taken_over:
+            # the session goes on on the new connection: a Will without delay is published (the old network
+            # connection closed without DISCONNECT), a delayed one is not ([MQTT-3.1.3-9])
+            if will is not None and not conn.will_delay:
+                await self.publish_will(client, will, "its connection was taken over")
             return
+        delay = self.will_delay_s(conn) if will is not None else 0
+        if will is not None and delay == 0:
+            await self.publish_will(client, will, "its connection closed without DISCONNECT")
+            will = None
+        elif will is not None:
+            try:
+                await self.store.put_pending_will(client, will, int(time.time() * 1000) + delay * 1000)
+            except Exception as error:
+                log.warning("%s: could not keep the delayed Will; publishing it now: %r", client, error)
+                await self.publish_will(client, will, "its delayed Will could not be stored")
+                will = None
         try:
             if conn.persistent and conn.session_expiry == 0:
                 # MQTT 5 DISCONNECT with Session Expiry Interval 0: the session ends with the connection
@@ -236,12 +265,76 @@ class Broker:
                 expires_at = None
                 if conn.session_expiry is not None:
                     expires_at = int(time.time() * 1000) + conn.session_expiry * 1000
-                await self.store.mark_disconnected(client, conn.conn_id, expires_at, conn.session_expiry)
+                owned = await self.store.mark_disconnected(client, conn.conn_id, expires_at, conn.session_expiry)
+                if will is not None and not owned:
+                    # a newer connection took the session meanwhile (its CONNECT found no pending Will yet)
+                    await self.store.take_pending_will(client)
             elif await self.store.delete_session_if_owned(client, conn.conn_id) and client not in self.connections:
                 # (a newer connection of the client on this node handles the subscription itself)
                 await self.store.put_subscription(client, None)
         except Exception as error:
             log.warning("%s: could not record the disconnect: %r", client, error)
+
+    @staticmethod
+    def will_delay_s(conn: Connection) -> int:
+        """Seconds until the Will of a connection that just ended is due (see due_in_s)."""
+        return due_in_s(conn.will_delay, conn.persistent, conn.session_expiry)
+
+    async def publish_will(self, client: str, message: dict[str, Any], why: str) -> None:
+        """A Will goes the way of a PUBLISH: the incoming topic (fan-out to every node's subscribers, the
+        persistent sessions' queues), retained when Will Retain is 1."""
+        for attempt in range(1, 4):
+            try:
+                await (await self.produce_incoming(message))
+                break
+            except Exception as error:
+                log.warning("%s: publishing its Will failed (attempt %d): %r", client, attempt, error)
+                await asyncio.sleep(0.5)
+        else:
+            log.error("%s: Will on %r not published after 3 attempts", client, message["topic"])
+            return
+        if message.get("retain"):
+            await self.retain(message)
+        self.stats["wills_published"] += 1
+        log.info("%s: Will published on %r (%s)", client, message["topic"], why)
+
+    async def retain(self, message: dict[str, Any]) -> None:
+        """Store (or, empty, delete) the topic's retained message; Redis replicates it, so a node kill keeps it."""
+        for attempt in range(1, 4):
+            try:
+                await self.store.put_retained(message)
+                return
+            except Exception as error:
+                log.warning("retained message on %r not stored (attempt %d): %r", message["topic"], attempt, error)
+                await asyncio.sleep(0.5)
+        log.error("retained message on %r not stored after 3 attempts (delivered, not retained)", message["topic"])
+
+    def retain_after(self, produced: asyncio.Future, message: dict[str, Any]) -> asyncio.Future:
+        """Store ``message`` as its topic's retained message once ``produced`` (its Kafka write) succeeds; one
+        worker per node applies them in the order they were published.  Returns when it is done."""
+        done = asyncio.get_running_loop().create_future()
+        self.retain_queue.put_nowait((produced, message, done))
+        if self.retain_worker is None or self.retain_worker.done():
+            self.retain_worker = asyncio.get_running_loop().create_task(self._retain_worker())
+        return done
+
+    async def _retain_worker(self) -> None:
+        while not self.retain_queue.empty():
+            produced, message, done = self.retain_queue.get_nowait()
+            # wait() does not raise: a produce that failed or was cancelled is not retained (the publisher got
+            # an error, or nothing), and this worker goes on with the next one
+            await asyncio.wait([produced])
+            if produced.cancelled() or produced.exception() is not None:
+                done.set_result(False)
+                continue
+            await self.retain(message)
+            if not done.done():
+                done.set_result(True)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.append(task)
+        task.add_done_callback(lambda t: t in self.tasks and self.tasks.remove(t))
 
     async def release_dead_node_sessions(self, node: str) -> None:
         """Another node died with clients connected: mark their sessions disconnected now, so that MQTT 5
@@ -260,7 +353,26 @@ class Broker:
                 await self.store.put_subscription(client, None)
                 await self.store.delete_session(client)
             released += 1
+            await self._dead_connection_will(client, session)
         log.info("node %s is dead: released %d of its sessions", node, released)
+
+    async def _dead_connection_will(self, client: str, session: dict[str, str]) -> None:
+        """The Will of a connection that was open on a dead node: its network connection is gone without a
+        DISCONNECT, so it is published (or, delayed, kept pending), counted from now."""
+        try:
+            found = await self.store.take_connected_will(client, session["conn"])
+        except Exception as error:
+            log.warning("%s: its Will record could not be read: %r", client, error)
+            return
+        if found is None:
+            return
+        will, delay = found
+        expiry = int(session["expiry"]) if session.get("expiry") else None
+        due = due_in_s(delay, session.get("persistent") == "1", expiry)
+        if due == 0:
+            await self.publish_will(client, will, "its node died")
+        else:
+            await self.store.put_pending_will(client, will, int(time.time() * 1000) + due * 1000)
 
     async def reassert_sessions(self) -> None:
         """This node was declared dead (paused too long) but still holds connections: own them again."""
@@ -290,6 +402,10 @@ class Broker:
                         continue
                     await self.store.put_subscription(client, None)
                     self.stats["sessions_expired"] += 1
+                for client in await self.store.due_wills(int(time.time() * 1000)):
+                    will = await self.store.take_pending_will(client)  # None: another node claimed it
+                    if will is not None:
+                        await self.publish_will(client, will, "its Will Delay Interval ran out")
             except Exception as error:
                 log.warning("session expiry sweep failed: %r", error)
 
@@ -337,3 +453,14 @@ class Broker:
         elif kind == "kick" and conn.conn_id == message.get("conn"):
             conn.taken_over = True
             asyncio.get_running_loop().create_task(conn.close(codec.RC_SESSION_TAKEN_OVER))
+
+
+def due_in_s(will_delay: int, persistent: bool, session_expiry: int | None) -> int:
+    """Seconds until a Will is due once its connection ended: the Will Delay Interval, or the session's end if that
+    comes first ([MQTT-3.1.3-9]); 0 = now, also for every clean session (it ends with the connection).
+    ``session_expiry``: None = the session never expires."""
+    if not will_delay or not persistent or session_expiry == 0:
+        return 0
+    if session_expiry is None:
+        return will_delay
+    return min(will_delay, session_expiry)

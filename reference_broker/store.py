@@ -8,6 +8,11 @@ Per client (hash tag = client id, so one Lua script may touch them all):
   <prefix>{client}_session           HASH  node, conn, persistent, expiry, disconnected_at, gen, score
                                            (score: the highest message score given, lua/save.lua)
   <prefix>{client}_inbound_qos2      SET   QoS 2 packet ids received from the client, PUBREL pending
+  <prefix>{client}_will              STRING a delayed Will Message (JSON), pending until its Will Delay runs out
+  <prefix>{client}_will_conn         STRING the Will of the open connection (JSON {conn, will, delay}): published
+                                           by the node that releases a dead node's sessions
+Retained messages (hash tag {retained}, one slot apart from the shared keys):
+  <prefix>{retained}:messages        HASH  topic -> the retained message JSON (as on the incoming topic)
 Shared by every node (hash tag {ordeal}):
   <prefix>{ordeal}:subscriptions     HASH  client -> JSON {node, persistent, filters{filter: qos}}
   <prefix>{ordeal}:subs_version      STRING bumped after every subscription change
@@ -15,6 +20,7 @@ Shared by every node (hash tag {ordeal}):
   <prefix>{ordeal}:nodes             HASH  node id -> JSON {peer, ts}
   <prefix>{ordeal}:clients:<node>    SET   clients with a connection on that node
   <prefix>{ordeal}:lease:<topic>:<p> STRING node id owning that partition (PX lease)
+  <prefix>{ordeal}:wills             ZSET  client -> epoch ms when its pending delayed Will is due
 
 The scripts in lua/ are loaded by SHA (``register_script``), which reloads on NOSCRIPT after a restart
 or failover.
@@ -32,6 +38,7 @@ import orjson
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
 from redis.exceptions import AskError, NoScriptError, ResponseError
 
+from reference_broker.codec import topic_matches
 from reference_broker.config import BrokerConfig
 from reference_broker.defects import CATALOG
 from reference_broker.script_batch import ScriptBatcher
@@ -80,6 +87,7 @@ class SessionStore:
         self.scripts = {name: redis.register_script(lua_source(name)) for name in SCRIPT_NAMES}
         self.batch = ScriptBatcher(redis)  # the per-message scripts: one pipeline per master per loop turn
         self.save_defects = ",".join(d for d in config.defects if d in SAVE_DEFECTS)
+        self._fsync_off_at = float("-inf")  # defect ack_before_durable: when it last turned fsync off
 
     # ------------------------------------------------------------ key names
     def messages_key(self, client: str) -> str:
@@ -103,6 +111,12 @@ class SessionStore:
                 self.session_key(client)]
         args = [self.config.persisted_messages_limit, orjson.dumps(messages),
                 self.config.persisted_message_ttl_s, self.save_defects]
+        if self.config.has("ack_before_durable") and time.monotonic() - self._fsync_off_at > 1.0:
+            self._fsync_off_at = time.monotonic()  # a restarted node reads its config file again: repeat
+            try:
+                await self.redis.config_set("appendfsync", "no", target_nodes=RedisCluster.ALL_NODES)
+            except Exception:  # noqa: BLE001 - a node down: the next save tries again
+                pass
         if self.config.redis_wait_replicas:
             result = await self._save_and_wait(keys, args)
         else:
@@ -268,6 +282,72 @@ class SessionStore:
         else:
             await self.redis.hset(self.shared_key("subscriptions"), client, json.dumps(record))
         await self.redis.incr(self.shared_key("subs_version"))
+
+    # ------------------------------------------------------------ retained messages
+    def retained_key(self) -> str:
+        return f"{self.prefix}{{retained}}:messages"
+
+    async def put_retained(self, message: dict[str, Any]) -> None:
+        """Store a retained message for its topic, or delete the topic's with an empty payload
+        ([MQTT-3.3.1-10], -11)."""
+        if message["payload"]:
+            await self.redis.hset(self.retained_key(), message["topic"], orjson.dumps(message))
+        else:
+            await self.redis.hdel(self.retained_key(), message["topic"])
+
+    async def retained_matching(self, topic_filter: str) -> list[dict[str, Any]]:
+        """The retained messages whose topic ``topic_filter`` matches ($-topics only by a filter that starts with
+        their first level, codec.topic_matches), in topic order.  One HGETALL per SUBSCRIBE: the whole set is
+        read (a broker with very many retained topics would keep an index of them instead, as TBMQ keeps a
+        trie in each node's memory)."""
+        if "+" not in topic_filter and "#" not in topic_filter:
+            raw = await self.redis.hget(self.retained_key(), topic_filter)
+            return [orjson.loads(raw)] if raw else []
+        every = await self.redis.hgetall(self.retained_key())
+        return [orjson.loads(every[t]) for t in sorted(every) if topic_matches(topic_filter, t.decode())]
+
+    # ------------------------------------------------------------ delayed Will Messages
+    def will_key(self, client: str) -> str:
+        return f"{self.prefix}{{{client}}}_will"
+
+    async def put_pending_will(self, client: str, message: dict[str, Any], due_ms: int) -> None:
+        """The Will first, then its due time: a node dying in between leaves only a key that expires."""
+        ttl = max(1, (due_ms - int(time.time() * 1000)) // 1000 + 86400)
+        await self.redis.set(self.will_key(client), orjson.dumps(message), ex=ttl)
+        await self.redis.zadd(self.shared_key("wills"), {client: due_ms})
+
+    async def take_pending_will(self, client: str) -> dict[str, Any] | None:
+        """Claim the client's pending Will (the node whose ZREM removed it has it; a sweep and a reconnect
+        race for it) and remove it; None when there is none (or another node claimed it)."""
+        if not await self.redis.zrem(self.shared_key("wills"), client):
+            return None
+        raw = await self.redis.get(self.will_key(client))
+        await self.redis.delete(self.will_key(client))
+        return orjson.loads(raw) if raw else None
+
+    def connected_will_key(self, client: str) -> str:
+        return f"{self.prefix}{{{client}}}_will_conn"
+
+    async def put_connected_will(self, client: str, conn: str, message: dict[str, Any], delay_s: int) -> None:
+        await self.redis.set(self.connected_will_key(client),
+                             orjson.dumps({"conn": conn, "will": message, "delay": delay_s}))
+
+    async def take_connected_will(self, client: str, conn: str) -> tuple[dict[str, Any], int] | None:
+        """Remove connection ``conn``'s Will record; returns (Will, delay) if it was that connection's.  (Read,
+        then delete: a newer connection of the client writing its own in between loses it, which matters only
+        if that one's node dies too.)"""
+        raw = await self.redis.get(self.connected_will_key(client))
+        if not raw:
+            return None
+        record = orjson.loads(raw)
+        if record.get("conn") != conn:
+            return None
+        await self.redis.delete(self.connected_will_key(client))
+        return record["will"], int(record.get("delay") or 0)
+
+    async def due_wills(self, now_ms: int) -> list[str]:
+        raw = await self.redis.zrangebyscore(self.shared_key("wills"), "-inf", now_ms)
+        return [c.decode() for c in raw]
 
     # ------------------------------------------------------------ nodes and partition leases
     async def heartbeat(self, node_id: str, peer: str) -> tuple[dict[str, dict[str, Any]], bool]:

@@ -272,57 +272,46 @@ def test_mqtt_3_2_2_3_3_server_receive_maximum_declared_and_enforced_0x93(broker
 
 # ------------------------------------------------------------------ what the broker does not do (§3.2.2.3)
 def test_mqtt_3_2_2_3_connack_declares_what_the_broker_does_not_support(brokers):
-    """Retain, shared subscriptions and topic aliases are declared unavailable; wildcards, subscription
+    """Retain is declared available; shared subscriptions and topic aliases unavailable; wildcards, subscription
     identifiers and QoS 2 are supported, so neither Wildcard Subscription Available, Subscription Identifiers
     Available nor Maximum QoS is sent; Receive Maximum and Maximum Packet Size are the configured limits."""
     cluster = brokers()
     client = cluster.probe(version=5)
     client.connect(clean=True)
     p = client.connack_properties
-    assert (p.RetainAvailable, p.SharedSubscriptionAvailable, p.TopicAliasMaximum) == (0, 0, 0)
+    assert (p.RetainAvailable, p.SharedSubscriptionAvailable, p.TopicAliasMaximum) == (1, 0, 0)
     assert (p.ReceiveMaximum, p.MaximumPacketSize) == (100, 1048576)
     assert not any(hasattr(p, name) for name in ("WildcardSubscriptionAvailable", "MaximumQoS",
                                                  "SubscriptionIdentifierAvailable"))
 
 
-def test_mqtt_3_2_2_14_publish_with_retain_when_unavailable_disconnect_0x9a(brokers):
-    """MQTT 5: PUBLISH with RETAIN = 1 after Retain Available = 0 is a protocol error, DISCONNECT 0x9A.
-    MQTT 3.1.1 (which cannot declare it): acknowledged and delivered, not retained (a later subscriber gets
-    nothing)."""
+def test_mqtt_3_2_2_14_publish_with_retain_accepted_when_available(brokers):
+    """Retain Available = 1: PUBLISH with RETAIN = 1 (MQTT 5 and 3.1.1) is acknowledged, not refused with 0x9A,
+    and a later subscriber gets it retained (tests/integration/test_broker_will_retained.py has the rest)."""
+    cluster = brokers()
+    for version in (codec.MQTT5, codec.MQTT311):
+        client = raw(cluster, version=version)
+        assert raw_connect(client).reason_code == 0
+        properties = Properties(PacketTypes.PUBLISH) if version == codec.MQTT5 else None
+        client.send(codec.Publish(TOPIC, b"keep-me-%d" % version, 1, retain=True, packet_id=1, properties=properties))
+        assert client.receive() == codec.Ack(codec.PUBACK, 1)
+        late = cluster.probe(version=4)
+        late.connect(clean=True)
+        late.subscribe(FILTER, 1)
+        [got] = late.wait_for(1)
+        assert (got.payload, got.retain) == (b"keep-me-%d" % version, True)
+
+
+def test_mqtt_3_2_2_13_will_retain_accepted_when_available(brokers):
+    """Retain Available = 1: a CONNECT whose Will has Will Retain = 1 is accepted (CONNACK 0)."""
     cluster = brokers()
     client = raw(cluster)
-    assert raw_connect(client).reason_code == 0
-    client.send(codec.Publish(TOPIC, b"keep-me", 1, retain=True, packet_id=1, properties=Properties(PacketTypes.PUBLISH)))
-    expect_disconnect(client, codec.RC_RETAIN_NOT_SUPPORTED)
-    present = cluster.probe(version=4)
-    present.connect(clean=True)
-    present.subscribe(FILTER, 1)
-    old = raw(cluster, version=codec.MQTT311)
-    assert raw_connect(old).reason_code == 0
-    old.send(codec.Publish(TOPIC, b"keep-me", 1, retain=True, packet_id=1))
-    assert old.receive() == codec.Ack(codec.PUBACK, 1)
-    assert payloads(present.wait_for(1)) == [b"keep-me"]  # through the pipeline: delivered ...
-    late = cluster.probe(version=4)  # ... and not retained
-    late.connect(clean=True)
-    late.subscribe(FILTER, 1)
-    assert late.settle(0.8) == []
-
-
-def test_mqtt_3_2_2_13_will_retain_refused_with_connack_0x9a(brokers):
-    """A CONNECT whose Will has Will Retain = 1 is refused: CONNACK 0x9A, then the connection is closed.
-    Near miss: the same Will with Will Retain = 0 is accepted."""
-    cluster = brokers()
-    for retain, expected in ((True, codec.RC_RETAIN_NOT_SUPPORTED), (False, codec.RC_SUCCESS)):
-        client = raw(cluster)
-        client.send(codec.Connect(5, f"will-{retain}-{uuid.uuid4().hex[:6]}", True, 30,
-                                  Properties(PacketTypes.CONNECT), will_topic="wills/x", will_payload=b"bye",
-                                  will_qos=1, will_retain=retain))
-        ack = client.receive()
-        assert isinstance(ack, codec.ConnAck) and ack.reason_code == expected
-        if retain:
-            with pytest.raises(ConnectionError):
-                client.receive(timeout=3.0)
-        client.close()
+    client.send(codec.Connect(5, f"will-{uuid.uuid4().hex[:6]}", True, 30, Properties(PacketTypes.CONNECT),
+                              will_topic="wills/x", will_payload=b"bye", will_qos=1, will_retain=True))
+    ack = client.receive()
+    assert isinstance(ack, codec.ConnAck) and ack.reason_code == codec.RC_SUCCESS
+    client.send(codec.Disconnect())
+    client.close()
 
 
 @pytest.mark.parametrize("connect_props, zeroed, reason", [

@@ -134,9 +134,10 @@ def out_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.nightly  # a cluster start and two JVMs (~2 min on an idle machine); CI keeps the unreachable master
 def test_a_few_catalog_histories_agree_on_the_cluster_and_local(cluster, catalog_dirs, tmp_path):
-    """CI's share of the two catalog tests above (nightly): three of its histories, on the cluster and on
-    local[2], the executors' Python workers this venv's."""
+    """The quick share of the two catalog tests above: three of its histories, on the cluster and on local[2], the
+    executors' Python workers this venv's."""
     dirs = catalog_dirs[:3]
     local = _check_in_child(dirs, tmp_path / "local.json", "local[2]")["reports"]
     out = _check_in_child(dirs, tmp_path / "cluster.json", cluster.master_url, cluster.env)
@@ -182,6 +183,7 @@ def test_an_unreachable_master_is_unknown_naming_it(catalog_dirs):
     assert reasons and all(master in r and "unreachable" in r for r in reasons), reasons
 
 
+@pytest.mark.nightly  # it needs the cluster the tests above ran on
 def test_the_cluster_leaves_no_process_behind(cluster, cluster_stack):
     """Last in the module: ends the cluster here.  Every PID it started or saw below them (the executors of the
     applications above included) is gone."""

@@ -161,7 +161,16 @@ class ScenarioInfo:
 
 MQTT_VERSIONS = {"3.1.1": 4, "5": 5}  # the names a target declares -> the protocol level a CONNECT carries
 QUEUE_POLICIES = ("none", "drop_oldest", "drop_newest", "reject")
-PERSISTENCE_PROMISES = ("kill", "graceful", "none")
+PERSISTENCE_PROMISES = ("power", "kill", "graceful", "none")
+# The faults whose losses each declared persistence does not cover (a loss to them is allowed, not a violation):
+# "power" survives a power loss of the target's storage nodes (writes fsynced before the acknowledgement),
+# "kill" a SIGKILL but not a power loss (what the page cache holds survives), "graceful" only a graceful stop.
+UNPROMISED_FAULTS: dict[str, tuple[str, ...]] = {
+    "power": (),
+    "kill": ("power_loss",),
+    "graceful": ("process_kill", "power_loss"),
+    "none": ("process_kill", "process_stop", "process_restart", "power_loss"),
+}
 
 
 @dataclass(frozen=True)
@@ -173,8 +182,8 @@ class TargetSpec:
     What the target promises (docs/scenarios.md, "What a target promises"), judged by the checkers:
     ``mqtt_versions`` the protocol levels it speaks; ``queue_limit`` / ``queue_policy`` its per-session queue
     (policy "none": no limit declared, the limit rules are not applicable and no trimming is legal);
-    ``persistence`` which stop an acknowledged message survives ("kill": even SIGKILL, "graceful": only a
-    graceful stop, "none": neither); ``message_ttl_s`` a broker-side message lifetime (0: none).  For the
+    ``persistence`` which stop an acknowledged message survives ("power": even a power loss of its storage,
+    "kill": a SIGKILL but not a power loss, "graceful": only a graceful stop, "none": neither: UNPROMISED_FAULTS); ``message_ttl_s`` a broker-side message lifetime (0: none).  For the
     reference target these come from its [broker] configuration (reference_declaration).
 
     ``credentials`` ([target.credentials], contracts/credentials.py): the user name and password every MQTT
@@ -408,7 +417,8 @@ class Scenario:
         workload["publisher_offline_s"] = list(self.workload.publisher_offline_s)
         workload["home_nodes"] = dict(self.workload.home_nodes)
         if self.target.kind == "reference":
-            target: dict[str, Any] = {"kind": "reference", "promises": reference_declaration(self.broker)}
+            target: dict[str, Any] = {"kind": "reference",
+                                      "promises": reference_declaration(self.broker, self.topology)}
         else:
             target = asdict(self.target)
             for key in ("start", "stop", "kill", "mqtt_versions"):
@@ -510,7 +520,8 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
 
     info = _read_info(_Section(source, "scenario", document.get("scenario")))
     broker_table = document.get("broker") if isinstance(document.get("broker"), dict) else {}
-    target = _read_target(_Section(source, "target", document.get("target")), broker_table)
+    topology_table = document.get("topology") if isinstance(document.get("topology"), dict) else {}
+    target = _read_target(_Section(source, "target", document.get("target")), broker_table, topology_table)
     if target.kind == "external":
         # An external target may choose its topology provider; everything else in [topology] and [broker]
         # configures the reference broker's own stack.
@@ -598,16 +609,19 @@ def _read_topology(source: str, table: Any) -> Mapping[str, Any]:
         raise ScenarioError(str(error)) from error
 
 
-def reference_declaration(broker: Mapping[str, Any]) -> dict[str, Any]:
+def reference_declaration(broker: Mapping[str, Any], topology: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the reference broker promises, from its [broker] configuration (one source: the reference broker's
-    BrokerConfig, whose normalised table the registered validator returns)."""
+    BrokerConfig, whose normalised table the registered validator returns) and its store's fsync setting
+    ([topology] redis_appendfsync): a session store that fsyncs every write before answering ("always") keeps
+    what it acknowledged through a power loss ("power"); any other setting only through a kill ("kill")."""
     config = _registered(_BROKER, "broker validator (harness/model.py)")(dict(broker), "[broker]")
+    fsync = (topology or {}).get("redis_appendfsync")  # unset: the topology default, not "always"
     return {"mqtt_versions": list(MQTT_VERSIONS), "queue_limit": config["persisted_messages_limit"],
-            "queue_policy": "drop_oldest", "persistence": "kill",
+            "queue_policy": "drop_oldest", "persistence": "power" if fsync == "always" else "kill",
             "message_ttl_s": config["persisted_message_ttl_s"]}
 
 
-def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
+def _read_target(s: _Section, broker: Mapping[str, Any], topology: Mapping[str, Any]) -> TargetSpec:
     kind = s.string("kind", "reference", choices=TARGET_KINDS)
     # "promises" is derived (scenario.json writes it); read back, it must say what the other keys say.
     derived = s.raw_table("promises")
@@ -619,7 +633,7 @@ def _read_target(s: _Section, broker: Mapping[str, Any]) -> TargetSpec:
             raise s.fail("tls", "...", "the reference broker serves plain MQTT; [target.tls] applies to an external "
                          "target (kind = \"external\") whose listener speaks TLS")
         s.finish()  # nothing else applies to the reference broker; its settings live in [broker]
-        if derived and _plain(derived) != reference_declaration(broker):
+        if derived and _plain(derived) != reference_declaration(broker, topology):
             raise s.fail("promises", derived, "is derived from [broker]; change the [broker] keys instead")
         return TargetSpec(kind="reference")
     host = read_host(s)

@@ -43,6 +43,7 @@ class PowerMounts:
 
     mounts: dict[str, LazyFsMount]
     socket_dir: Path
+    settled: dict[str, int] | None = None  # bytes each mount wrote back at ``settle``
 
     @classmethod
     def start(cls, nodes: Sequence[Any], run_dir: Path) -> PowerMounts:
@@ -62,6 +63,14 @@ class PowerMounts:
             raise
         return started
 
+    def settle(self) -> dict[str, int]:
+        """Write every held byte back (``sync-all``) and say how many per node.  Called once the topology is
+        ready: the set-up's writes (Redis' nodes.conf after CLUSTER REPLICATE, which Redis 7.0 does not fsync)
+        count as written back, as a kernel does within its dirty-page expiry (30 s by default); lazyfs has no
+        writeback of its own, so without this a power loss would undo the cluster's formation itself."""
+        self.settled = {name: int(mount.sync_all().get("bytes_written", 0)) for name, mount in self.mounts.items()}
+        return self.settled
+
     def stop(self) -> None:
         """End every lazyfs process (each unmounts); call after the nodes on them stopped.  Raises if one stays
         mounted, after trying all."""
@@ -78,4 +87,5 @@ class PowerMounts:
 
     def describe(self) -> dict:
         return {name: {"mountpoint": str(m.mountpoint), "backing": str(m.backing), "control": str(m.control),
-                       "pid": m.pid} for name, m in sorted(self.mounts.items())}
+                       "pid": m.pid, "settled_bytes": (self.settled or {}).get(name)}
+                for name, m in sorted(self.mounts.items())}

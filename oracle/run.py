@@ -29,6 +29,7 @@ from contracts.invariants import (
     UNDECLARED_QUEUE_LIMIT,
     UNDECLARED_TTL_S,
 )
+from contracts.scenario import UNPROMISED_FAULTS
 
 # "No end": an offline window whose reconnect never came, a fault never healed.
 NEVER = 1 << 62
@@ -36,9 +37,9 @@ NEVER = 1 << 62
 # keeps a message without an expiry interval for ever (100 years is for ever in a run).
 NO_LIMIT = 2**31 - 1
 NO_TTL_S = 100 * 365 * 86400
-# The process faults whose losses a declared persistence does not cover (docs/invariants.md
-# durability.lost_allowed: `graceful` does not survive process_kill; `none` also no stop / restart).
-NOT_PROMISED = {"kill": (), "graceful": ("process_kill",), "none": ("process_kill", "process_stop", "process_restart")}
+# The faults whose losses a declared persistence does not cover (docs/invariants.md durability.lost_allowed):
+# the declaration's meaning, one table for the oracle and the checkers alike.
+NOT_PROMISED = UNPROMISED_FAULTS
 
 
 @dataclass(frozen=True)

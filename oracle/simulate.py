@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.history_schema import Kind, Phase
+from contracts.scenario import UNPROMISED_FAULTS
 from oracle.plan import Plan, Step, Subscriber
 from oracle.topics import matches
 
@@ -480,9 +481,7 @@ class Broker:
                     self.emit(now, Kind.DISCONNECT, client=p.name, node="broker-1", protocol=p.protocol,
                               initiator="server", abrupt=True, detail=json.dumps({"why": "connection lost"}))
             setup = self.plan.setup
-            unpromised = step.fault_kind in {"graceful": ("process_kill",), "none": ("process_kill", "process_stop",
-                                                                                   "process_restart")}.get(
-                setup.persistence, ())
+            unpromised = step.fault_kind in UNPROMISED_FAULTS.get(setup.persistence, ())
             if unpromised and self.plan.behaviour.lose_on_unpromised_kill:
                 self.sessions.clear()  # what the target never promised to keep across this fault
         self.at(heal, self.heal, step, base)

@@ -422,8 +422,9 @@ def _allowance(g) -> str:
     """Why the target never promised to prevent a loss to these faults: its declaration, in words."""
     if g is None or not g.unpromised_faults:
         return ""
+    survive = {"kill": "a kill, not a power loss", "graceful": "only a graceful stop"}.get(g.persistence, "no stop")
     return (f"lost to {' / '.join(g.unpromised_faults)} of the target, which declares persistence = "
-            f"{g.persistence!r} (acknowledged messages survive {'only a graceful stop' if g.persistence == 'graceful' else 'no stop'})")
+            f"{g.persistence!r} (acknowledged messages survive {survive})")
 
 
 def _notes(g, timeline: Timeline | None) -> list[str]:

@@ -18,16 +18,13 @@ from contracts.invariants import (
     log_pattern_from_mapping,
     validate_ids,
 )
-from contracts.scenario import PERSISTENCE_PROMISES, QUEUE_POLICIES, TARGET_KINDS
+from contracts.scenario import PERSISTENCE_PROMISES, QUEUE_POLICIES, TARGET_KINDS, UNPROMISED_FAULTS
 from contracts.versions import check_version
 
 # Every default lives in contracts/invariants.py; the names here are the ones the checker reads.
 DEFAULT_LIMIT, MAX_LIMIT, DEFAULT_TTL_S = UNDECLARED_QUEUE_LIMIT, MAX_QUEUE_LIMIT, UNDECLARED_TTL_S
 NO_LIMIT = 2**31 - 1  # policy "none": nothing is ever legally trimmed and nothing is over the limit
 NO_TTL_S = 100 * 365 * 86400  # no broker-side lifetime declared: a message without expiry never expires
-# The process faults whose losses a persistence promise does not cover (a loss to them is *allowed*).
-UNPROMISED_FAULTS = {"kill": (), "graceful": ("process_kill",),
-                     "none": ("process_kill", "process_stop", "process_restart")}
 
 
 @dataclass(frozen=True)

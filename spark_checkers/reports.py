@@ -138,7 +138,8 @@ def declaration_rows(guarantees: dict[str, Any] | None) -> list[tuple[str, str, 
     persistence = promises.get("persistence")
     if persistence:
         after = promises.get("losses_allowed_after") or []
-        rows.append(("persistence", {"kill": "acknowledged messages survive a kill -9 of the broker",
+        rows.append(("persistence", {"power": "acknowledged messages survive a power loss of the broker's storage",
+                                     "kill": "acknowledged messages survive a kill -9 of the broker, not a power loss",
                                      "graceful": "acknowledged messages survive a graceful stop, not a kill",
                                      "none": "acknowledged messages survive no stop of the broker"}.get(
                                          persistence, persistence) + f" (persistence = {persistence})",

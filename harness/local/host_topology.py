@@ -73,6 +73,8 @@ class LocalTopology(TopologyBase):
                 self._start_kafka(found)
             # Redis readiness is awaited after Kafka started, so both come up in parallel
             self.redis.wait_ready(self.config.ready_timeout_s)
+            if self.power_mounts is not None:  # the formed cluster's state counts as on disk (harness/power.py)
+                self.power_mounts.settle()
             self.timings["redis_ready_s"] = round(time.monotonic() - started, 3)
             if self.config.broker_nodes and with_brokers:
                 self.start_brokers()

@@ -258,3 +258,23 @@ def test_crash_point_right_after_a_persisted_commit(brokers, defect):
     assert moved.connect(clean=False, session_expiry=3600) is True
     got = payloads(moved.settle(1.5, timeout=15) if defect else moved.wait_for(1, timeout=15))
     assert got == ([] if defect else [b"c0"])
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["correct", "ack_before_durable"])
+def test_defect_ack_before_durable(brokers, defect):
+    """The store turns Redis' AOF fsync off behind the topology's setting: after a save every node says
+    appendfsync no (the correct broker leaves the topology's everysec).  Only a power loss of every node turns
+    that into a loss (scenarios/power-loss-always.toml); the shared topology gets its setting back."""
+    cluster = brokers(defects=["ack_before_durable"] if defect else [])
+    redis = cluster.redis
+    before = redis.config_get("appendfsync", target_nodes=redis.ALL_NODES)
+    try:
+        sub, pub = offline_backlog(cluster, 5, 0)
+        pub.publish(TOPIC, b"d0", 1)
+        cluster.wait_stored(sub.client_id, 1)
+        seen = redis.config_get("appendfsync", target_nodes=redis.ALL_NODES)
+        values = {reply["appendfsync"] for reply in seen.values()}
+        assert values == ({"no"} if defect else {"everysec"}), seen
+    finally:
+        for reply in before.values():
+            redis.config_set("appendfsync", reply["appendfsync"], target_nodes=redis.ALL_NODES)

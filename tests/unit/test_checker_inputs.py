@@ -110,7 +110,7 @@ def test_guarantees_from_scenario_and_errors():
         "queue_limit": 100, "queue_policy": "drop_newest", "persistence": "graceful", "message_ttl_s": 60}}})
     assert (declared.persisted_messages_limit, declared.queue_policy, declared.persisted_message_ttl_s) == (
         100, "drop_newest", 60)
-    assert declared.unpromised_faults == ("process_kill",) and not declared.white_box
+    assert declared.unpromised_faults == ("process_kill", "power_loss") and not declared.white_box
     with pytest.raises(ValueError, match=r"broker\.persisted_messages_limit must be between 1 and 65535, got 70000"):
         Guarantees.from_scenario({"broker": {"persisted_messages_limit": 70000}})
     with pytest.raises(ValueError, match=r"checks.allowed: unknown invariant id\(s\) \['no.such'\]"):

@@ -150,7 +150,7 @@ def test_the_declaration_is_a_table_of_promises_in_words_with_what_each_changes_
     report["guarantees"] = _declared()
     rows = _declaration(render_html(report))
     assert rows["persistence"][0].startswith("acknowledged messages survive a graceful stop, not a kill")
-    assert rows["persistence"][1] == ("messages lost to a process_kill of the broker count as "
+    assert rows["persistence"][1] == ("messages lost to a process_kill / power_loss of the broker count as "
                                       "durability.lost_allowed, not durability.lost")
     assert rows["queue limit"][0].startswith("1000 messages per session; beyond it the newest are dropped")
     assert "limits.* rules for drop_newest apply" in rows["queue limit"][1]
@@ -161,11 +161,14 @@ def test_the_declaration_is_a_table_of_promises_in_words_with_what_each_changes_
     assert "{" not in "".join(sum(rows.values(), [])), "words, not a Python dict"
 
 
-def test_near_miss_a_declaration_without_a_limit_or_with_kill_persistence_says_so():
+def test_near_miss_a_declaration_without_a_limit_or_with_power_or_kill_persistence_says_so():
     report = _report()
-    report["guarantees"] = _declared(persistence="kill", queue_policy="none", queue_limit=None)
+    report["guarantees"] = _declared(persistence="power", queue_policy="none", queue_limit=None)
     rows = _declaration(render_html(report))
     assert rows["persistence"][1] == "every lost acknowledged message is durability.lost"
+    report["guarantees"] = _declared(persistence="kill", queue_policy="none", queue_limit=None)
+    assert _declaration(render_html(report))["persistence"][1] == (
+        "messages lost to a power_loss of the broker count as durability.lost_allowed, not durability.lost")
     assert rows["queue limit"][0] == "none declared (queue_policy = none)"
     assert "not applicable" in rows["queue limit"][1]
     report["guarantees"] = None

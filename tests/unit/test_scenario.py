@@ -54,6 +54,15 @@ def test_defaults_are_filled_in():
     assert d["faults"]["mix"] == {}
 
 
+@pytest.mark.parametrize("fsync, persistence", [("always", "power"), ("everysec", "kill"), ("no", "kill")])
+def test_the_reference_broker_promises_a_power_loss_only_when_its_store_fsyncs_every_write(fsync, persistence):
+    scenario = parse_scenario(MINIMAL + f'\n[topology]\nredis_appendfsync = "{fsync}"\n', source="x.toml")
+    promises = scenario.to_dict()["target"]["promises"]
+    assert promises["persistence"] == persistence
+    again = scenario_from_mapping(scenario.to_dict(), source="x.json")  # scenario.json reads back as derived
+    assert again.to_dict()["target"]["promises"] == promises
+
+
 def test_wraparound_scenario_presets_near_the_wrap():
     assert load_scenario(find_scenario("p2p-wraparound")).workload.preset_last_packet_id > 65000
 

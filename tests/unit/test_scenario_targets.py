@@ -63,7 +63,7 @@ def test_the_declaration_round_trips_and_no_reference_default_applies():
 @pytest.mark.parametrize("target,needle", [
     ("queue_limit = 100", "queue_limit and queue_policy go together"),
     ('queue_policy = "drop_oldest"', "queue_limit and queue_policy go together"),
-    ('persistence = "sometimes"', "[target] persistence = 'sometimes': must be one of 'kill', 'graceful', 'none'"),
+    ('persistence = "sometimes"', "[target] persistence = 'sometimes': must be one of 'power', 'kill', 'graceful', 'none'"),
     ('mqtt_versions = ["4"]', "unknown MQTT version '4'"),
 ])
 def test_bad_declarations_name_the_key(target, needle):

@@ -28,6 +28,7 @@ from faults.clock import CLOCK_KINDS  # also registers the clock kinds
 from faults.clock import check_spec as check_clock_spec
 from faults.disk import DISK_KINDS, FILE_KINDS  # also registers the disk kinds
 from faults.latency import LINK_KINDS
+from faults.latency import check_spec as check_link_spec
 from faults.network import RING_MIN_NODES
 from faults.selectors import SELECTOR_HELP, kafka_role_of, parse_selector
 
@@ -45,7 +46,8 @@ PROVIDER_GAPS: dict[str, dict[str, str]] = {
                          "toxiproxy binary on these machines)",
         **{kind: "link faults go through a toxiproxy on the link; on this provider that is meant to be the real "
                  "toxiproxy image, and no image registry is reachable here to get it, while the harness' own "
-                 "proxy (harness/toxiproxy/) is routed for the local provider's client -> broker link only"
+                 "proxy (harness/toxiproxy/) is routed for the local provider's links only (client -> broker, "
+                 "broker -> Kafka, broker -> Redis)"
            for kind in LINK_KINDS},
         **{kind: "clock faults preload libfaketime into the node processes the harness starts; a container runs "
                  "its image's processes, which would need libfaketime inside every image and the offset file "
@@ -91,6 +93,7 @@ def validate_spec(fault: FaultSpec | Mapping[str, Any]) -> FaultSpec:
         params = normalise_params(fault.kind, fault.params)
         target = _validate_target(info, fault.target)
         check_clock_spec(fault.kind, target, params)  # clock faults: a runtime libfaketime cannot reach
+        check_link_spec(fault.kind, target, params)  # link faults: a target that is not on the link
     except FaultSpecError as error:
         raise FaultSpecError(f"fault {fault.id!r}: {error}") from None
     return FaultSpec(fault.id, fault.kind, target, params)
@@ -168,8 +171,8 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
     Redis Cluster, no Kafka, no storage server."""
     from faults.selectors import ROLE_GROUPS, parse_group
 
-    names = [name for name, _role in nodes]
-    brokers = [name for name, role in nodes if role == BROKER]
+    names = [node[0] for node in nodes]  # (name, role) or, with power_loss's data-dir knowledge, (name, role, own)
+    brokers = [node[0] for node in nodes if node[1] == BROKER]
     has = (f"this target has one node: node:{names[0]}" if len(names) == 1 else
            f"this target's nodes: {', '.join(f'node:{name}' for name in names)} (brokers: broker:1..{len(brokers)})")
 
@@ -188,17 +191,17 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
         return (f"mix.{kind}: disk faults need the node's data directory in the harness' reach (disk_full: on a "
                 "size-limited tmpfs the run mounts before the node starts); a black-box target's nodes are not "
                 "prepared that way")
-    if kind == "power_loss":
-        return (f"mix.{kind}: power_loss needs the node's data directory on the harness' lazyfs mount (mounted by "
-                "the local topology before the node starts, so that the writes it never fsynced can be dropped); a "
-                "black-box target's nodes are not prepared that way")
+    if kind == "power_loss" and (why := power.external_power_refusal(selectors, nodes)):
+        # A node's data directory goes on lazyfs when the harness gives it ({data_dir}): harness/external_target.py
+        return why
     if kind in CLOCK_KINDS:
         return (f"mix.{kind}: clock faults preload libfaketime into the reference topology's node processes at "
                 "their start; an external target's nodes run its own start commands (wrappers, runtimes "
                 "libfaketime may not reach), and no preload is wired into them")
     if kind in LINK_KINDS:
-        return (f"mix.{kind}: link faults route the reference topology's client -> broker link through the "
-                "harness' toxiproxy; a black-box target's links are not routed through it")
+        return (f"mix.{kind}: link faults route the reference topology's links (client -> broker, broker -> Kafka, "
+                "broker -> Redis) through the harness' toxiproxy; a black-box target's links are not routed "
+                "through it")
     if info.category == "redis":
         return (f"mix.{kind}: {kind} needs the reference topology's Redis Cluster, which a black-box target "
                 "does not have")

@@ -2,20 +2,32 @@
 
 This kernel has no netem, so these faults are toxics on a TCP proxy that the link's traffic is routed through:
 the harness' own proxy (harness/toxiproxy/, toxiproxy's HTTP API) on the local provider.  A run whose plan holds
-one of these kinds gets the proxy and its routes (harness/reference_target.py ``route_links``); the topology then
-carries ``link_proxies`` (plain data, below) and a fault adds its toxics there through ``toxiproxy-python``.
+one of these kinds gets the proxy and its routes (harness/reference_target.py ``prepare_links`` before the nodes
+start, ``route_links`` after); the topology then carries ``link_proxies`` (plain data, below) and a fault adds
+its toxics there through ``toxiproxy-python``.
 
     topology.link_proxies = {"api": "127.0.0.1:PORT",
-                             "links": {"client-broker": {NODE_NAME: {"proxy": NAME, "listen": "h:p",
-                                                                     "upstream": "h:p"}}}}
+                             "links": {LINK: {NODE_NAME: {"proxy": NAME, "listen": "h:p", "upstream": "h:p"}}}}
 
-Links: ``client-broker`` (the clients' connections to a reference-broker node).  The broker's links to Redis and
-Kafka are not routed (a Redis Cluster client follows the addresses CLUSTER NODES announces, and a Kafka client
-the advertised listener, so a proxy before the start-up address alone would carry almost nothing).
+Links, and the node a fault's target selects (the node whose proxy gets the toxics):
 
-Evidence: an MQTT round trip (CONNECT -> CONNACK, then PINGREQ -> PINGRESP) on a fresh connection through the
-proxy before the toxics, while they last and after heal: the round trip the fault added, that a timeout silences
-and a reset_peer cuts the connection, and that the link answers as before once healed.
+- ``client-broker``: the clients' connections to a reference-broker node (target: a broker selector).  One proxy
+  per broker node, made after the nodes started; the clients connect to it instead of the node.
+- ``broker-kafka``: every Kafka client's connections to Tansu (target: ``kafka``).  The proxy is made before
+  Tansu starts; Tansu listens on its own port and advertises the proxy's address, so a Kafka client follows it
+  after its first metadata, and the bootstrap address handed out is the proxy's too: the broker nodes' reads and
+  writes and the harness' own Kafka reads (the drain's backlog) all cross it.
+- ``broker-redis``: every Redis Cluster client's connections to one Redis node (target: a Redis selector, e.g.
+  ``redis-master-of:{subscriber}``).  Each node gets a proxy on its own address before it starts and announces
+  the proxy's port (``cluster-announce-port``; the cluster bus stays direct: ``cluster-announce-bus-port``), so
+  a cluster client following CLUSTER SLOTS / MOVED reaches every node through its proxy: the broker nodes and
+  the harness' own reads (snapshots, queue sizes).  A failover or a restart keeps the announced port (the node
+  restarts with the same config, the proxy outlives it).
+
+Evidence: round trips on a fresh connection through the proxy before the toxics, while they last and after
+heal -- MQTT CONNECT -> CONNACK then PINGREQ -> PINGRESP (client-broker), Kafka ApiVersions requests
+(broker-kafka), Redis PINGs (broker-redis): the round trip the fault added, that a timeout silences and a
+reset_peer cuts the connection, and that the link answers as before once healed.
 """
 
 from __future__ import annotations
@@ -34,15 +46,28 @@ from faults.base import (
     FaultContext,
     FaultNotApplicable,
     FaultSpec,
+    FaultSpecError,
     KindInfo,
     Param,
     register,
 )
-from faults.selectors import resolve_nodes
+from faults.selectors import kafka_role_of, parse_selector, resolve_nodes
 
 LINK_ATTRIBUTE = "link_proxies"  # the topology attribute routing.py sets
-CLIENT_BROKER = "client-broker"
-LINKS = (CLIENT_BROKER,)  # the links a run can route through the proxy
+CLIENT_BROKER, BROKER_KAFKA, BROKER_REDIS = "client-broker", "broker-kafka", "broker-redis"
+LINKS = (CLIENT_BROKER, BROKER_KAFKA, BROKER_REDIS)  # the links a run can route through the proxy
+# Routed before the nodes start: the node must advertise / announce its proxy's address from its first start.
+PREPARED_LINKS = (BROKER_KAFKA, BROKER_REDIS)
+# The targets each link's proxies answer to (checked at load: check_spec), as the error names them.
+_BROKER_TARGETS = ("broker", "broker-random", "broker-minority", "broker-majority", "broker-holding")
+_REDIS_TARGETS = ("redis-master-of", "redis-replica-of", "redis-random-master", "redis-random-replica", "redis-all")
+LINK_TARGETS = {
+    CLIENT_BROKER: "a broker node: broker:N, broker-random, broker-minority, broker-majority, broker-holding:CLIENT, "
+                   "node:broker-N",
+    BROKER_KAFKA: "the Kafka broker: kafka (or node:kafka)",
+    BROKER_REDIS: "Redis node(s): redis-master-of:CLIENT, redis-replica-of:CLIENT, redis-random-master, "
+                  "redis-random-replica, redis-all, node:redis-...",
+}
 DIRECTIONS = ("both", "upstream", "downstream")  # upstream: client -> server; downstream: server -> client
 PROBE_SAMPLES = 5
 PROBE_TIMEOUT_S = 5.0
@@ -81,7 +106,27 @@ def proxied_links(faults: Iterable[Any]) -> set[str]:
     return links
 
 
-# --- the round-trip probe ------------------------------------------------------------------------------------
+def check_spec(kind: str, target: str | None, params: Mapping[str, Any]) -> None:
+    """What the schema cannot say, refused at load: a target that is not a node on the fault's link (its proxy
+    would not exist).  Raises FaultSpecError (the caller adds the fault id)."""
+    if kind not in LINK_KINDS or not target:
+        return
+    link = params.get("link", CLIENT_BROKER)
+    selector = parse_selector(target)
+    if selector.how == "node":
+        name = selector.arg or ""
+        role = "kafka" if kafka_role_of(target) == "kafka" else name.partition("-")[0]
+        fits = {CLIENT_BROKER: role not in ("redis", "kafka", "s3"), BROKER_KAFKA: role == "kafka",
+                BROKER_REDIS: role == "redis"}[link]
+    else:
+        fits = {CLIENT_BROKER: selector.how in _BROKER_TARGETS, BROKER_KAFKA: selector.how == "kafka",
+                BROKER_REDIS: selector.how in _REDIS_TARGETS}[link]
+    if not fits:
+        raise FaultSpecError(f"fault kind {kind!r}: target {target!r} is not a node on link {link!r}; a "
+                             f"{link} fault targets {LINK_TARGETS[link]} (give it in targets.{kind})")
+
+
+# --- the round-trip probes -----------------------------------------------------------------------------------
 
 def _connect_packet(client_id: str) -> bytes:
     """An MQTT 3.1.1 CONNECT, clean session, keep-alive 60 s (§3.1)."""
@@ -100,13 +145,83 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
     return data
 
 
-def mqtt_round_trips(host: str, port: int, client_id: str, samples: int = PROBE_SAMPLES,
-                     timeout_s: float = PROBE_TIMEOUT_S, hold_s: float = 0.0) -> dict[str, Any]:
-    """Round trips on one fresh connection: CONNECT -> CONNACK, then ``samples`` PINGREQ -> PINGRESP; then
+def api_versions_request(correlation_id: int, client_id: str) -> bytes:
+    """A Kafka ApiVersions v0 request (api key 18; request header v1: key, version, correlation id, client
+    id), size-prefixed.  v0: every Kafka broker answers it, before any other request, with no body to send."""
+    name = client_id.encode()
+    body = (18).to_bytes(2, "big") + (0).to_bytes(2, "big") + correlation_id.to_bytes(4, "big") + \
+        len(name).to_bytes(2, "big") + name
+    return len(body).to_bytes(4, "big") + body
+
+
+class _Protocol:
+    """One request -> reply exchange of a link's protocol on an open socket: ``first`` once (its reply code,
+    None when the link closed), then ``again`` (True when the reply is the right one)."""
+
+    name = ""
+
+    def first(self, sock: socket.socket, client_id: str) -> int | None:
+        return 0 if self.again(sock, 0) else None
+
+    def again(self, sock: socket.socket, index: int) -> bool:
+        raise NotImplementedError
+
+    bye = b""
+
+
+class _Mqtt(_Protocol):
+    name, bye = "mqtt", b"\xe0\x00"  # DISCONNECT
+
+    def first(self, sock: socket.socket, client_id: str) -> int | None:
+        sock.sendall(_connect_packet(client_id))
+        connack = _read_exactly(sock, 4)
+        return connack[3] if len(connack) == 4 else None
+
+    def again(self, sock: socket.socket, index: int) -> bool:
+        sock.sendall(b"\xc0\x00")  # PINGREQ -> PINGRESP
+        return _read_exactly(sock, 2) == b"\xd0\x00"
+
+
+class _Kafka(_Protocol):
+    name = "kafka"
+
+    def __init__(self) -> None:
+        self.client_id = PROBE_CLIENT_ID
+
+    def first(self, sock: socket.socket, client_id: str) -> int | None:
+        self.client_id = client_id
+        return 0 if self.again(sock, 0) else None
+
+    def again(self, sock: socket.socket, index: int) -> bool:
+        correlation = index + 1
+        sock.sendall(api_versions_request(correlation, self.client_id))
+        size = _read_exactly(sock, 4)
+        if len(size) < 4:
+            return False
+        reply = _read_exactly(sock, int.from_bytes(size, "big"))
+        return len(reply) >= 6 and int.from_bytes(reply[:4], "big") == correlation  # then error code, versions
+
+
+class _Redis(_Protocol):
+    name = "redis"
+
+    def again(self, sock: socket.socket, index: int) -> bool:
+        sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+        return _read_exactly(sock, 7) == b"+PONG\r\n"
+
+
+PROTOCOLS = {CLIENT_BROKER: _Mqtt, BROKER_KAFKA: _Kafka, BROKER_REDIS: _Redis}  # each link's probe
+
+
+def round_trips(link: str, host: str, port: int, client_id: str, samples: int = PROBE_SAMPLES,
+                timeout_s: float = PROBE_TIMEOUT_S, hold_s: float = 0.0) -> dict[str, Any]:
+    """Round trips on one fresh connection through the link's protocol: the first exchange (MQTT CONNECT ->
+    CONNACK, else the first request), then ``samples`` more (PINGREQ -> PINGRESP, ApiVersions, PING); then
     (``hold_s`` > 0) the connection is held that long, to see whether something ends it.
-    ``answered``: a CONNACK came; ``ended``: "reset" / "closed" / "silent" / "" (the connection's fate)."""
-    result: dict[str, Any] = {"address": f"{host}:{port}", "answered": False, "connack_code": None,
-                              "connect_ms": None, "ping_ms": [], "ended": "", "error": ""}
+    ``answered``: the first exchange's reply came; ``ended``: "reset" / "closed" / "silent" / "refused" / ""."""
+    protocol = PROTOCOLS[link]()
+    result: dict[str, Any] = {"address": f"{host}:{port}", "protocol": protocol.name, "answered": False,
+                              "connack_code": None, "connect_ms": None, "ping_ms": [], "ended": "", "error": ""}
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as error:
@@ -115,18 +230,18 @@ def mqtt_round_trips(host: str, port: int, client_id: str, samples: int = PROBE_
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         mark = time.monotonic()
-        sock.sendall(_connect_packet(client_id))
-        connack = _read_exactly(sock, 4)
-        if len(connack) < 4:
+        code = protocol.first(sock, client_id)
+        if code is None:
             result["ended"] = "closed"
             return result
-        result.update(answered=True, connack_code=connack[3], connect_ms=round((time.monotonic() - mark) * 1000, 3))
-        if connack[3] != 0:
+        result.update(answered=True, connect_ms=round((time.monotonic() - mark) * 1000, 3))
+        if protocol.name == "mqtt":
+            result["connack_code"] = code
+        if code != 0:
             return result
-        for _ in range(samples):
+        for index in range(1, samples + 1):
             mark = time.monotonic()
-            sock.sendall(b"\xc0\x00")
-            if _read_exactly(sock, 2) != b"\xd0\x00":
+            if not protocol.again(sock, index):
                 result["ended"] = "closed"
                 return result
             result["ping_ms"].append(round((time.monotonic() - mark) * 1000, 3))
@@ -138,7 +253,8 @@ def mqtt_round_trips(host: str, port: int, client_id: str, samples: int = PROBE_
                     return result
             except TimeoutError:
                 pass  # held open: nothing ended it
-        sock.sendall(b"\xe0\x00")  # DISCONNECT
+        if protocol.bye:
+            sock.sendall(protocol.bye)
     except TimeoutError:
         result["ended"] = "silent"
     except ConnectionResetError as error:
@@ -209,8 +325,8 @@ class LinkFault:
         if self.toxic_type in ("timeout", "reset_peer") and stage == "during":
             wait = min(PROBE_TIMEOUT_S, self.spec.params["timeout_ms"] / 1000 + 1.5)
             hold = wait if self.toxic_type == "reset_peer" else 0.0  # until the reset comes
-        return mqtt_round_trips(host, int(port), f"{PROBE_CLIENT_ID}-{self.spec.id}-{stage}", timeout_s=wait,
-                                hold_s=hold)
+        return round_trips(self.spec.params["link"], host, int(port), f"{PROBE_CLIENT_ID}-{self.spec.id}-{stage}",
+                           timeout_s=wait, hold_s=hold)
 
     def apply(self, ctx: FaultContext) -> Evidence:
         api, routes = self._routes(ctx)
@@ -286,10 +402,11 @@ class LinkFault:
         return Evidence(tuple(checks))
 
 
-_TARGET_HELP = "the broker node(s) whose link is slowed: broker:N, broker-random, broker-holding:CLIENT, ..."
 _COMMON = (
-    Param("link", str, CLIENT_BROKER, "the link the proxy sits on", choices=LINKS),
-    Param("direction", str, "both", "upstream (client -> broker), downstream (broker -> client) or both",
+    Param("link", str, CLIENT_BROKER, "the link the proxy sits on: client-broker (clients -> a broker node), "
+          "broker-kafka (Kafka clients -> Tansu), broker-redis (Redis Cluster clients -> a Redis node)",
+          choices=LINKS),
+    Param("direction", str, "both", "upstream (client -> server), downstream (server -> client) or both",
           choices=DIRECTIONS),
     Param("toxicity", float, 1.0, "the share of connections the toxic affects (each drawn once)", min=0.0, max=1.0),
 )

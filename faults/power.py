@@ -35,14 +35,52 @@ from faults.process import KillFault, NodeSetFault
 from faults.redis_cluster_view import wait_until
 from faults.selectors import SET_SELECTORS, parse_selector
 
+# The selectors that reach an external target's nodes (faults/catalog.py EXTERNAL_NODE_SELECTORS): node:NAME and
+# broker:N one node each; broker-random, broker-minority, broker-majority, broker-holding:CLIENT any broker node.
+EXTERNAL_ANY_BROKER = ("broker-random", "broker-minority", "broker-majority", "broker-holding")
+
+
+def external_reach(selector: str, nodes: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+    """The names of the external target's nodes (``(name, role, ...)``, brokers in order) that a power_loss with
+    this target selector may hit when the plan is played (a seeded or holding choice: every broker)."""
+    parsed = parse_selector(selector)
+    brokers = [node[0] for node in nodes if node[1] == "broker"]
+    if parsed.how == "node":
+        return tuple(node[0] for node in nodes if node[0] == parsed.arg)
+    if parsed.how == "broker":
+        index = int(parsed.arg or 0)
+        return (brokers[index - 1],) if 0 < index <= len(brokers) else ()
+    if parsed.how in EXTERNAL_ANY_BROKER:
+        return tuple(brokers)
+    return ()
+
+
+def external_power_refusal(selectors: tuple[str, ...], nodes: tuple[tuple[Any, ...], ...]) -> str:
+    """Why power_loss with these selectors cannot apply to an external target, or ''.  ``nodes``: (name, role,
+    own_data_dir) triples, own_data_dir from harness/power.py ``harness_data_dirs`` (a pair without it: not
+    known here, the run checks it before the nodes start).  The lazyfs mount goes on the data directory the
+    harness gives the node ({data_dir}); a node that keeps its data elsewhere would write past the mount."""
+    own = {node[0]: node[2] for node in nodes if len(node) > 2}
+    for text in selectors:
+        foreign = [name for name in external_reach(text, nodes) if own.get(name) is False]
+        if foreign:
+            return (f"targets.power_loss = {text!r}: power_loss puts the node's data directory on the harness' "
+                    f"lazyfs mount, and node {foreign[0]!r} does not keep its data in the directory the harness "
+                    "gives it: neither {data_dir} nor {nodes[NAME].data_dir} appears in its start argv, env "
+                    "values, files or config_text, so its writes would go past the mount; point its data "
+                    "directory there (Mosquitto: persistence_location {data_dir}/, RabbitMQ: "
+                    "RABBITMQ_MNESIA_BASE = \"{data_dir}/mnesia\") or target another node")
+    return ""
+
 
 def lazyfs_of(node: Any) -> Any:
     mount = getattr(node, "lazyfs", None)
     if mount is None:
         raise FaultNotApplicable(
             f"power_loss of {node.name}: its data directory {getattr(node, 'data_dir', '?')} is not on a lazyfs "
-            "mount, so there are no unsynced writes to lose (the local topology mounts one for a Redis node when "
-            "the plan has a power_loss fault)")
+            "mount, so there are no unsynced writes to lose (the run mounts one before the node starts when the "
+            "plan has a power_loss fault: every Redis node, the s3rver storage node, an external target's nodes "
+            "that keep their data in {data_dir})")
     return mount
 
 

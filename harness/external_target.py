@@ -130,6 +130,10 @@ class ExternalTarget:
         self.formed = False
         self.client_node: Any = None  # client id -> node name of its current / last connection (the executor)
         self.tls: dict[str, Any] | None = None  # [target.tls]: what prepare() made (paths, names; never the key)
+        # faults/power.py power_loss: the nodes whose data dirs go on lazyfs (prepare_power, from the plan), and
+        # their mounts (harness/power.py PowerMounts), from the nodes' first start until after their stop.
+        self.power_nodes: tuple[str, ...] = ()
+        self.power_mounts: Any = None
 
     # -- placeholders --------------------------------------------------------------------------------
 
@@ -177,6 +181,49 @@ class ExternalTarget:
         # [target.tls]: the run's CA and a server certificate for every node's address, into {run_dir}/tls/
         self.tls = write_target_tls(self.run_dir, self.spec.tls, [self.host, *(p.host for p in self.places.values())],
                                     owner=self.spec.data_owner)
+
+    def prepare_power(self, plan: Plan) -> list[str]:
+        """Before the nodes start: when the plan holds a power_loss fault, put the data directory of every node it
+        may hit on a lazyfs mount of its own (harness/power.py), so that what the broker did not fsync can be
+        dropped.  Only a directory the harness gives the node ({data_dir} in its start argv, env or config)
+        can be: a node that keeps its data elsewhere is refused here, before anything starts (TargetError:
+        the run is unknown, with the reason).  Nothing when the plan has none."""
+        from faults.power import external_power_refusal, external_reach
+        from harness.power import LAZYFS_DIR, POWER_KINDS, harness_data_dirs, planned_power_loss
+
+        if not planned_power_loss(plan.faults):
+            return []
+        own = harness_data_dirs(self.node_specs, self.spec.config_text if self.spec.config_file else "")
+        nodes = tuple((spec.name, spec.role, own[spec.name]) for spec in self.node_specs)
+        selectors = tuple(sorted({fault.target for fault in plan.faults if fault.kind in POWER_KINDS}))
+        why = external_power_refusal(selectors, nodes)
+        if why:
+            raise TargetError(f"[faults] {why}")
+        reached = {name for selector in selectors for name in external_reach(selector, nodes)}
+        self.power_nodes = tuple(spec.name for spec in self.node_specs if spec.name in reached)
+        return [f"power_loss: the data directory of {', '.join(self.power_nodes) or 'no node'} is a lazyfs mount "
+                f"(backing dirs in {LAZYFS_DIR}/, unsynced file data held until fsync: harness/lazyfs/)"]
+
+    def _mount_power(self) -> None:
+        """Mount the lazyfs data directories (prepare_power) before the first start; the data owner must own
+        the mount's root (the backing directory) as it owned the plain directory."""
+        from harness.power import PowerMounts
+
+        nodes = [node for node in self.nodes if node.name in self.power_nodes]
+        if not nodes:
+            return
+        self.power_mounts = PowerMounts.start(nodes, self.run_dir)
+        if self.spec.data_owner and os.geteuid() == 0:
+            for node in nodes:
+                self._chown(node.data_dir)
+        for node in nodes:
+            self._event("lazyfs_mounted", node, mountpoint=str(node.data_dir), backing=str(node.lazyfs.backing))
+
+    def _unmount_power(self) -> None:
+        """After the nodes on them are gone (a mount with a process still in it would not go)."""
+        mounts, self.power_mounts = self.power_mounts, None
+        if mounts is not None:
+            mounts.stop()
 
     def _chown(self, data_dir: Path) -> None:
         try:
@@ -267,6 +314,7 @@ class ExternalTarget:
         services = [node for node in self.nodes if node.role == SERVICE]
         brokers = [node for node in self.nodes if node.role != SERVICE]
         together = self.spec.formation.start == "together"
+        self._mount_power()
         for group in [services] + ([brokers] if together else [[node] for node in brokers]):
             for node in group:
                 node.start()
@@ -275,6 +323,13 @@ class ExternalTarget:
                 node.wait_ready(node.spec.ready_timeout_s)
                 self._event("ready", node, pid=node.pid)
         self.form()
+        if self.power_mounts is not None:
+            # What the broker wrote while it booted (RabbitMQ's Mnesia schema, say) counts as written back, as a
+            # kernel does within its dirty-page expiry (30 s): lazyfs writes nothing back by itself, and a power
+            # loss should take what the broker wrote under load, not undo its installation (harness/power.py).
+            settled = self.power_mounts.settle()
+            self.recorder.record(Kind.NODE_EVENT, node=self.name, detail={"action": "lazyfs_settled",
+                                                                         "bytes_written": settled})
         self.check_protocols()
 
     def form(self) -> None:
@@ -356,16 +411,22 @@ class ExternalTarget:
 
     def stop(self) -> None:
         # Brokers before the services they use, the last-started first.
-        for node in reversed(self.nodes):
-            pid = node.pid
-            node.stop()  # the stop argv if any, then SIGTERM, then SIGKILL; waits for the process
-            self._event("stop", node, pid=pid)
+        try:
+            for node in reversed(self.nodes):
+                pid = node.pid
+                node.stop()  # the stop argv if any, then SIGTERM, then SIGKILL; waits for the process
+                self._event("stop", node, pid=pid)
+        finally:
+            self._unmount_power()
 
     def kill(self) -> None:
-        for node in reversed(self.nodes):
-            pid = node.pid
-            node.kill()
-            self._event("kill", node, pid=pid)
+        try:
+            for node in reversed(self.nodes):
+                pid = node.pid
+                node.kill()
+                self._event("kill", node, pid=pid)
+        finally:
+            self._unmount_power()
 
     def _event(self, action: str, node: Any = None, **detail: Any) -> None:
         self.recorder.record(Kind.NODE_EVENT, node=node.name if node is not None else self.name,
@@ -417,6 +478,8 @@ class ExternalTarget:
                      "nodes": [node.describe() for node in self.nodes]}
         if self.tls:
             described["tls"] = self.tls
+        if self.power_mounts is not None:  # faults/power.py: the lazyfs data dirs
+            described["lazyfs"] = self.power_mounts.describe()
         if self.spec.clustered:
             described["cluster"] = {"name": self.name, "brokers": brokers,
                                     "services": [spec.name for spec in self.node_specs if spec.role == SERVICE],

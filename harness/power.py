@@ -22,10 +22,12 @@ from typing import Any
 from harness.lazyfs import LazyFsMount
 
 POWER_KINDS = ("power_loss",)
+DATA_DIR_PLACEHOLDER = "{data_dir}"
 LAZYFS_DIR = "lazyfs"  # under the run dir: each node's backing directory
-# The roles whose nodes get a lazyfs data directory: only Redis keeps its durable state in its data dir (the
-# reference broker writes no files; Tansu's log is in its S3 bucket).
-POWER_ROLES = ("redis",)
+# The reference topology's roles whose nodes can get a lazyfs data directory: Redis keeps its durable state in
+# its data dir, and so does the storage node when it is s3rver (on disk; moto keeps the bucket in memory).  The
+# reference broker writes no files; Tansu's log is in its S3 bucket.
+POWER_ROLES = ("redis", "storage")
 
 
 def planned_power_loss(faults: Iterable[Any]) -> bool:
@@ -37,6 +39,20 @@ def planned_power_loss(faults: Iterable[Any]) -> bool:
     return False
 
 
+def harness_data_dirs(node_specs: Sequence[Any], config_text: str = "") -> dict[str, bool]:
+    """Per node of an external target (contracts/target_nodes.py NodeSpec): whether the broker keeps its data in
+    the directory the harness gives it, i.e. whether ``{data_dir}`` appears in what the node is started with
+    (its start argv, env values, its files and the target's config_text, all filled in per node), or
+    ``{nodes[NAME].data_dir}`` anywhere in the target.  Only such a directory can be put on lazyfs before the
+    node starts; a broker that stores elsewhere (its packaged default, /var/lib/...) would write past it."""
+    texts = {spec.name: [*spec.start, *(value for _key, value in spec.env), *(text for _name, text in spec.files),
+                         config_text] for spec in node_specs}
+    everything = "\n".join(text for node_texts in texts.values() for text in node_texts)
+    return {name: any(DATA_DIR_PLACEHOLDER in text for text in node_texts)
+            or f"{{nodes[{name}].data_dir}}" in everything
+            for name, node_texts in texts.items()}
+
+
 @dataclass
 class PowerMounts:
     """The run's lazyfs mounts, one per node, and the /tmp directory of their control sockets."""
@@ -46,22 +62,29 @@ class PowerMounts:
     settled: dict[str, int] | None = None  # bytes each mount wrote back at ``settle``
 
     @classmethod
-    def start(cls, nodes: Sequence[Any], run_dir: Path) -> PowerMounts:
-        """Mount a lazyfs on every node's data dir and set ``node.lazyfs``; all or nothing."""
+    def start(cls, nodes: Sequence[Any], run_dir: Path, *, ignore_fsync: bool = False) -> PowerMounts:
+        """Mount a lazyfs on every node's data dir and set ``node.lazyfs``; all or nothing.  ``ignore_fsync``:
+        the planted failure of harness/lazyfs/ (fsync does nothing), for tests that show a power loss biting."""
         socket_dir = Path(tempfile.mkdtemp(prefix="ordeal-lazyfs-", dir="/tmp"))
         started = cls({}, socket_dir)
         try:
-            for node in nodes:
-                mount = LazyFsMount(backing=run_dir / LAZYFS_DIR / node.name, mountpoint=Path(node.data_dir),
-                                    control=socket_dir / f"{node.name}.sock",
-                                    log_path=run_dir / "logs" / f"lazyfs-{node.name}.log")
-                mount.start()
-                started.mounts[node.name] = mount
-                node.lazyfs = mount
+            started.extend(nodes, run_dir, ignore_fsync=ignore_fsync)
         except BaseException:
             started.stop()
             raise
         return started
+
+    def extend(self, nodes: Sequence[Any], run_dir: Path, *, ignore_fsync: bool = False) -> None:
+        """Mount a lazyfs on more nodes' data dirs (a node started later, e.g. the storage node after Redis);
+        what mounted before a failure stays listed, so ``stop`` ends it."""
+        for node in nodes:
+            mount = LazyFsMount(backing=Path(run_dir) / LAZYFS_DIR / node.name, mountpoint=Path(node.data_dir),
+                                control=self.socket_dir / f"{node.name}.sock",
+                                log_path=Path(run_dir) / "logs" / f"lazyfs-{node.name}.log",
+                                ignore_fsync=ignore_fsync)
+            mount.start()
+            self.mounts[node.name] = mount
+            node.lazyfs = mount
 
     def settle(self) -> dict[str, int]:
         """Write every held byte back (``sync-all``) and say how many per node.  Called once the topology is

@@ -51,7 +51,8 @@ class ReferenceTarget:
         self.topology_class = topology_class  # prepare_clocks: a fresh topology instead of a kept one
         self.topology: ServiceTopology | None = None if self.keeper else topology_class(
             self.config, self.run_dir, broker_config=self._write_broker_config)
-        self.link_proxy = None  # harness/toxiproxy: the proxy a plan's link faults need (route_links)
+        self.link_proxy = None  # harness/toxiproxy: the proxy a plan's link faults need (prepare_links, route_links)
+        self.link_proxy_process = None
 
     def _write_broker_config(self, topology: ServiceTopology) -> Path:
         path = self.run_dir / "broker-config.json"
@@ -161,42 +162,86 @@ class ReferenceTarget:
         return notes + [f"power_loss: every Redis node's data directory is a lazyfs mount (backing dirs in "
                         f"{LAZYFS_DIR}/, unsynced file data held until fsync: harness/lazyfs/)"]
 
-    def route_links(self, plan: Plan) -> list[str]:
-        """Route the links the plan's link faults sit on (faults/latency.py) through the harness' toxiproxy;
-        nothing when it has none.  The topology then carries ``link_proxies`` and the clients connect to the
-        proxies (``endpoints``)."""
-        from faults.latency import CLIENT_BROKER, LINK_ATTRIBUTE, proxied_links
-        from harness.toxiproxy import route_client_links, running_toxiproxy
+    def prepare_links(self, plan: Plan) -> list[str]:
+        """Before the nodes start: the broker -> Kafka and broker -> Redis links the plan's link faults sit on
+        (faults/latency.py) get the harness' toxiproxy, and the topology a router (harness/toxiproxy/routing.py)
+        that makes each such node's proxy as the node is created: Tansu advertises its proxy, every Redis node
+        announces its own.  A kept topology's nodes started unproxied, so such a seed runs on a fresh topology.
+        Nothing when the plan has none."""
+        from faults.latency import LINK_ATTRIBUTE, PREPARED_LINKS, proxied_links
+        from harness.toxiproxy import LinkRouter
 
-        links = proxied_links(plan.faults)
+        links = sorted(proxied_links(plan.faults) & set(PREPARED_LINKS))
         if not links:
             return []
-        unrouted = sorted(links - {CLIENT_BROKER})
-        if unrouted:
-            raise RuntimeError(f"link(s) {', '.join(unrouted)} cannot be routed through the proxy; "
-                               f"routed: {CLIENT_BROKER}")
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.link_proxy = running_toxiproxy(log_path=self.run_dir / "logs" / "toxiproxy.log")
-        proxy = self.link_proxy.__enter__()
+        refusal = (f"link faults on {', '.join(links)} need Tansu advertising / the Redis nodes announcing a proxy "
+                   f"of the harness from their start; the {self.config.provider} provider's topology has none")
+        if self.config.provider != "local":
+            raise RuntimeError(refusal)
+        notes = []
+        if self.keeper is not None:  # its Redis and Kafka started before this plan, unproxied
+            self.keeper = None
+            self.reuse = {"kept": False, "fresh_because": f"link faults on {', '.join(links)} need proxied nodes"}
+            self.topology = self.topology_class(self.config, self.run_dir, broker_config=self._write_broker_config)
+            notes.append(f"link faults on {', '.join(links)}: this seed runs on a fresh topology, not the kept one")
+        if not hasattr(self.topology, "link_router"):
+            raise RuntimeError(refusal)
+        proxy = self._start_link_proxy()
+        router = LinkRouter(proxy.api, set(links))
+        self.topology.link_router = router
+        setattr(self.topology, LINK_ATTRIBUTE, router.link_proxies)  # filled as the nodes are created
+        what = {"broker-kafka": "Tansu advertises its proxy (the bootstrap address too: the harness' own Kafka "
+                                "reads cross it)",
+                "broker-redis": "every Redis node announces its proxy's port (the harness' own Redis reads cross "
+                                "them)"}
+        return notes + [f"link {link} routed through the harness' toxiproxy (API {proxy.api}, pid {proxy.pid}): "
+                        f"{what[link]}" for link in links]
+
+    def _start_link_proxy(self):
+        """The run's toxiproxy process (harness/toxiproxy/), started once; its log: logs/toxiproxy.log."""
+        from harness.toxiproxy import running_toxiproxy
+
+        if self.link_proxy is None:
+            (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            context = running_toxiproxy(log_path=self.run_dir / "logs" / "toxiproxy.log")
+            self.link_proxy_process = context.__enter__()
+            self.link_proxy = context
+        return self.link_proxy_process
+
+    def route_links(self, plan: Plan) -> list[str]:
+        """After the nodes started: route the client -> broker link when the plan's link faults sit on it
+        (faults/latency.py) through the harness' toxiproxy; nothing when none does.  The topology then carries
+        ``link_proxies`` and the clients connect to the proxies (``endpoints``)."""
+        from faults.latency import CLIENT_BROKER, LINK_ATTRIBUTE, proxied_links
+        from harness.toxiproxy import route_client_links
+
+        if CLIENT_BROKER not in proxied_links(plan.faults):
+            return []
+        proxy = self._start_link_proxy()
         routed = route_client_links(proxy.api, list(self.topology.brokers), self.topology.addresses)
-        setattr(self.topology, LINK_ATTRIBUTE, routed)
+        prepared = getattr(self.topology, LINK_ATTRIBUTE, None)
+        if prepared:  # prepare_links' routes, on the same proxy process
+            prepared["links"].update(routed["links"])
+        else:
+            setattr(self.topology, LINK_ATTRIBUTE, routed)
         return [f"link {CLIENT_BROKER} routed through the harness' toxiproxy (API {proxy.api}, pid {proxy.pid})"]
 
     def _stop_link_proxy(self) -> None:
         from faults.latency import LINK_ATTRIBUTE
 
         if self.link_proxy is not None:
-            proxy, self.link_proxy = self.link_proxy, None
+            proxy, self.link_proxy, self.link_proxy_process = self.link_proxy, None, None
             proxy.__exit__(None, None, None)
         if self.topology is not None and getattr(self.topology, LINK_ATTRIBUTE, None) is not None:
             setattr(self.topology, LINK_ATTRIBUTE, None)  # a kept topology goes to the next seed unrouted
 
     def stop(self) -> None:
-        self._stop_link_proxy()
         if self.topology is None:
+            self._stop_link_proxy()
             return
         names = [n.name for n in self.topology.nodes()]
         if self.keeper is not None:
+            self._stop_link_proxy()
             # The seed is over for every node: recorded before the reset, which belongs to no seed.
             for name in names:
                 self.recorder.record(Kind.NODE_EVENT, node=name, detail={"action": "stop", "kept": True})
@@ -204,7 +249,10 @@ class ReferenceTarget:
             self.reset_s = released["reset_s"]
             self.reuse = {**(self.reuse or {}), "released": released}
             return
-        self.topology.stop()
+        try:
+            self.topology.stop()
+        finally:  # after the nodes: a broker node stopping still reaches Redis and Kafka through their proxies
+            self._stop_link_proxy()
         for name in names:
             self.recorder.record(Kind.NODE_EVENT, node=name, detail={"action": "stop"})
 

@@ -235,6 +235,8 @@ def start_target(live: LiveRun, keeper: TopologyLender | None) -> None:
         live.outcome["notes"] += target.prepare_disks(inputs.plan)
     if hasattr(target, "prepare_power"):  # power_loss faults (faults/power.py): lazyfs data dirs from node start
         live.outcome["notes"] += target.prepare_power(inputs.plan)
+    if hasattr(target, "prepare_links"):  # link faults on broker -> Kafka / Redis (faults/latency.py): proxied nodes
+        live.outcome["notes"] += target.prepare_links(inputs.plan)
     target.start()
     if target.topology is not None:  # from here on, a node that exits or stops answering is a finding
         topology = target.topology

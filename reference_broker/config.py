@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from reference_broker.app_clients import ACK_STRATEGIES, AppClientRule, parse_rules
 from reference_broker.defects import CATALOG, require_known
 
 MAX_PERSISTED_LIMIT = 65535  # a larger limit would let packet ids collide with still-stored messages
@@ -78,6 +79,14 @@ class BrokerConfig:
     # uvloop (libuv) or the standard library's loop; uvloop costs less CPU per socket event
     # (benchmarks/broker_p2p.py, docs/measurements.md)
     event_loop: str = "uvloop"
+    # APPLICATION clients (docs/reference-broker.md "APPLICATION clients"): which clients are APPLICATION (rules
+    # of client-id glob and / or user name; none = every client is a DEVICE), and their per-client topic's
+    # consumer (TBMQ defaults: RETRY_ALL with 3 retries, 20 s pack timeout, 200 records a poll)
+    application_clients: tuple[AppClientRule, ...] = field(default_factory=tuple)
+    application_ack_strategy: str = "retry"
+    application_retries: int = 3          # retries of a pack before giving up; 0 = forever
+    application_pack_timeout_s: float = 20.0
+    application_poll_max_records: int = 200
     # Named defects from reference_broker/defects.py; empty = correct broker
     defects: tuple[str, ...] = field(default_factory=tuple)
     source: str = field(default="<defaults>", compare=False)
@@ -121,6 +130,15 @@ class BrokerConfig:
         _positive(src, "delivery_recheck_s", self.delivery_recheck_s)
         _positive(src, "partition_lease_s", self.partition_lease_s)
         _choice(src, "event_loop", self.event_loop, EVENT_LOOPS)
+        try:
+            object.__setattr__(self, "application_clients", parse_rules(src, self.application_clients))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        _choice(src, "application_ack_strategy", self.application_ack_strategy, ACK_STRATEGIES)
+        _int_range(src, "application_retries", self.application_retries, 0, 1000000, why="0 = retry forever")
+        _positive(src, "application_pack_timeout_s", self.application_pack_timeout_s)
+        _int_range(src, "application_poll_max_records", self.application_poll_max_records, 1, 65535,
+                   why="a pack's packet ids come from its offsets and must not repeat within it")
         if isinstance(self.defects, (str, bytes)) or not all(isinstance(d, str) for d in self.defects):
             raise ConfigError(f"{src}: defects = {self.defects!r}: expected a list of defect names")
         object.__setattr__(self, "defects", tuple(self.defects))
@@ -147,7 +165,7 @@ class BrokerConfig:
                               f"allowed keys: {', '.join(sorted(known))}")
         values: dict[str, Any] = {}
         for key, value in mapping.items():
-            default = getattr(cls, key, None) if key != "defects" else ()
+            default = getattr(cls, key, None) if key not in ("defects", "application_clients") else ()
             values[key] = _coerce(source, key, value, default)
         return cls(**values, source=source)
 
@@ -155,6 +173,8 @@ class BrokerConfig:
         data = asdict(self)
         data.pop("source")
         data["defects"] = list(self.defects)
+        data["application_clients"] = [{k: v for k, v in rule.items() if v is not None}
+                                       for rule in data["application_clients"]]
         return data
 
 
@@ -220,6 +240,11 @@ def _coerce(source: str, key: str, value: Any, default: Any) -> Any:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise ConfigError(f"{source}: defects = {value!r}: expected a list of defect names")
         return tuple(value)
+    if key == "application_clients":
+        try:
+            return parse_rules(source, value)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     if key == "producer_acks" and isinstance(value, int) and not isinstance(value, bool):
         return str(value)  # TOML/JSON users write acks = 1
     if isinstance(default, bool) or isinstance(value, bool):

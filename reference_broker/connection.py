@@ -27,6 +27,7 @@ from paho.mqtt.properties import Properties
 from redis.exceptions import RedisError
 
 from reference_broker import codec
+from reference_broker.application import APPLICATION, DEVICE, ApplicationDelivery, classify
 from reference_broker.codec import (
     MQTT5,
     Ack,
@@ -63,6 +64,9 @@ class NodeForConnections(Protocol):
     config: BrokerConfig
     store: SessionStore
     stats: Counter[str]
+    kafka_bootstrap: str
+
+    async def ensure_app_topic(self, topic: str) -> None: ...
 
     async def open_session(self, conn: Connection, clean_start: bool) -> bool: ...
 
@@ -85,6 +89,8 @@ class Connection:
         self.version = codec.MQTT311
         self.client_id = ""
         self.persistent = False
+        self.client_type = DEVICE                # APPLICATION by the broker's application_clients rules
+        self.app: ApplicationDelivery | None = None  # a persistent APPLICATION session's topic consumer
         self.session_expiry: int | None = None   # seconds; None = never (MQTT 3.1.1 persistent); 0 = ends at close
         self.connect_expiry = 0                  # MQTT 5: the Session Expiry Interval the CONNECT carried
         self.session_gen = ""                    # id of the session (not the connection): set when it is created
@@ -217,6 +223,8 @@ class Connection:
             await self.close()
             for task in self.tasks:
                 task.cancel()
+            if self.app is not None:
+                await self.app.stop()  # also when the connection ended between its start and the CONNACK
             if self.connected.is_set() and self.config.has("pubrel_not_resent"):
                 await self._forget_released_flows()
             if self.connected.is_set():
@@ -285,14 +293,28 @@ class Connection:
         else:
             self.persistent = not connect.clean_start
             self.session_expiry = None
+        self.client_type = classify(self.config.application_clients, client_id, connect.username)
         try:
             session_present = await self.broker.open_session(self, connect.clean_start)
+            if self.client_type == APPLICATION and self.persistent:
+                # its topic and starting offset before the CONNACK (application.py ApplicationDelivery.init)
+                self.app = ApplicationDelivery(self, session_present)
+                await self.app.init()
         except RedisError as error:
             # The session store is away (a Redis master failing over, a node down): this CONNECT cannot be
             # served, and says so; the client retries.  An expected condition under faults, not a broker error
             # (a probe connecting during a Redis master kill found it logged as one, with a traceback).
             log.warning("%s: CONNECT refused, the session store is unavailable: %s: %s", client_id,
                         type(error).__name__, error)
+            self.send(ConnAck(False, codec.RC_SERVER_UNAVAILABLE if v5 else 0x03))
+            await self.close()
+            return
+        except Exception as error:
+            if self.app is None:
+                raise
+            # the APPLICATION topic or its consumer is unavailable (Kafka away): refused, the client retries
+            log.warning("%s: CONNECT refused, its APPLICATION topic is unavailable: %r", client_id, error)
+            self.app = None
             self.send(ConnAck(False, codec.RC_SERVER_UNAVAILABLE if v5 else 0x03))
             await self.close()
             return
@@ -322,12 +344,16 @@ class Connection:
             properties.SharedSubscriptionAvailable = 0
             properties.ReceiveMaximum = self.config.receive_maximum
             properties.MaximumPacketSize = self.config.max_packet_size
+            # the type TBMQ would give this client (docs/reference-broker.md "APPLICATION clients")
+            properties.UserProperty = ("client_type", self.client_type)
         if self.config.has("session_present_always_zero"):
             session_present = False  # defect
         self.send(ConnAck(session_present, codec.RC_SUCCESS, properties))
         self.connected.set()
         self.tasks.append(asyncio.create_task(self.acker()))
         self.tasks.append(asyncio.create_task(self.delivery_loop(session_present)))
+        if self.app is not None:
+            self.tasks.append(asyncio.create_task(self.app.run()))
         if self.config.has("resend_within_connection"):
             self.tasks.append(asyncio.create_task(self._resend_unacked()))
 
@@ -478,6 +504,9 @@ class Connection:
             self.send(Ack(codec.PUBCOMP, pid, rc))
             return
         entry = self.inflight.get(pid)
+        if entry is not None and entry[0] in ("app", "apprel") and self.app is not None:
+            await self.app.on_ack(packet.packet_type, pid, entry, packet.reason_code)
+            return
         stored = entry is not None and entry[0] != "live"
         if packet.packet_type == codec.PUBREC:
             if packet.reason_code >= 0x80:  # the subscriber refused it: the flow ends here
@@ -622,7 +651,7 @@ class Connection:
             self.wake.clear()
             try:
                 await self._send_live()
-                if self.persistent:
+                if self.persistent and self.app is None:  # an APPLICATION session reads its topic instead
                     room = self.window - len(self.inflight)
                     if room > 0:
                         if not self.inflight and backlog_first and not self.config.has("puback_not_removing"):

@@ -3,6 +3,8 @@ consumers, the fan-out and the persister (TBMQ's flow: docs/tbmq-notes.md "The f
 points"; this broker's: docs/reference-broker.md "Data flow and commit points").
 
 incoming topic (key = MQTT topic)  --fan-out-->  persisted topic (key = subscriber client id)
+                                   --fan-out-->  tbmq.msg.app.<client> (a persistent APPLICATION client's own
+                                                 topic, read by its connection: application.py)
 persisted topic  --one save script per client per poll, commit, then live hints-->  Redis + connections
 
 What these stages ask of the node that runs them is declared in ``NodeForKafkaPath``; the node
@@ -32,6 +34,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
+from reference_broker.app_clients import app_topic
 from reference_broker.codec import topic_matches
 from reference_broker.config import BrokerConfig
 from reference_broker.peers import Peers
@@ -347,7 +350,11 @@ class FanOut:
                         out["subIds"] = sub_ids
                     if rap and message.get("retain"):
                         out["rapRetain"] = True
-                if sub.get("persistent") and qos > 0:
+                if sub.get("persistent") and qos > 0 and sub.get("app"):
+                    # a persistent APPLICATION client: its own topic, read by the node holding its connection
+                    pending.append(await broker.producer.send(
+                        app_topic(client), orjson.dumps(out), key=client.encode(), partition=0))
+                elif sub.get("persistent") and qos > 0:
                     pending.append(await broker.producer.send(
                         broker.config.persisted_topic, orjson.dumps(out), key=client.encode()))
                 else:

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaProducer
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from reference_broker import codec
+from reference_broker.app_clients import APPLICATION
 from reference_broker.config import NodeConfig
 from reference_broker.connection import Connection
 from reference_broker.kafka_path import FanOut, LeasedConsumer, LeaseManager, Persister, ensure_topics
@@ -49,6 +50,7 @@ class Broker:
         self.producer: AIOKafkaProducer | None = None
         self.server: asyncio.base_events.Server | None = None
         self.subscription_nodes: dict[str, str] = {}
+        self.app_topics: set[str] = set()  # APPLICATION topics known to exist (created on a client's first CONNECT)
         self.retain_queue: asyncio.Queue = asyncio.Queue()  # (Kafka future, message, done) in publish order
         self.retain_worker: asyncio.Task | None = None
         self.stopping = asyncio.Event()
@@ -76,6 +78,12 @@ class Broker:
             max_batch_size=config.producer_max_batch_bytes,
             request_timeout_ms=30000)
         await self.producer.start()
+        # aiokafka refreshes metadata for the topics it tracks only once it tracks any: the first send to a topic
+        # missing from the start-up metadata (an APPLICATION topic created later) made it track that one alone,
+        # dropping the others' leaders -- a batch for them then waited out the request timeout (30 s, then
+        # NotLeaderForPartition) while the producer spun on metadata requests.  Track every topic it writes.
+        for topic in topics:
+            await self.producer.client.add_topic(topic)
         self.peer_address = await self.peers.start(self.host)
         self.leases = LeaseManager(self, topics)
         await self.leases.tick()
@@ -152,6 +160,13 @@ class Broker:
         await Connection(self, reader, writer).run()
 
     # ------------------------------------------------------------ sessions
+    async def ensure_app_topic(self, topic: str) -> None:
+        """An APPLICATION client's topic: one partition (its messages in one order), created if missing."""
+        if topic not in self.app_topics:
+            await ensure_topics(self.kafka_bootstrap, {topic: 1})
+            await self.producer.client.add_topic(topic)  # (see start(): tracked before the fan-out writes to it)
+            self.app_topics.add(topic)
+
     async def open_session(self, conn: Connection, clean_start: bool) -> bool:
         """Take the session over (from this or another node), apply clean start / expiry; returns
         whether a persistent session is resumed (CONNACK session present)."""
@@ -175,8 +190,10 @@ class Broker:
         expired = False
         if session.get("disconnected_at") and session.get("expiry"):
             expired = int(session["disconnected_at"]) + int(session["expiry"]) * 1000 <= time.time() * 1000
+        # a session of the other client type is not resumed: its messages are kept elsewhere (Redis or the
+        # client's APPLICATION topic)
         resumed = (bool(session) and session.get("persistent") == "1" and not expired and not clean_start
-                   and conn.persistent)
+                   and conn.persistent and session.get("type", "DEVICE") == conn.client_type)
         subscription = await store.get_subscription(client) if resumed else None
         conn.filters = dict(subscription["filters"]) if subscription else {}
         conn.no_local = set(subscription.get("no_local", ())) if subscription else set()
@@ -197,7 +214,7 @@ class Broker:
         await store.put_session(client, {
             "node": self.node_id, "conn": conn.conn_id, "persistent": int(conn.persistent),
             "expiry": conn.session_expiry or "", "protocol": conn.version, "connected_at": int(time.time() * 1000),
-            "gen": conn.session_gen}, discard=not resumed and (bool(session) or clean_start)
+            "gen": conn.session_gen, "type": conn.client_type}, discard=not resumed and (bool(session) or clean_start)
             and not self.config.has("discarded_queue_kept"))  # defect: the old queue outlives its session
         await store.cancel_expiry(client)
         # a delayed Will of this session's last connection: cancelled when the session resumes before the delay
@@ -216,6 +233,8 @@ class Broker:
         if conn.filters:
             record = {"node": self.node_id, "persistent": conn.persistent, "filters": conn.filters,
                       "gen": conn.session_gen}
+            if conn.client_type == APPLICATION and conn.persistent:
+                record["app"] = True  # the fan-out writes its QoS > 0 messages to the client's APPLICATION topic
             if conn.no_local:
                 record["no_local"] = sorted(conn.no_local & set(conn.filters))
             if conn.sub_ids:  # MQTT 5 subscription options the fan-out applies (kafka_path.subscription_options)

@@ -55,6 +55,9 @@ class LocalTopology(TopologyBase):
         # ReferenceTarget.prepare_power); the mounts (harness/power.py PowerMounts), kept until stop.
         self.power_roles: tuple[str, ...] = ()
         self.power_mounts = None
+        # faults/latency.py broker-kafka / broker-redis: the proxies Tansu advertises and the Redis nodes announce
+        # (harness/toxiproxy/routing.py LinkRouter; set before start, from the plan: ReferenceTarget.prepare_links).
+        self.link_router = None
 
     def start(self, with_brokers: bool = True) -> None:
         """with_brokers=False: Redis and Kafka only; the broker nodes are started later with ``start_brokers``
@@ -90,10 +93,12 @@ class LocalTopology(TopologyBase):
         for _ in range(self.config.redis_nodes):
             host, port = self.addresses.allocate(REDIS_PORT, with_bus=True)
             name = f"redis-{host.rsplit('.', 1)[1] if self.addresses.mode == 'distinct' else port}"
+            proxy = self.link_router.listen_for("broker-redis", name, host, port) if self.link_router else None
             self.redis_nodes.append(RedisNode(
                 name, host, port,
                 binary, run_dir=self.run_dir, appendfsync=self.config.redis_appendfsync,
-                node_timeout_ms=self.config.redis_node_timeout_ms, env=self._clock_env(name, "redis")))
+                node_timeout_ms=self.config.redis_node_timeout_ms, env=self._clock_env(name, "redis"),
+                announce_port=proxy[1] if proxy else None))
         self._limit_disks("redis", self.redis_nodes)
         if "redis" in self.power_roles:  # lazyfs data dirs from the first start (harness/power.py)
             from harness.power import PowerMounts
@@ -104,6 +109,19 @@ class LocalTopology(TopologyBase):
         self.redis.start_processes()
         self.redis.create(timeout=self.config.ready_timeout_s)
         self.timings["redis_formed_s"] = round(time.monotonic() - began, 3)
+
+    def _power_storage(self, kind: str) -> None:
+        """A plan with power_loss (power_roles set): s3rver keeps the bucket on disk in its data dir, so that dir
+        goes on lazyfs too (a power loss of ``storage`` can then drop what s3rver did not fsync).  moto keeps the
+        bucket in memory: a power loss of it is a kill that loses the log, refused on load (LOG_LOSING_KINDS)."""
+        if not self.power_roles or kind != "s3rver":
+            return
+        from harness.power import PowerMounts
+
+        if self.power_mounts is None:
+            self.power_mounts = PowerMounts.start([self.storage], self.run_dir)
+        else:
+            self.power_mounts.extend([self.storage], self.run_dir)
 
     def _limit_disks(self, role: str, nodes: list[ProcessNode]) -> None:
         """Put the nodes' data dirs on tmpfs of ``disk_limits[role]`` bytes in the run's disk holder."""
@@ -127,10 +145,12 @@ class LocalTopology(TopologyBase):
         if kind:
             host, port = self.addresses.allocate(S3_PORT)
             self.storage = storage_node(kind, found[kind], host, port, self.run_dir)
+            self._power_storage(kind)
             self.storage.start()
             self.storage.wait_ready(self.config.ready_timeout_s)
         host, port = self.addresses.allocate(KAFKA_PORT)
-        self.kafka = TansuNode(found["tansu"], host, port, self.run_dir, self.storage, kind)
+        proxy = self.link_router.listen_for("broker-kafka", "kafka", host, port) if self.link_router else None
+        self.kafka = TansuNode(found["tansu"], host, port, self.run_dir, self.storage, kind, advertised=proxy)
         self.kafka.start()
         self.kafka.wait_ready(self.config.ready_timeout_s)
         self.timings["kafka_ready_s"] = round(time.monotonic() - began, 3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from harness.addresses import BUS_OFFSET
 from harness.node import ProcessNode
 from harness.running_redis_cluster import RedisCommands, answers_ping
 
@@ -14,13 +15,15 @@ class RedisNode(RedisCommands, ProcessNode):
     """A redis-server / valkey-server process of the local Redis Cluster, configured for cluster mode."""
 
     def __init__(self, name: str, host: str, port: int, binary: Path, *, run_dir: Path,
-                 appendfsync: str, node_timeout_ms: int, env: dict[str, str] | None = None) -> None:
+                 appendfsync: str, node_timeout_ms: int, env: dict[str, str] | None = None,
+                 announce_port: int | None = None) -> None:
         data_dir = run_dir / "data" / name
         log_path = run_dir / "logs" / f"{name}.log"
         self.config_path = data_dir / "redis.conf"
         super().__init__(name, "redis", host, port, [str(binary), str(self.config_path)],
                          log_path=log_path, data_dir=data_dir, ready_check=answers_ping, env=env)
         self.appendfsync, self.node_timeout_ms = appendfsync, node_timeout_ms
+        self.announce_port = announce_port  # the broker -> Redis link's proxy before this node (faults/latency.py)
         self._node_id: str | None = None
 
     def start(self) -> None:
@@ -50,5 +53,13 @@ class RedisNode(RedisCommands, ProcessNode):
             f"appendfsync {self.appendfsync}",
             "save \"\"",
             "repl-diskless-sync-delay 0",  # default 5 s: a master killed before its replica synced stays down
+            *self._announce_lines(),
             "",
         ])
+
+    def _announce_lines(self) -> list[str]:
+        """Clients (CLUSTER SLOTS / NODES, MOVED) are sent to the proxy's port; the bus stays direct: without
+        its own announce line it would be announced as the proxy's port + 10000, where nothing listens."""
+        if self.announce_port is None:
+            return []
+        return [f"cluster-announce-port {self.announce_port}", f"cluster-announce-bus-port {self.port + BUS_OFFSET}"]

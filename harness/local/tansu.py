@@ -56,9 +56,13 @@ def moto_command(binary: Path) -> list[str | Path]:
 
 
 class TansuNode(ProcessNode):
+    """``advertised``: the address Tansu hands its clients in Metadata / FindCoordinator instead of its own (the
+    broker -> Kafka link's proxy: faults/latency.py), which is then the bootstrap address too."""
+
     def __init__(self, binary: Path, host: str, port: int, run_dir: Path, storage: ProcessNode | None,
-                 storage_kind: str) -> None:
+                 storage_kind: str, advertised: tuple[str, int] | None = None) -> None:
         url = f"tcp://{host}:{port}"
+        self.advertised = f"{advertised[0]}:{advertised[1]}" if advertised else None
         env: dict[str, str] = {**_no_proxy_env(), "RUST_LOG": "warn"}
         if storage is not None:
             engine = f"s3://{BUCKET}/"
@@ -68,11 +72,12 @@ class TansuNode(ProcessNode):
         else:
             engine = f"memory://{BUCKET}/"
         argv = [binary, "broker", "--cluster-id", "ordeal", "--listener-url", url,
-                "--advertised-listener-url", url, "--storage-engine", engine]
+                "--advertised-listener-url", f"tcp://{self.advertised}" if self.advertised else url,
+                "--storage-engine", engine]
         super().__init__("kafka", "kafka", host, port, argv, log_path=run_dir / "logs" / "kafka.log",
                          data_dir=run_dir / "data" / "kafka", env=env)
         self.storage_engine = engine
 
     @property
     def bootstrap(self) -> str:
-        return self.address
+        return self.advertised or self.address

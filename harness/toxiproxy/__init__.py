@@ -3,6 +3,6 @@
 """
 
 from harness.toxiproxy.process import ToxiproxyProcess, running_toxiproxy
-from harness.toxiproxy.routing import proxied_endpoints, route_client_links
+from harness.toxiproxy.routing import LinkRouter, proxied_endpoints, route_client_links
 
-__all__ = ["ToxiproxyProcess", "running_toxiproxy", "route_client_links", "proxied_endpoints"]
+__all__ = ["ToxiproxyProcess", "running_toxiproxy", "route_client_links", "proxied_endpoints", "LinkRouter"]

@@ -5,6 +5,10 @@ slow close, timeout and reset-peer faults are played by this proxy in the harnes
 (``python -m harness.toxiproxy --listen 127.0.0.1:0``), loopback only, driven over the same HTTP API as the
 real toxiproxy, so ``toxiproxy-python`` (or a real toxiproxy on the containers provider) can stand behind it.
 
+One addition to toxiproxy's behaviour: a proxy listening on its upstream's own host connects to the upstream
+from that host (the broker -> Redis / Kafka links' proxies sit on the node's address: harness/toxiproxy/routing.py),
+so that a network fault on an address sees the proxied link as it saw the direct one.
+
 HTTP side: the standard library (asyncio streams, one JSON request per connection, ``Connection: close``).
 The API is a dozen JSON routes of a few hundred bytes each; aiohttp is not a dependency of the project, and a
 new one for this would be heavier than the forty lines of request parsing below.
@@ -290,8 +294,12 @@ class Proxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         host, port = split_address(self.upstream, "upstream")
+        # A proxy on its upstream's own address (the broker -> Redis / Kafka links: harness/toxiproxy/routing.py)
+        # connects from that address, as the node's own loopback: a network fault on the node's address then
+        # cuts the proxied link as it cut the direct one, and one on the clients' 127.0.0.1 does not.
+        source = (host, 0) if host == split_address(self.listen, "listen")[0] else None
         try:
-            server = await asyncio.open_connection(host, port)
+            server = await asyncio.open_connection(host, port, local_addr=source)
         except OSError:
             writer.close()  # as toxiproxy: the client's connection is closed when the upstream refuses
             return

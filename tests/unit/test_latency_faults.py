@@ -1,14 +1,26 @@
-"""Link faults (faults/latency.py): spec validation names the fault id, the parameter and the allowed values;
-which links a plan needs routed; the expected added round trip; the proxy's toxic parsing
-(harness/toxiproxy/server.py) and the clients' endpoints through the proxies."""
+"""Link faults (faults/latency.py): spec validation names the fault id, the parameter and the allowed values (the
+link, and a target that is not a node on it, refused at load); which links a plan needs routed, and which of them
+before the nodes start; the expected added round trip; the probes' Kafka request; the proxy's toxic parsing
+(harness/toxiproxy/server.py), the clients' endpoints through the proxies, and the Tansu / Redis node settings
+that advertise / announce a proxy."""
 
 from __future__ import annotations
 
 import pytest
 
+from contracts.scenario import ScenarioError, parse_scenario
 from faults.base import FaultSpecError
 from faults.catalog import PROVIDER_GAPS, build_fault, external_refusal, provider_supports, validate_spec
-from faults.latency import CLIENT_BROKER, LINK_KINDS, proxied_links
+from faults.latency import (
+    BROKER_KAFKA,
+    BROKER_REDIS,
+    CLIENT_BROKER,
+    LINK_KINDS,
+    LINKS,
+    PREPARED_LINKS,
+    api_versions_request,
+    proxied_links,
+)
 from harness.toxiproxy.routing import proxied_endpoints
 from harness.toxiproxy.server import ApiError, parse_toxic
 from properties.plan import FaultSlot
@@ -33,7 +45,8 @@ def test_defaults_are_filled():
     ("link_latency", {"latency_ms": "100"}, ["'latency_ms'", "int"]),
     ("link_latency", {"jitter_ms": -1}, ["'jitter_ms'", ">= 0"]),
     ("link_latency", {"direction": "sideways"}, ["'direction'", "'both', 'upstream', 'downstream'"]),
-    ("link_latency", {"link": "broker-redis"}, ["'link'", "'client-broker'"]),
+    ("link_latency", {"link": "broker-mysql"}, ["'link'", "'client-broker', 'broker-kafka', 'broker-redis'"]),
+    ("link_latency", {"link": "kafka"}, ["'link'", "'client-broker', 'broker-kafka', 'broker-redis'"]),
     ("link_bandwidth", {"rate_kbps": 0}, ["'rate_kbps'", ">= 1"]),
     ("link_slow_close", {"delay_ms": 600_001}, ["'delay_ms'", "<= 600000"]),
     ("link_timeout", {"timeout_ms": True}, ["'timeout_ms'", "int"]),
@@ -62,6 +75,111 @@ def test_a_target_is_a_node_selector():
         validate_spec({"id": "slow1", "kind": "link_latency", "target": "brokr:1"})
 
 
+@pytest.mark.parametrize(("link", "target", "names"), [
+    (BROKER_KAFKA, "broker:1", ["'broker:1'", "link 'broker-kafka'", "kafka (or node:kafka)"]),
+    (BROKER_KAFKA, "redis-random-master", ["'redis-random-master'", "link 'broker-kafka'", "kafka"]),
+    (BROKER_KAFKA, "storage", ["'storage'", "link 'broker-kafka'"]),
+    (BROKER_KAFKA, "node:s3", ["'node:s3'", "link 'broker-kafka'"]),
+    (BROKER_REDIS, "kafka", ["'kafka'", "link 'broker-redis'", "redis-master-of:CLIENT", "redis-all"]),
+    (BROKER_REDIS, "broker-random", ["'broker-random'", "link 'broker-redis'"]),
+    (BROKER_REDIS, "node:broker-2", ["'node:broker-2'", "link 'broker-redis'"]),
+    (CLIENT_BROKER, "redis-master-of:sub", ["'redis-master-of:sub'", "link 'client-broker'", "broker:N"]),
+    (CLIENT_BROKER, "kafka", ["'kafka'", "link 'client-broker'"]),
+    (CLIENT_BROKER, "node:redis-7001", ["'node:redis-7001'", "link 'client-broker'"]),
+])
+def test_a_target_off_the_link_names_the_fault_the_link_and_its_targets(link, target, names):
+    with pytest.raises(FaultSpecError) as error:
+        validate_spec({"id": "slow1", "kind": "link_latency", "target": target, "params": {"link": link}})
+    message = str(error.value)
+    assert "'slow1'" in message and "targets.link_latency" in message, message
+    for name in names:
+        assert name in message, message
+
+
+@pytest.mark.parametrize(("link", "target"), [
+    (BROKER_KAFKA, "kafka"), (BROKER_KAFKA, "node:kafka"),
+    (BROKER_REDIS, "redis-master-of:sub"), (BROKER_REDIS, "redis-replica-of:sub"), (BROKER_REDIS, "redis-all"),
+    (BROKER_REDIS, "redis-random-master"), (BROKER_REDIS, "redis-random-replica"), (BROKER_REDIS, "node:redis-5"),
+    (CLIENT_BROKER, "broker:2"), (CLIENT_BROKER, "broker-holding:sub"), (CLIENT_BROKER, "broker-minority"),
+    (CLIENT_BROKER, "node:broker-1"),
+])
+def test_a_target_on_the_link_passes(link, target):
+    for kind in LINK_KINDS:
+        full = validate_spec({"id": "slow1", "kind": kind, "target": target, "params": {"link": link}})
+        assert full.params["link"] == link and full.target == target
+
+
+SCENARIO = """
+[scenario]
+name = "links"
+duration_s = 8
+[workload]
+pattern = "p2p"
+pairs = 1
+rate_per_publisher = 5
+qos_mix = { qos1 = 1 }
+[faults]
+mix = { link_latency = 1 }
+"""
+
+
+def test_a_scenario_with_a_backend_link_needs_its_target():
+    params = 'params = { link_latency = { link = "broker-kafka" } }\n'
+    with pytest.raises(ScenarioError, match="targets.link_latency.*'broker-random' is not a node on link "
+                                            "'broker-kafka'"):
+        parse_scenario(SCENARIO + params)  # the default target of the link kinds is a broker node
+    scenario = parse_scenario(SCENARIO + params + 'targets = { link_latency = ["kafka"] }\n')
+    assert dict(scenario.faults.targets)["link_latency"] == ("kafka",)
+    # links drawn from choices are checked against every target (the fixed parameters, here the default link,
+    # are a variant too): one target list cannot serve two links
+    with pytest.raises(ScenarioError, match="targets.link_latency = 'kafka'.*is not a node on link"):
+        parse_scenario(SCENARIO + 'targets = { link_latency = ["kafka"] }\n'
+                       'choices = { link_latency = { link = ["broker-kafka", "broker-redis"] } }\n')
+
+
+def test_the_backend_links_are_routed_before_the_nodes_start():
+    assert LINKS == (CLIENT_BROKER, BROKER_KAFKA, BROKER_REDIS)
+    assert set(PREPARED_LINKS) == {BROKER_KAFKA, BROKER_REDIS} and CLIENT_BROKER not in PREPARED_LINKS
+    slots = [FaultSlot("a", "link_latency", "kafka", 1.0, 2.0, {"link": BROKER_KAFKA}),
+             FaultSlot("b", "link_timeout", "redis-all", 3.0, 4.0, {"link": BROKER_REDIS})]
+    assert proxied_links(slots) == {BROKER_KAFKA, BROKER_REDIS}
+    assert proxied_links(slots) & set(PREPARED_LINKS) == {BROKER_KAFKA, BROKER_REDIS}
+
+
+def test_the_kafka_probe_sends_an_api_versions_v0_request():
+    request = api_versions_request(7, "ab")
+    assert request == bytes.fromhex("0000000c" "0012" "0000" "00000007" "0002") + b"ab"
+    assert int.from_bytes(request[:4], "big") == len(request) - 4  # size-prefixed
+
+
+def test_tansu_advertises_the_proxy_and_hands_it_out_as_bootstrap(tmp_path):
+    from harness.local.tansu import TansuNode
+
+    plain = TansuNode(tmp_path / "tansu", "127.0.0.5", 9092, tmp_path, None, "memory")
+    proxied = TansuNode(tmp_path / "tansu", "127.0.0.5", 9092, tmp_path, None, "memory",
+                        advertised=("127.0.0.5", 40001))
+
+    def flag(node, name):
+        return node.argv[node.argv.index(name) + 1]
+
+    assert flag(proxied, "--listener-url") == "tcp://127.0.0.5:9092"
+    assert flag(proxied, "--advertised-listener-url") == "tcp://127.0.0.5:40001"
+    assert proxied.bootstrap == "127.0.0.5:40001"
+    assert flag(plain, "--advertised-listener-url") == "tcp://127.0.0.5:9092" and plain.bootstrap == "127.0.0.5:9092"
+
+
+def test_a_redis_node_announces_the_proxy_port_and_its_own_bus(tmp_path):
+    from harness.local.redis_processes import RedisNode
+
+    def config(**extra):
+        return RedisNode("redis-5", "127.0.0.5", 6379, tmp_path / "redis-server", run_dir=tmp_path,
+                         appendfsync="everysec", node_timeout_ms=1000, **extra)._config_text().splitlines()
+
+    announced = config(announce_port=40002)
+    assert "cluster-announce-port 40002" in announced and "cluster-announce-bus-port 16379" in announced
+    assert not [line for line in config() if line.startswith("cluster-announce")]  # near miss: no proxy, nothing announced
+
+
 def test_proxied_links_only_for_link_faults():
     slots = [FaultSlot("k", "process_kill", "kafka", 1.0, 2.0, {}),
              FaultSlot("l", "link_latency", "broker:1", 1.0, 2.0, {"link": CLIENT_BROKER})]
@@ -82,7 +200,9 @@ def test_containers_provider_and_external_targets_refuse_link_faults():
     for kind in LINK_KINDS:
         assert not provider_supports("containers", kind) and provider_supports("local", kind)
         assert "toxiproxy" in PROVIDER_GAPS["containers"][kind]
-        assert "not routed" in external_refusal(kind, ("broker:1",), [{}], (("mosquitto", "broker"),))
+        assert "broker -> Kafka, broker -> Redis" in PROVIDER_GAPS["containers"][kind]
+        refusal = external_refusal(kind, ("broker:1",), [{}], (("mosquitto", "broker"),))
+        assert "not routed" in refusal and "broker -> Redis" in refusal, refusal
     assert external_refusal("process_kill", ("broker:1",), [{}], (("mosquitto", "broker"),)) == ""
 
 

@@ -34,6 +34,7 @@ from contracts.target_nodes import (
     SERVICE,
     FormationSpec,
     NodeSpec,
+    harness_data_dirs,
     read_env,
     read_files,
     read_formation,
@@ -725,8 +726,9 @@ def _refuse_inapplicable_to_external(source: str, target: TargetSpec, faults: Fa
         variants = [faults.params_of(kind)] + [{name: value} for name, values in faults.choices_of(kind)
                                                for value in values]
         selectors = faults.targets_of(kind)
+        own = harness_data_dirs(target.node_specs(), target.config_text if target.config_file else "")
         why = catalog.external_refusal(kind, selectors, variants,
-                                       tuple((node.name, node.role) for node in target.node_specs()))
+                                       tuple((node.name, node.role, own[node.name]) for node in target.node_specs()))
         if why:
             key, _, reason = why.partition(": ")
             raise ScenarioError(f"{source}: [faults] {key}: cannot apply to {where}: {reason}")

@@ -209,3 +209,20 @@ def minority_size(count: int) -> int:
 
 def majority_size(count: int) -> int:
     return count // 2 + 1
+
+
+DATA_DIR_PLACEHOLDER = "{data_dir}"
+
+
+def harness_data_dirs(node_specs: Any, config_text: str = "") -> dict[str, bool]:
+    """Per node of an external target (contracts/target_nodes.py NodeSpec): whether the broker keeps its data in
+    the directory the harness gives it, i.e. whether ``{data_dir}`` appears in what the node is started with
+    (its start argv, env values, its files and the target's config_text, all filled in per node), or
+    ``{nodes[NAME].data_dir}`` anywhere in the target.  Only such a directory can be put on lazyfs before the
+    node starts; a broker that stores elsewhere (its packaged default, /var/lib/...) would write past it."""
+    texts = {spec.name: [*spec.start, *(value for _key, value in spec.env), *(text for _name, text in spec.files),
+                         config_text] for spec in node_specs}
+    everything = "\n".join(text for node_texts in texts.values() for text in node_texts)
+    return {name: any(DATA_DIR_PLACEHOLDER in text for text in node_texts)
+            or f"{{nodes[{name}].data_dir}}" in everything
+            for name, node_texts in texts.items()}

@@ -193,6 +193,9 @@ class ExternalTarget:
 
         if not planned_power_loss(plan.faults):
             return []
+        if type(self).start is not ExternalTarget.start:  # e.g. the containers provider: its own start, no mounts
+            raise TargetError(f"[faults] power_loss: {type(self).__name__} starts its nodes itself, without the "
+                              "lazyfs data directories a power loss needs (docs/faults.md, PROVIDER_GAPS)")
         own = harness_data_dirs(self.node_specs, self.spec.config_text if self.spec.config_file else "")
         nodes = tuple((spec.name, spec.role, own[spec.name]) for spec in self.node_specs)
         selectors = tuple(sorted({fault.target for fault in plan.faults if fault.kind in POWER_KINDS}))

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.target_nodes import DATA_DIR_PLACEHOLDER, harness_data_dirs  # noqa: F401  (re-exported)
 from harness.lazyfs import LazyFsMount
 
 POWER_KINDS = ("power_loss",)
-DATA_DIR_PLACEHOLDER = "{data_dir}"
 LAZYFS_DIR = "lazyfs"  # under the run dir: each node's backing directory
 # The reference topology's roles whose nodes can get a lazyfs data directory: Redis keeps its durable state in
 # its data dir, and so does the storage node when it is s3rver (on disk; moto keeps the bucket in memory).  The
@@ -37,20 +37,6 @@ def planned_power_loss(faults: Iterable[Any]) -> bool:
         if kind in POWER_KINDS:
             return True
     return False
-
-
-def harness_data_dirs(node_specs: Sequence[Any], config_text: str = "") -> dict[str, bool]:
-    """Per node of an external target (contracts/target_nodes.py NodeSpec): whether the broker keeps its data in
-    the directory the harness gives it, i.e. whether ``{data_dir}`` appears in what the node is started with
-    (its start argv, env values, its files and the target's config_text, all filled in per node), or
-    ``{nodes[NAME].data_dir}`` anywhere in the target.  Only such a directory can be put on lazyfs before the
-    node starts; a broker that stores elsewhere (its packaged default, /var/lib/...) would write past it."""
-    texts = {spec.name: [*spec.start, *(value for _key, value in spec.env), *(text for _name, text in spec.files),
-                         config_text] for spec in node_specs}
-    everything = "\n".join(text for node_texts in texts.values() for text in node_texts)
-    return {name: any(DATA_DIR_PLACEHOLDER in text for text in node_texts)
-            or f"{{nodes[{name}].data_dir}}" in everything
-            for name, node_texts in texts.items()}
 
 
 @dataclass

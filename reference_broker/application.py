@@ -228,8 +228,8 @@ class ApplicationDelivery:
                     await asyncio.sleep(0.5)
         for offset, message in to_send:
             pid = packet_id_for(offset)
-            while conn.inflight.get(pid, ("", ""))[0] == "live" and not conn.closed:
-                await asyncio.sleep(0.02)  # a live delivery (a retained message) holds this id for now
+            while conn.inflight.get(pid, ("", ""))[0] in ("live", "shared") and not conn.closed:
+                await asyncio.sleep(0.02)  # a live or shared-group delivery holds this id for now
             dup = offset <= self.sent_upto or offset in self.released
             if offset in self.released:
                 conn.inflight[pid] = ("apprel", str(offset))
@@ -254,6 +254,7 @@ class ApplicationDelivery:
         while True:
             await self.commit_prefix(offsets)
             if all(o in self.done for o in offsets) or self.conn.closed:
+                await self.commit_prefix(offsets)  # acks that came during the commit above
                 return
             self.progress.clear()
             left = deadline - time.monotonic()

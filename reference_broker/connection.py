@@ -43,6 +43,7 @@ from reference_broker.codec import (
     Unsubscribe,
 )
 from reference_broker.config import BrokerConfig
+from reference_broker.shared_subs import SharedFilterError, granted_shared_qos, is_shared, parse_shared
 from reference_broker.store import SessionStore
 
 # the logger's name is part of the broker's log format (tests and stored runs' logs carry it), not a module path
@@ -67,6 +68,14 @@ class NodeForConnections(Protocol):
     kafka_bootstrap: str
 
     async def ensure_app_topic(self, topic: str) -> None: ...
+
+    async def prepare_shared(self, conn: Connection, shared_text: str) -> None: ...
+
+    def join_shared(self, conn: Connection, shared_text: str, qos: int) -> None: ...
+
+    def leave_shared(self, conn: Connection, shared_text: str) -> None: ...
+
+    def shared_ack(self, conn: Connection, pid: int, entry: tuple[str, str]) -> None: ...
 
     async def open_session(self, conn: Connection, clean_start: bool) -> bool: ...
 
@@ -98,6 +107,7 @@ class Connection:
         self.no_local: set[str] = set()          # MQTT 5 filters subscribed with No Local = 1
         self.sub_ids: dict[str, int] = {}        # MQTT 5 filter -> the Subscription Identifier it was subscribed with
         self.rap: set[str] = set()               # MQTT 5 filters subscribed with Retain As Published = 1
+        self.shared: dict[str, int] = {}         # '$share/{ShareName}/{filter}' -> granted QoS (shared_delivery.py)
         self.will: dict[str, Any] | None = None  # the Will Message, as a publish's message; None after DISCONNECT
         self.will_delay = 0                      # MQTT 5 Will Delay Interval, seconds
         self.will_stored = False                 # the Will is also in Redis ({client}_will_conn), for a node kill
@@ -223,6 +233,8 @@ class Connection:
             await self.close()
             for task in self.tasks:
                 task.cancel()
+            for shared_text in self.shared:
+                self.broker.leave_shared(self, shared_text)  # its unacknowledged messages go to another member
             if self.app is not None:
                 await self.app.stop()  # also when the connection ended between its start and the CONNACK
             if self.connected.is_set() and self.config.has("pubrel_not_resent"):
@@ -341,7 +353,7 @@ class Connection:
             # limits it enforces
             properties.TopicAliasMaximum = 0
             properties.RetainAvailable = 1
-            properties.SharedSubscriptionAvailable = 0
+            properties.SharedSubscriptionAvailable = 1  # for persistent APPLICATION clients (others: SUBACK 0x9E)
             properties.ReceiveMaximum = self.config.receive_maximum
             properties.MaximumPacketSize = self.config.max_packet_size
             # the type TBMQ would give this client (docs/reference-broker.md "APPLICATION clients")
@@ -356,6 +368,8 @@ class Connection:
             self.tasks.append(asyncio.create_task(self.app.run()))
         if self.config.has("resend_within_connection"):
             self.tasks.append(asyncio.create_task(self._resend_unacked()))
+        for shared_text, qos in self.shared.items():  # a resumed session's shared subscriptions
+            self.broker.join_shared(self, shared_text, qos)
 
     def _refuse_connect(self, connect: Connect) -> int | None:
         """The MQTT 5 CONNACK reason code for a CONNECT this broker must refuse, or None."""
@@ -504,6 +518,9 @@ class Connection:
             self.send(Ack(codec.PUBCOMP, pid, rc))
             return
         entry = self.inflight.get(pid)
+        if entry is not None and entry[0] == "shared":
+            self.broker.shared_ack(self, pid, entry)  # granted QoS <= 1: a PUBACK (or a refusing PUBREC) ends it
+            return
         if entry is not None and entry[0] in ("app", "apprel") and self.app is not None:
             await self.app.on_ack(packet.packet_type, pid, entry, packet.reason_code)
             return
@@ -561,12 +578,13 @@ class Connection:
             sub_id = ids[0]
         codes = []
         retained_for: list[tuple[str, int]] = []  # (filter, granted QoS) whose retained messages go out now
+        joined: list[tuple[str, int]] = []        # shared subscriptions granted: this connection joins their groups
         for topic_filter, options in packet.topics:
-            if topic_filter.startswith("$share/"):
-                if v5:  # §3.2.2.3.13: Shared Subscription Available = 0
-                    raise ProtocolViolation(codec.RC_SHARED_SUBSCRIPTIONS_NOT_SUPPORTED,
-                                            f"shared subscription {topic_filter!r}")
-                codes.append(0x80)
+            if is_shared(topic_filter):
+                code = await self._subscribe_shared(topic_filter, options, v5)
+                codes.append(code)
+                if code <= 2:
+                    joined.append((topic_filter, code))
                 continue
             if not codec.valid_filter(topic_filter) or len(topic_filter.encode()) > self.config.max_topic_length:
                 codes.append(codec.RC_TOPIC_FILTER_INVALID if v5 else 0x80)
@@ -594,8 +612,38 @@ class Connection:
             codes.append(qos)
         await self.broker.save_subscriptions(self)
         self.send(SubAck(packet.packet_id, codes))
+        for shared_text, qos in joined:
+            self.broker.join_shared(self, shared_text, qos)  # (no retained messages for a shared one, §4.8.2)
         for topic_filter, qos in retained_for:
             await self._send_retained(topic_filter, qos, sub_id)
+
+    async def _subscribe_shared(self, topic_filter: str, options: int, v5: bool) -> int:
+        """The SUBACK code of one ``$share/...`` filter; a granted one is in ``self.shared`` (saved by the caller)."""
+        try:
+            parse_shared(topic_filter)
+        except SharedFilterError as error:
+            log.info("%s: SUBSCRIBE refused: %s", self.client_id, error)
+            return codec.RC_TOPIC_FILTER_INVALID if v5 else 0x80
+        if len(topic_filter.encode()) > self.config.max_topic_length:
+            return codec.RC_TOPIC_FILTER_INVALID if v5 else 0x80
+        if v5 and options & 0x04:
+            raise ProtocolViolation(codec.RC_PROTOCOL_ERROR, f"No Local on shared subscription {topic_filter!r} "
+                                    "[MQTT-3.8.3-4]")
+        if self.client_type != APPLICATION or not self.persistent:
+            # only persistent APPLICATION clients: their groups live in Kafka (docs/reference-broker.md)
+            log.info("%s: shared subscription %r refused: only persistent APPLICATION clients may share (this is "
+                     "a %s%s client)", self.client_id, topic_filter, "" if self.persistent else "non-persistent ",
+                     self.client_type)
+            return codec.RC_SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80
+        try:
+            await self.broker.prepare_shared(self, topic_filter)  # the topic, and a new group's start offset
+        except Exception as error:
+            log.warning("%s: shared subscription %r not prepared (Kafka away?): %r", self.client_id, topic_filter,
+                        error)
+            return codec.RC_UNSPECIFIED_ERROR if v5 else 0x80
+        qos = granted_shared_qos(options & 0x03)
+        self.shared[topic_filter] = qos
+        return qos
 
     async def _send_retained(self, topic_filter: str, granted: int, sub_id: int | None) -> None:
         """The retained messages matching a new subscription, after its SUBACK ([MQTT-3.3.1-6]), RETAIN = 1
@@ -616,6 +664,12 @@ class Connection:
     async def on_unsubscribe(self, packet: Unsubscribe) -> None:
         codes = []
         for topic_filter in packet.topics:
+            if is_shared(topic_filter):
+                found = self.shared.pop(topic_filter, None) is not None
+                if found:
+                    self.broker.leave_shared(self, topic_filter)
+                codes.append(0x00 if found else 0x11)
+                continue
             codes.append(0x00 if self.filters.pop(topic_filter, None) is not None else 0x11)
             self.no_local.discard(topic_filter)
             self.sub_ids.pop(topic_filter, None)

@@ -38,6 +38,7 @@ from reference_broker.app_clients import app_topic
 from reference_broker.codec import topic_matches
 from reference_broker.config import BrokerConfig
 from reference_broker.peers import Peers
+from reference_broker.shared_subs import parse_shared, shared_topic
 from reference_broker.store import SessionStore
 from reference_broker.topic_index import TopicIndex
 
@@ -65,6 +66,8 @@ class NodeForKafkaPath(Protocol):
     leases: LeaseManager
 
     def crash_point(self, stage: str) -> None: ...
+
+    async def ensure_app_topic(self, topic: str) -> None: ...
 
     async def hint(self, client: str) -> None: ...
 
@@ -309,7 +312,14 @@ class FanOut:
         self.broker = broker
         self.version = -1
         self.index = TopicIndex({})
+        self.shared_index = TopicIndex({})  # keyed by the shared subscriptions' filters themselves, not by client
         self.loaded_at = 0.0
+
+    def _load(self, subscriptions: dict[str, dict[str, Any]]) -> None:
+        self.index = TopicIndex(subscriptions)
+        filters = {parse_shared(text).topic_filter for record in subscriptions.values()
+                   for text in record.get("shared", {})}
+        self.shared_index = TopicIndex({f: {"filters": {f: 1}} for f in filters})
 
     async def refresh(self) -> None:
         store = self.broker.store
@@ -317,12 +327,13 @@ class FanOut:
             # defect: refresh on a timer instead of on every change
             if time.monotonic() - self.loaded_at < 5.0 and self.version >= 0:
                 return
-            self.index, self.version = TopicIndex(await store.all_subscriptions()), 0
+            self._load(await store.all_subscriptions())
+            self.version = 0
             self.loaded_at = time.monotonic()
             return
         version = await store.subscriptions_version()
         if version != self.version:
-            self.index = TopicIndex(await store.all_subscriptions())
+            self._load(await store.all_subscriptions())
             self.version = version
 
     async def process(self, records: list[Any]) -> None:
@@ -331,6 +342,13 @@ class FanOut:
         pending = []
         for record in records:
             message = orjson.loads(record.value)
+            for topic_filter in self.shared_index.match(message["topic"]):
+                # one copy per filter, whatever the number of groups on it (TBMQ: unique shared topics); each
+                # group reads it from its own offset and delivers it to one member (shared_delivery.py)
+                topic = shared_topic(topic_filter)
+                await broker.ensure_app_topic(topic)
+                pending.append(await broker.producer.send(topic, record.value, key=message["topic"].encode(),
+                                                          partition=0))
             for client, granted in self.index.match(message["topic"]).items():
                 sub = self.index.records[client]
                 own = client == message.get("publisher")

@@ -25,6 +25,8 @@ from reference_broker.config import NodeConfig
 from reference_broker.connection import Connection
 from reference_broker.kafka_path import FanOut, LeasedConsumer, LeaseManager, Persister, ensure_topics
 from reference_broker.peers import Peers
+from reference_broker.shared_delivery import SharedGroup, ack_entry, start_group_at_end
+from reference_broker.shared_subs import parse_shared, shared_topic
 from reference_broker.source_address import bind_outgoing_connections
 from reference_broker.store import SessionStore
 
@@ -51,6 +53,7 @@ class Broker:
         self.server: asyncio.base_events.Server | None = None
         self.subscription_nodes: dict[str, str] = {}
         self.app_topics: set[str] = set()  # APPLICATION topics known to exist (created on a client's first CONNECT)
+        self.shared_groups: dict[str, SharedGroup] = {}  # '$share/...' -> the group's members on this node
         self.retain_queue: asyncio.Queue = asyncio.Queue()  # (Kafka future, message, done) in publish order
         self.retain_worker: asyncio.Task | None = None
         self.stopping = asyncio.Event()
@@ -167,6 +170,34 @@ class Broker:
             await self.producer.client.add_topic(topic)  # (see start(): tracked before the fan-out writes to it)
             self.app_topics.add(topic)
 
+    async def prepare_shared(self, conn: Connection, shared_text: str) -> None:
+        """Before a shared subscription is saved: its filter's topic exists, and a group nobody is subscribed to
+        yet starts at the topic's end (once saved, the fan-out writes the filter's messages after it)."""
+        shared = parse_shared(shared_text)
+        await self.ensure_app_topic(shared_topic(shared.topic_filter))
+        records = await self.store.all_subscriptions()
+        if not any(shared_text in record.get("shared", {}) for record in records.values()):
+            await start_group_at_end(self.kafka_bootstrap, self.store, shared)
+
+    def join_shared(self, conn: Connection, shared_text: str, qos: int) -> None:
+        group = self.shared_groups.get(shared_text)
+        if group is None:
+            group = self.shared_groups[shared_text] = SharedGroup(self, parse_shared(shared_text))
+        group.join(conn, qos)
+
+    def leave_shared(self, conn: Connection, shared_text: str) -> None:
+        group = self.shared_groups.get(shared_text)
+        if group is not None:
+            group.leave(conn)
+
+    def shared_ack(self, conn: Connection, pid: int, entry: tuple[str, str]) -> None:
+        offset, shared_text = ack_entry(entry)
+        group = self.shared_groups.get(shared_text)
+        if group is not None:
+            group.on_ack(conn, pid, offset)
+        else:
+            conn._flow_ended(pid)
+
     async def open_session(self, conn: Connection, clean_start: bool) -> bool:
         """Take the session over (from this or another node), apply clean start / expiry; returns
         whether a persistent session is resumed (CONNACK session present)."""
@@ -199,6 +230,7 @@ class Broker:
         conn.no_local = set(subscription.get("no_local", ())) if subscription else set()
         conn.sub_ids = dict(subscription.get("sub_ids", {})) if subscription else {}
         conn.rap = set(subscription.get("rap", ())) if subscription else set()
+        conn.shared = dict(subscription.get("shared", {})) if subscription else {}
         if resumed:
             conn.inbound_qos2 = await store.inbound_qos2(client)
         # a resumed session keeps its id; a new one gets the connection's (messages of an older session still
@@ -230,7 +262,7 @@ class Broker:
 
     async def save_subscriptions(self, conn: Connection) -> None:
         record = None
-        if conn.filters:
+        if conn.filters or conn.shared:
             record = {"node": self.node_id, "persistent": conn.persistent, "filters": conn.filters,
                       "gen": conn.session_gen}
             if conn.client_type == APPLICATION and conn.persistent:
@@ -241,6 +273,8 @@ class Broker:
                 record["sub_ids"] = {f: i for f, i in sorted(conn.sub_ids.items()) if f in conn.filters}
             if conn.rap:
                 record["rap"] = sorted(conn.rap & set(conn.filters))
+            if conn.shared:  # the fan-out writes each matching filter's messages once to its shared topic
+                record["shared"] = dict(sorted(conn.shared.items()))
         await self.store.put_subscription(conn.client_id, record)
 
     async def connection_lost(self, conn: Connection) -> None:
@@ -404,7 +438,7 @@ class Broker:
                     "conn": conn.conn_id, "disconnected_at": ""})
                 await self.store.cancel_expiry(client)
                 await self.store.add_node_client(self.node_id, client)
-                if conn.filters:
+                if conn.filters or conn.shared:
                     await self.save_subscriptions(conn)
         log.info("node %s re-registered after being declared dead; sessions reasserted", self.node_id)
 

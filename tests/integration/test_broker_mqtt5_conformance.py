@@ -272,14 +272,14 @@ def test_mqtt_3_2_2_3_3_server_receive_maximum_declared_and_enforced_0x93(broker
 
 # ------------------------------------------------------------------ what the broker does not do (§3.2.2.3)
 def test_mqtt_3_2_2_3_connack_declares_what_the_broker_does_not_support(brokers):
-    """Retain is declared available; shared subscriptions and topic aliases unavailable; wildcards, subscription
+    """Retain and shared subscriptions are declared available, topic aliases unavailable; wildcards, subscription
     identifiers and QoS 2 are supported, so neither Wildcard Subscription Available, Subscription Identifiers
     Available nor Maximum QoS is sent; Receive Maximum and Maximum Packet Size are the configured limits."""
     cluster = brokers()
     client = cluster.probe(version=5)
     client.connect(clean=True)
     p = client.connack_properties
-    assert (p.RetainAvailable, p.SharedSubscriptionAvailable, p.TopicAliasMaximum) == (1, 0, 0)
+    assert (p.RetainAvailable, p.SharedSubscriptionAvailable, p.TopicAliasMaximum) == (1, 1, 0)
     assert (p.ReceiveMaximum, p.MaximumPacketSize) == (100, 1048576)
     assert not any(hasattr(p, name) for name in ("WildcardSubscriptionAvailable", "MaximumQoS",
                                                  "SubscriptionIdentifierAvailable"))
@@ -363,14 +363,17 @@ def test_mqtt_3_8_2_1_2_subscription_identifier_given_twice_is_a_protocol_error(
     expect_disconnect(client, codec.RC_PROTOCOL_ERROR)
 
 
-def test_mqtt_3_2_2_3_13_shared_subscription_disconnect_0x9e(brokers):
-    """Shared Subscription Available = 0: MQTT 5 SUBSCRIBE to $share/... gets DISCONNECT 0x9E; MQTT 3.1.1
-    gets SUBACK 0x80 for that filter (3.1.1 has no way to declare it)."""
+def test_mqtt_3_2_2_3_13_shared_subscription_available_device_refused_0x9e(brokers):
+    """Shared Subscription Available = 1, for persistent APPLICATION clients only: a DEVICE client's MQTT 5
+    SUBSCRIBE to $share/... gets SUBACK 0x9E for that filter and stays connected; MQTT 3.1.1 gets SUBACK 0x80
+    (tests/integration/test_broker_shared.py has the APPLICATION side)."""
     cluster = brokers()
     client = raw(cluster)
     assert raw_connect(client).reason_code == 0
-    client.send(codec.Subscribe(1, [("$share/g/" + FILTER, 1)], Properties(PacketTypes.SUBSCRIBE)))
-    expect_disconnect(client, codec.RC_SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
+    client.send(codec.Subscribe(1, [("$share/g/" + FILTER, 1), (FILTER, 1)], Properties(PacketTypes.SUBSCRIBE)))
+    assert client.receive().reason_codes == [codec.RC_SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, 1]
+    client.send(codec.Simple(codec.PINGREQ))
+    assert client.receive() == codec.Simple(codec.PINGRESP)   # not disconnected
     old = raw(cluster, version=codec.MQTT311)
     assert raw_connect(old).reason_code == 0
     old.send(codec.Subscribe(1, [("$share/g/" + FILTER, 1), (FILTER, 1)]))

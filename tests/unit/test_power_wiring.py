@@ -63,8 +63,9 @@ def test_catalog_entries():
     assert DEFAULT_TARGETS["power_loss"] == ("redis-master-of:{subscriber}",)
     assert "power_loss" in LOG_LOSING_KINDS
     assert "lazyfs" in PROVIDER_GAPS["containers"]["power_loss"] and "power_loss" not in PROVIDER_GAPS["local"]
-    why = external_refusal("power_loss", ("node:n1",), [{}], (("n1", "broker"),))
-    assert "needs the node's data directory on the harness' lazyfs mount" in why
+    assert external_refusal("power_loss", ("node:n1",), [{}], (("n1", "broker", True),)) == ""
+    why = external_refusal("power_loss", ("node:n1",), [{}], (("n1", "broker", False),))
+    assert "does not keep its data in the directory the harness gives it" in why
 
 
 def test_redis_all_names_every_redis_node():

@@ -194,10 +194,8 @@ def external_refusal(kind: str, selectors: tuple[str, ...], variants: list[Mappi
     if kind == "power_loss" and (why := power.external_power_refusal(selectors, nodes)):
         # A node's data directory goes on lazyfs when the harness gives it ({data_dir}): harness/external_target.py
         return why
-    if kind in CLOCK_KINDS:
-        return (f"mix.{kind}: clock faults preload libfaketime into the reference topology's node processes at "
-                "their start; an external target's nodes run its own start commands (wrappers, runtimes "
-                "libfaketime may not reach), and no preload is wired into them")
+    # Clock faults reach an external target's nodes: the harness starts them, under libfaketime when the plan has
+    # a clock fault (harness/external_target.py prepare_clocks).
     if kind in LINK_KINDS:
         return (f"mix.{kind}: link faults route the reference topology's links (client -> broker, broker -> Kafka, "
                 "broker -> Redis) through the harness' toxiproxy; a black-box target's links are not routed "

@@ -134,6 +134,7 @@ class ExternalTarget:
         # their mounts (harness/power.py PowerMounts), from the nodes' first start until after their stop.
         self.power_nodes: tuple[str, ...] = ()
         self.power_mounts: Any = None
+        self.clocks: Any = None  # faults/libfaketime.py ClockSetup when the plan has a clock fault (prepare_clocks)
 
     # -- placeholders --------------------------------------------------------------------------------
 
@@ -181,6 +182,24 @@ class ExternalTarget:
         # [target.tls]: the run's CA and a server certificate for every node's address, into {run_dir}/tls/
         self.tls = write_target_tls(self.run_dir, self.spec.tls, [self.host, *(p.host for p in self.places.values())],
                                     owner=self.spec.data_owner)
+
+    def prepare_clocks(self, plan: Plan) -> list[str]:
+        """Before the nodes start: when the plan holds a clock fault (faults/clock.py), every node starts under
+        libfaketime (its start command and whatever it execs: a dynamically linked runtime reads the offset from
+        <run_dir>/clock/<node> on every wall-clock call).  Nothing when the plan has none."""
+        from faults.clock import CLOCK_KINDS
+        from faults.libfaketime import CLOCK_DIR, ClockError, ClockSetup, libfaketime_problem
+
+        if not any(fault.kind in CLOCK_KINDS for fault in plan.faults):
+            return []
+        if type(self).start is not ExternalTarget.start:
+            raise ClockError(f"clock faults preload libfaketime into the processes the harness starts; the "
+                             f"{type(self).__name__} target's nodes are not started that way")
+        problem = libfaketime_problem()
+        if problem:
+            raise ClockError(problem)
+        self.clocks = ClockSetup(self.run_dir / CLOCK_DIR, frozenset({"mqtt-broker", SERVICE}))
+        return [f"clock faults: every node of {self.name} runs under libfaketime (offset files in {CLOCK_DIR}/)"]
 
     def prepare_power(self, plan: Plan) -> list[str]:
         """Before the nodes start: when the plan holds a power_loss fault, put the data directory of every node it
@@ -301,6 +320,9 @@ class ExternalTarget:
         env = {**self.spec.credentials.environment(),
                **{key: self._format(value, f"{where}env.{key}", spec.name) for key, value in spec.env}}
         role = "mqtt-broker" if spec.role == BROKER else SERVICE
+        clock = self.clocks.env_for(spec.name, role) if self.clocks is not None else None
+        if clock:  # prepare_clocks: the node's wall clock follows its offset file
+            env = {**env, **clock}
         node = ExternalNode(self, spec, spec.name, role, place.host, place.port, argv,
                             log_path=self.log_dir / f"{spec.name}.log", data_dir=place.data_dir,
                             cwd=self.run_dir, env=env, ready_check=self._ready)

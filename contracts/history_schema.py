@@ -141,6 +141,36 @@ EVENT_SCHEMA = pa.schema(
 )
 
 COLUMNS = tuple(EVENT_SCHEMA.names)
+
+# Will messages ([workload] wills; docs/history.md "Will messages").  No column of their own: a connect row whose
+# CONNECT carried a Will has ``detail.will`` = {topic, qos, delay_s (null: none sent), payload}; the Will of a
+# client is published on its own topic under WILL_TOPIC_PREFIX, with a payload naming that connection
+# (``will_payload``), and the watcher (WILL_WATCHER, subscribed to WILL_FILTER) records each arrival as a
+# delivery row with ``detail.will`` = the payload.  Such deliveries carry no payload identity: the checkers read
+# them as Wills, never as published messages.
+WILL_TOPIC_PREFIX = "ordeal/will/"
+WILL_FILTER = WILL_TOPIC_PREFIX + "+"
+WILL_WATCHER = "test_will_watcher_0"
+
+
+# Retained messages ([workload] retained): the retained publishes go to a few topics under RETAINED_TOPIC_PREFIX
+# with RETAIN 1 (publish_invoke ``retain``), and late subscribers subscribe to RETAINED_FILTER after them; the
+# broker's retained copy reaches them as a delivery row with ``retain`` = true.
+RETAINED_TOPIC_PREFIX = "ordeal/retained/"
+RETAINED_FILTER = RETAINED_TOPIC_PREFIX + "+"
+
+
+def retained_topic(index: int) -> str:
+    return f"{RETAINED_TOPIC_PREFIX}{index}"
+
+
+def will_topic(client_id: str) -> str:
+    return WILL_TOPIC_PREFIX + client_id
+
+
+def will_payload(client_id: str, connection: int) -> str:
+    """The Will payload of ``client_id``'s ``connection``-th CONNECT (from 1): which connection's Will arrived."""
+    return f"ordeal-will {client_id} {connection}"
 V2_COLUMNS = ("props", "sub_ids", "packet_size")  # absent from a version 1 history (read as null)
 REQUIRED_COLUMNS = ("seq", "t_mono_us", "t_wall_us", "kind")
 

@@ -32,6 +32,10 @@ UNDECLARED_TTL_S = 604800
 # a node that has not answered within it, or never again, fails.  A node that stops answering with no fault
 # covering it gets only the probe's grace.
 RECOVERY_AFTER_FAULT_S = 60
+# How long after it is due a Will may still reach its subscriber (will.missing), beyond the pipeline slack: a
+# broker node killed under the connection publishes it only once another node took over its sessions (the
+# reference broker: up to 3 partition leases, docs/reference-broker.md "Will Messages").
+WILL_SLACK_S = 20
 MAX_QUEUE_LIMIT = 65535  # a larger limit would let packet ids (1..65535) collide with stored messages
 
 
@@ -265,6 +269,34 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("logs.reported_lines", "Log lines the declared patterns report: counted and shown, never failing",
               reported_only=True,
               statement=("The scenario's declared log patterns ([checks.logs]): reported, never failing.")),
+    Invariant("will.missing", "A Will owed by a connection that ended without a normal DISCONNECT (and whose session "
+              "did not resume within its Will Delay) reached no subscriber of its topic", needs_complete_history=True,
+              statement=("[MQTT-3.1.2-8] If the Will Flag is set to 1 the Will Message MUST be published when the Network "
+                         "Connection is subsequently closed unless the Will Message has been deleted by the Server on receipt "
+                         "of a DISCONNECT packet with Reason Code 0x00 (Normal disconnection); [MQTT-3.1.3-9] the Server "
+                         "delays publishing the Will Message until the Will Delay Interval has passed or the Session ends, "
+                         "whichever happens first (MQTT 3.1.1 [MQTT-3.1.2-8]: published when the connection closes).")),
+    Invariant("will.after_normal_disconnect", "A Will published although its connection ended with a normal DISCONNECT",
+              statement=("[MQTT-3.1.2-10] The Will Message MUST be removed from the stored Session State in the Server once "
+                         "it has been published or the Server has received a DISCONNECT packet with a Reason Code of 0x00 "
+                         "(Normal disconnection) from the Client (MQTT 3.1.1 [MQTT-3.1.2-10]: deleted on receipt of "
+                         "DISCONNECT, without being published).")),
+    Invariant("will.early", "A Will published before it was due: while its connection was open, before its Will Delay "
+              "Interval passed while the session lived, or although the session resumed within the delay",
+              statement=("[MQTT-3.1.3-9] If a new Network Connection to this Session is made before the Will Delay Interval "
+                         "has passed, the Server MUST NOT send the Will Message; the Server delays publishing the Client's "
+                         "Will Message until the Will Delay Interval has passed or the Session ends, whichever happens first "
+                         "(judged with the clock tolerance).")),
+    Invariant("retained.not_last", "A new subscription to a retained topic got, as its retained copy, a message older "
+              "than the newest retained message acknowledged before the subscribe, or none while one was",
+              needs_complete_history=True,
+              statement=("[MQTT-3.3.1-5] If the RETAIN flag is set to 1 in a PUBLISH packet sent by a Client to a Server, the "
+                         "Server MUST replace any existing retained message for this topic and store the Application Message; "
+                         "[MQTT-3.3.1-6] if the Session is new or the subscription is new (Retain Handling 0, [MQTT-3.3.1-9]), "
+                         "the Server sends the retained messages matching the filter, with the RETAIN flag 1 "
+                         "[MQTT-3.3.1-8] (MQTT 3.1.1 [MQTT-3.3.1-5], [MQTT-3.3.1-6]: the last retained message of a topic "
+                         "is sent to every new subscription matching it). A zero-byte retained message deletes it "
+                         "([MQTT-3.3.1-10]); the workload sends none.")),
     Invariant("health.unplanned_exit", "No node of the target exited outside every planned fault (a crash, an "
               "out-of-memory kill, a kill from outside the run)",
               statement=("No MQTT statement: a broker node that exits outside every planned fault fails its clients; what it "

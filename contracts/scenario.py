@@ -284,6 +284,15 @@ class WorkloadSpec:
     retain_as_published: bool = False
     receive_maximum: int | None = None
     maximum_packet_size: int | None = None
+    # Will and retained messages (docs/scenarios.md [workload]; properties/generate.py WillSpec,
+    # RetainedSpec): a share of the subscribers connecting with a Will, the MQTT 5 Will Delay Interval drawn per
+    # client (None: none sent), a share of the publishes sent with RETAIN 1 to one of retained_topics topics, and
+    # late_subscribers subscribing to them late in the workload.  0: off (nothing drawn, plans unchanged).
+    wills: float = 0.0
+    will_delay_mix: tuple[tuple[int | None, float], ...] = ((None, 1.0),)
+    retained: float = 0.0
+    retained_topics: int = 2
+    late_subscribers: int = 2
 
     def client_ids(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(publisher ids, subscriber ids), the names every plan of this workload gives its clients."""
@@ -404,6 +413,7 @@ class Scenario:
         workload["qos_mix"] = {f"qos{q}": w for q, w in self.workload.qos_mix}
         workload["protocol_mix"] = {_protocol_key(p): w for p, w in self.workload.protocol_mix}
         workload["expiry_mix"] = {("none" if e is None else str(e)): w for e, w in self.workload.expiry_mix}
+        workload["will_delay_mix"] = {("none" if e is None else str(e)): w for e, w in self.workload.will_delay_mix}
         faults = asdict(self.faults)
         faults["mix"] = dict(self.faults.mix)
         faults["quiet_s"] = list(self.faults.quiet_s)
@@ -778,6 +788,17 @@ def _read_workload(s: _Section) -> WorkloadSpec:
     if any(e is not None and w > 0 for e, w in expiry) and protocols.get("mqtt5", 0) <= 0:
         raise s.fail("expiry_mix", expiry_raw, "message expiry needs MQTT 5 publishers: give protocol_mix "
                      "an mqtt5 weight > 0, or use only \"none\"")
+    delay_raw = s.weights("will_delay_mix", {"none": 1.0}, None, "Will Delay")
+    nonzero_total(s, "will_delay_mix", delay_raw)
+    will_delays: list[tuple[int | None, float]] = []
+    for key, weight in delay_raw.items():
+        if key == "none":
+            will_delays.append((None, weight))
+        elif key.isdigit() and 0 <= int(key) <= 2**32 - 1:
+            will_delays.append((int(key), weight))
+        else:
+            raise s.fail(f"will_delay_mix.{key}", weight,
+                         "keys must be \"none\" or a whole number of seconds 0..4294967295, e.g. \"2\"")
     spec = WorkloadSpec(
         pattern=pattern, pairs=pairs, publishers=publishers, subscribers=subscribers,
         rate_per_publisher=rate,
@@ -799,6 +820,11 @@ def _read_workload(s: _Section) -> WorkloadSpec:
         retain_as_published=s.boolean("retain_as_published", d.retain_as_published),
         receive_maximum=_optional_integer(s, "receive_maximum", 1, 65535),
         maximum_packet_size=_optional_integer(s, "maximum_packet_size", 1, 268_435_455),
+        wills=s.fraction("wills", d.wills),
+        will_delay_mix=tuple(sorted(will_delays, key=lambda dw: -1 if dw[0] is None else dw[0])),
+        retained=s.fraction("retained", d.retained),
+        retained_topics=s.integer("retained_topics", d.retained_topics, minimum=1, maximum=100),
+        late_subscribers=s.integer("late_subscribers", d.late_subscribers, minimum=1, maximum=100),
     )
     mqtt5_only = [(key, value) for key, value in (
         ("mqtt5_properties", spec.mqtt5_properties), ("subscription_identifiers", spec.subscription_identifiers),
@@ -817,6 +843,11 @@ def _read_workload(s: _Section) -> WorkloadSpec:
             shown = ", ".join(clients[:6]) + (", ..." if len(clients) > 6 else "")
             raise s.fail(f"home_nodes.{client_id}", node, f"no client {client_id!r} in this workload; its "
                          f"clients: {shown}")
+    if any(e is not None and w > 0 for e, w in spec.will_delay_mix) and protocols.get("mqtt5", 0) <= 0:
+        raise s.fail("will_delay_mix", delay_raw, "a Will Delay Interval needs MQTT 5 subscribers: give protocol_mix an "
+                     "mqtt5 weight > 0, or use only \"none\"")
+    if delay_raw != {"none": 1.0} and not spec.wills:
+        raise s.fail("will_delay_mix", delay_raw, "needs wills > 0 (the share of subscribers that send a Will)")
     if spec.preset_each_offline and not spec.preset_last_packet_id:
         raise s.fail("preset_each_offline", True, "needs preset_last_packet_id > 0 (the value each offline "
                      "window's session is preset to), e.g. preset_last_packet_id = 65500")

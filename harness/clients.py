@@ -34,7 +34,7 @@ from paho.mqtt.properties import Properties
 
 from contracts import payload as identity_codec
 from contracts.credentials import Credential
-from contracts.history_schema import Kind
+from contracts.history_schema import WILL_TOPIC_PREFIX, Kind, will_payload
 from contracts.mqtt_properties import forwarded_json, workload_properties
 from harness import connack
 from harness.history import HistoryRecorder
@@ -378,6 +378,8 @@ class ClientSession:
     consecutive_failures: int = 0  # connect attempts failed since the last CONNACK (auto-reconnect rotates nodes)
     fault_id: str | None = None  # the client fault that opened the current connection (history column)
     session_present: bool | None = None  # the last CONNACK's session present flag
+    connections: int = 0  # CONNECTs sent with the plan's Will (its payload names the connection)
+    will_detail: dict[str, Any] = field(default_factory=dict)  # the current CONNECT's Will (connect row detail)
     withholding: bool = False  # the plan drops this connection abruptly soon: send no PUBACK until then
     pending: dict[int, PendingPublish] = field(default_factory=dict)
     unsent_acks: list[dict[str, Any]] = field(default_factory=list)  # acks paho queued, not yet written
@@ -451,6 +453,7 @@ class ClientSession:
         client.on_subscribe = self._on_subscribe
         client.on_publish = self._on_publish
         client.on_message = self._on_message
+        self._set_will(client)
         self.loop.attach(client, self._acks_written)
         self.paho = client
         self.connect_started = time.monotonic()
@@ -472,6 +475,20 @@ class ClientSession:
             self.previous_paho = client  # still holds the carried messages for the next attempt
             self._record_connect_fail(f"{type(error).__name__}: {error}", why)
             return
+
+    def _set_will(self, client: mqtt.Client) -> None:
+        """The plan's Will on this CONNECT, its payload naming this connection (history_schema.will_payload)."""
+        will = self.plan.will
+        if will is None:
+            return
+        self.connections += 1
+        properties = None
+        if self.protocol == 5 and will.delay_s is not None:
+            properties = Properties(PacketTypes.WILLMESSAGE)
+            properties.WillDelayInterval = will.delay_s
+        payload = will_payload(self.client_id, self.connections)
+        client.will_set(will.topic, payload, qos=will.qos, retain=False, properties=properties)
+        self.will_detail = {"topic": will.topic, "qos": will.qos, "delay_s": will.delay_s, "payload": payload}
 
     def _record_connect_fail(self, reason: str, why: str, reason_code: int | None = None) -> None:
         self.counters.connect_failures += 1
@@ -519,6 +536,8 @@ class ClientSession:
         if not self.session_present and self.on_fresh_session is not None:
             self.on_fresh_session(self.client_id)  # a new session: nothing of the old one is owed any more
         detail: dict[str, Any] = {"why": self.why, "role": self.plan.role}
+        if self.plan.will is not None:
+            detail["will"] = self.will_detail
         if self.protocol == 5:  # what this CONNECT sent (absent: none, i.e. 65535 / no limit)
             if self.plan.receive_maximum is not None:
                 detail["receive_maximum"] = self.plan.receive_maximum
@@ -656,14 +675,14 @@ class ClientSession:
                       qos=publish.qos, publisher=self.client_id, pub_seq=publish.seq)
         self.counters.published += 1
         properties = self._publish_properties(publish)
-        invoke = dict(common, retain=False, props=forwarded_json(properties), payload_size=len(body),
+        invoke = dict(common, retain=publish.retain, props=forwarded_json(properties), payload_size=len(body),
                       expiry_s=publish.expiry_s, send_wall_us=send_wall_us, body_hash=digest,
                       packet_size=self._publish_packet_size(publish, properties, len(body)))
         if self.paho is None or not self.connected:
             self.recorder.record(Kind.PUBLISH_INVOKE, **invoke)
             self._outcome(Kind.PUBLISH_FAIL, publish, None, reason="not connected; never sent")
             return
-        info = self.paho.publish(publish.topic, body, qos=publish.qos, properties=properties)
+        info = self.paho.publish(publish.topic, body, qos=publish.qos, retain=publish.retain, properties=properties)
         self.recorder.record(Kind.PUBLISH_INVOKE, packet_id=info.mid, **invoke)
         if info.rc != mqtt.MQTT_ERR_SUCCESS:
             self._outcome(Kind.PUBLISH_FAIL, publish, info.mid, reason=f"paho: {mqtt.error_string(info.rc)}")
@@ -765,6 +784,9 @@ class ClientSession:
         except UnicodeDecodeError:
             topic = None
             detail["topic_not_utf8"] = message._topic.hex()
+        if topic is not None and topic.startswith(WILL_TOPIC_PREFIX):  # a Will: its payload names the connection
+            detail.pop("undecodable", None)
+            detail["will"] = bytes(body).decode("utf-8", "replace")
         remaining = props = sub_ids = None
         if self.protocol == 5 and message.properties is not None:
             remaining = getattr(message.properties, "MessageExpiryInterval", None)
@@ -792,7 +814,7 @@ class ClientSession:
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
         columns, detail = self._received(message, getattr(client, "received_packet_size", None))
         publisher, pub_seq = columns["publisher"], columns["pub_seq"]
-        if pub_seq is None:
+        if pub_seq is None and "will" not in detail:  # a Will carries no identity by design
             self.counters.undecodable += 1
         self.counters.delivered += 1
         self.counters.last_delivery_mono = time.monotonic()

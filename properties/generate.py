@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
+from contracts.history_schema import RETAINED_FILTER, WILL_FILTER, WILL_WATCHER, retained_topic, will_topic
 from contracts.scenario import Scenario, fill_placeholders, full_fault_params, uses_placeholder
 from properties.plan import (
     CONNECT,
@@ -30,6 +32,7 @@ from properties.plan import (
     PublishPlan,
     SubscriberAction,
     Subscription,
+    WillPlan,
 )
 
 T = TypeVar("T")
@@ -129,6 +132,41 @@ def plan_notes(scenario: Scenario, plan: Plan) -> list[str]:
     return notes
 
 
+@dataclass(frozen=True)
+class WillSpec:
+    """[workload] wills (a share of the subscribers whose every CONNECT carries a Will) and will_delay_mix (the
+    MQTT 5 Will Delay Interval, seconds -> weight; None: none sent).  Off (0) by default: nothing is drawn."""
+
+    share: float = 0.0
+    delay_mix: tuple[tuple[int | None, float], ...] = ((None, 1.0),)
+
+    @classmethod
+    def of(cls, scenario: Scenario) -> WillSpec:
+        # The keys live in [workload] (contracts/scenario.py WorkloadSpec.wills / will_delay_mix).
+        workload = scenario.workload
+        return cls(float(getattr(workload, "wills", 0.0)),
+                   tuple(getattr(workload, "will_delay_mix", cls.delay_mix)))
+
+
+@dataclass(frozen=True)
+class RetainedSpec:
+    """[workload] retained (a share of the publishes sent with RETAIN 1, each on one of ``topics`` retained topics
+    instead of its own), retained_topics and late_subscribers (clean-session subscribers of every retained topic,
+    each connecting once, late in the workload, after retained publishes).  Off (0) by default."""
+
+    share: float = 0.0
+    topics: int = 2
+    late_subscribers: int = 2
+
+    @classmethod
+    def of(cls, scenario: Scenario) -> RetainedSpec:
+        # The keys live in [workload] (contracts/scenario.py WorkloadSpec.retained / retained_topics /
+        # late_subscribers).
+        workload = scenario.workload
+        return cls(float(getattr(workload, "retained", 0.0)), int(getattr(workload, "retained_topics", cls.topics)),
+                   int(getattr(workload, "late_subscribers", cls.late_subscribers)))
+
+
 def make_plan(scenario: Scenario, seed: int) -> Plan:
     """The plan for this scenario and seed (deterministic)."""
     return generate_plan(scenario, seed, RandomDraw(seed))
@@ -149,8 +187,12 @@ def _round(value: float) -> float:
     return round(value, OFFSET_DECIMALS)
 
 
-def generate_plan(scenario: Scenario, seed: int, draw: Draw) -> Plan:
+def generate_plan(scenario: Scenario, seed: int, draw: Draw, wills: WillSpec | None = None,
+                  retained: RetainedSpec | None = None) -> Plan:
+    """``wills``, ``retained``: the Will and retained workloads (default: the scenario's [workload] keys)."""
     workload = scenario.workload
+    wills = WillSpec.of(scenario) if wills is None else wills
+    retained = RetainedSpec.of(scenario) if retained is None else retained
     node_names = scenario.broker_nodes()
     nodes = len(node_names)
     duration = scenario.scenario.duration_s
@@ -216,10 +258,63 @@ def generate_plan(scenario: Scenario, seed: int, draw: Draw) -> Plan:
     actions = _subscriber_actions(scenario, subscriber_plans, nodes, draw)
     faults = _faults(scenario, subscriber_plans, actions, draw)
     # Drawn last: a scenario without publisher reconnects draws nothing here, so its plans stay as they were.
-    actions = sorted(actions + _publisher_actions(scenario, clients[:len(publisher_topics)], nodes, draw),
-                     key=lambda a: (a.offset_s, a.client_id))
+    actions = actions + _publisher_actions(scenario, clients[:len(publisher_topics)], nodes, draw)
+    if wills.share > 0:  # drawn after everything else: a plan without wills is the one it always was
+        clients, will_actions = _wills(wills, clients, nodes, draw)
+        actions += will_actions
+    if retained.share > 0:  # likewise
+        publishes, late_clients, late_actions = _retained(retained, scenario, publishes, nodes, draw)
+        clients = [*clients, *late_clients]
+        actions += late_actions
+    actions = sorted(actions, key=lambda a: (a.offset_s, a.client_id))
     return Plan(scenario=scenario.name, seed=seed, duration_s=duration, clients=tuple(clients),
                 publishes=tuple(publishes), subscriber_actions=tuple(actions), faults=tuple(faults))
+
+
+def _wills(spec: WillSpec, clients: list[ClientPlan], nodes: int,
+           draw: Draw) -> tuple[list[ClientPlan], list[SubscriberAction]]:
+    """A share of the subscribers connect with a Will (QoS 1 on their own will topic; on MQTT 5 a Will Delay drawn
+    from the mix), and one watcher, a persistent subscriber of every will topic that never flaps, records what
+    arrives.  The subscribers' planned flaps decide: an abrupt drop owes the Will, a clean DISCONNECT forbids it."""
+    out: list[ClientPlan] = []
+    for client in clients:
+        if client.role == SUBSCRIBER and draw.chance(spec.share):
+            delay = draw.weighted(spec.delay_mix) if client.protocol == 5 else None
+            client = replace(client, will=WillPlan(topic=will_topic(client.client_id), qos=1, delay_s=delay))
+        out.append(client)
+    if not any(c.will is not None for c in out):
+        return out, []
+    # MQTT 5 when the workload speaks it (a 3.1.1-only target refuses an MQTT 5 CONNECT)
+    protocol = 5 if any(c.protocol == 5 for c in out) else 4
+    expiry = 3600 if protocol == 5 else None
+    watcher = ClientPlan(client_id=WILL_WATCHER, role=SUBSCRIBER, protocol=protocol, node=draw.integer(0, nodes - 1),
+                         subscriptions=(Subscription(WILL_FILTER, 1),), persistent=True, session_expiry_s=expiry)
+    return [*out, watcher], [SubscriberAction(offset_s=0.0, client_id=WILL_WATCHER, action=CONNECT,
+                                              session_expiry_s=expiry, node=watcher.node)]
+
+
+# The late subscribers connect in this part of the workload: after retained publishes (and, in a scenario with
+# faults, often after one), and long enough before its end to receive what is retained.
+LATE_FROM, LATE_TO_S = 0.3, 1.0
+
+
+def _retained(spec: RetainedSpec, scenario: Scenario, publishes: list[PublishPlan], nodes: int,
+              draw: Draw) -> tuple[list[PublishPlan], list[ClientPlan], list[SubscriberAction]]:
+    """A share of the publishes go with RETAIN 1 to one of the retained topics (instead of their own), and the
+    late subscribers (clean sessions of the retained filter) each connect once, late in the workload."""
+    out = [replace(p, topic=retained_topic(draw.integer(0, spec.topics - 1)), retain=True)
+           if draw.chance(spec.share) else p for p in publishes]
+    duration = scenario.scenario.duration_s
+    clients, actions = [], []
+    for k in range(spec.late_subscribers):
+        protocol = draw.weighted(scenario.workload.protocol_mix)
+        client = ClientPlan(client_id=f"test_late_sub_client_{k}_0", role=SUBSCRIBER, protocol=protocol,
+                            node=draw.integer(0, nodes - 1), subscriptions=(Subscription(RETAINED_FILTER, 1),))
+        clients.append(client)
+        offset = draw.uniform(duration * LATE_FROM, max(duration * LATE_FROM, duration - LATE_TO_S))
+        actions.append(SubscriberAction(offset_s=_round(offset), client_id=client.client_id, action=CONNECT,
+                                        clean_start=True, node=client.node))
+    return out, clients, actions
 
 
 def _publisher_actions(scenario: Scenario, publishers: list[ClientPlan], nodes: int,

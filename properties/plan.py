@@ -38,6 +38,17 @@ class Subscription:
 
 
 @dataclass(frozen=True)
+class WillPlan:
+    """The Will every connection of a client sends in its CONNECT ([workload] wills): a QoS 1 message on the
+    client's own will topic (contracts/history_schema.will_topic), no Will Retain, and on MQTT 5 an optional Will
+    Delay Interval (None: none sent, i.e. 0).  The payload names the connection (harness/clients.py)."""
+
+    topic: str
+    qos: int = 1
+    delay_s: int | None = None
+
+
+@dataclass(frozen=True)
 class ClientPlan:
     client_id: str
     role: str  # publisher | subscriber
@@ -51,8 +62,9 @@ class ClientPlan:
     # MQTT 5 CONNECT properties every connection of this client sends (None: not sent -- 65535 / no limit)
     receive_maximum: int | None = None
     maximum_packet_size: int | None = None
+    will: WillPlan | None = None  # the Will of each of its CONNECTs (None: none)
 
-    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("receive_maximum", "maximum_packet_size")
+    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("receive_maximum", "maximum_packet_size", "will")
 
 
 @dataclass(frozen=True)
@@ -66,8 +78,9 @@ class PublishPlan:
     expiry_s: int | None = None  # MQTT 5 message expiry interval; None = none
     # MQTT 5: send the workload's forwarded properties (contracts/mqtt_properties.workload_properties)
     properties: bool = False
+    retain: bool = False  # RETAIN 1 ([workload] retained): the broker keeps it as the topic's retained message
 
-    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("properties",)
+    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("properties", "retain")
 
 
 @dataclass(frozen=True)
@@ -151,7 +164,8 @@ class Plan:
                 seed=data["seed"],
                 duration_s=data["duration_s"],
                 clients=tuple(
-                    ClientPlan(**{**c, "subscriptions": tuple(Subscription(**s) for s in c["subscriptions"])})
+                    ClientPlan(**{**c, "subscriptions": tuple(Subscription(**s) for s in c["subscriptions"]),
+                                  "will": WillPlan(**c["will"]) if c.get("will") is not None else None})
                     for c in data["clients"]),
                 publishes=tuple(PublishPlan(**p) for p in data["publishes"]),
                 subscriber_actions=tuple(SubscriberAction(**a) for a in data["subscriber_actions"]),

@@ -23,7 +23,7 @@ from spark_checkers.engine.spark_session import SparkUnavailable, choose, descri
 from spark_checkers.job import sizing
 from spark_checkers.job.codes import CODED, Names, code_of, lookup_names
 from spark_checkers.job.columns import UNREAD_COLUMNS
-from spark_checkers.job.events import RunSpec, collect_small, collect_topics, load_events
+from spark_checkers.job.events import RunSpec, collect_small, collect_topics, load_events, without_wills
 from spark_checkers.job.metrics import WINDOW_LOST, WINDOW_OWED, window_key
 from spark_checkers.job.metrics import metric_rows as summed_metric_rows
 from spark_checkers.job.timing import timed
@@ -175,7 +175,7 @@ def _evaluate(spark, inputs: list[RunInput], outcomes: dict[str, RunOutcome], pl
         # Leaving the executor waits for its thread: whatever it materialised is in ``cached`` before the
         # ``finally`` releases it, and a big check's early collect (Checks.early) is done.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ordeal-check") as aside:
-            checks = build(spark, specs, events, prepare, cached, small=total_bytes < sizing.SMALL_BYTES,
+            checks = build(spark, specs, without_wills(events), prepare, cached, small=total_bytes < sizing.SMALL_BYTES,
                                 aside=aside)
             try:
                 with timed("violations + metrics"):
@@ -347,6 +347,8 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
                                        queue_policy=g.queue_policy if g else "drop_oldest",
                                        allowance=_allowance(g), history_version=_history_version(run),
                                        mqtt5=timeline is None or has_mqtt5(timeline))
+        if timeline is not None and invariant.id in timeline.inapplicable and not fatal:
+            verdict, why, allowed = NOT_APPLICABLE, timeline.inapplicable[invariant.id], False
         shown, details = _witnesses(invariant.id, witnesses.get(invariant.id, []), timeline, count,
                                     outcome.contexts.get(invariant.id, []))
         if invariant.id == "expiry.dropped_early" and witnesses.get(EXPIRED_BY_CLOCK) and timeline is not None:
@@ -359,6 +361,10 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
             count = int(sum(metrics.get("unseen_delta_per_bucket", {}).values()))
             details["owed"] = metrics.get("count", {}).get("owed", 0)
         covers = _covers(invariant.id, witnesses.get(invariant.id, []), metrics, timeline)
+        if timeline is not None and invariant.id.startswith("will.") and "will" in timeline.judged:
+            covers = {**covers, **timeline.judged["will"]}  # connections with a Will, Wills owed, forbidden, arrived
+        if timeline is not None and invariant.id.startswith("retained.") and "retained" in timeline.judged:
+            covers = {**covers, **timeline.judged["retained"]}
         if invariant.id in SESSION_INVARIANTS and covers.get("sessions"):
             details["acknowledged_lost_with_sessions"] = covers["acknowledged_lost"]
         results.append(InvariantResult(invariant.id, invariant.title, verdict, count, tuple(shown), why, allowed,

@@ -113,6 +113,9 @@ class Timeline:
     incomplete: list[str] = field(default_factory=list)
     violations: dict[str, list[dict]] = field(default_factory=dict)  # invariant -> witnesses (all of them)
     unknown: dict[str, str] = field(default_factory=dict)  # invariant -> reason
+    # invariant -> why it has nothing to judge in this run (the Will rules without a Will: spark_checkers/wills.py)
+    inapplicable: dict[str, str] = field(default_factory=dict)
+    judged: dict[str, dict[str, int]] = field(default_factory=dict)  # invariant family -> what it judged
     t_first: int = 0
     t_last: int = 0
 
@@ -320,7 +323,39 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
     _unresponsive(timeline, guarantees)
     _phases(timeline)
     _snapshots(timeline, guarantees)
+    _wills(timeline, rows, guarantees)
+    _retained(timeline, rows, guarantees)
     return timeline
+
+
+def _retained(timeline: Timeline, rows: list[dict], guarantees: Guarantees) -> None:
+    """The retained-message rule (spark_checkers/retained.py) over the retained publishes, the subscriptions and the
+    RETAIN 1 deliveries."""
+    from spark_checkers.retained import NO_RETAINED, RETAINED_INVARIANTS, retained_violations
+
+    found, judged = retained_violations(rows, guarantees.slack_us, timeline.t_last)
+    if not judged["judged"] and not found:
+        timeline.inapplicable.update({i: NO_RETAINED for i in RETAINED_INVARIANTS})
+        if judged["undecided"]:
+            timeline.inapplicable.update({i: f"{NO_RETAINED} ({judged['undecided']} subscription(s) ended too soon "
+                                          "after their SUBACK to tell)" for i in RETAINED_INVARIANTS})
+        return
+    timeline.judged["retained"] = judged
+    for invariant, witnesses in found.items():
+        timeline.violations.setdefault(invariant, []).extend(witnesses)
+
+
+def _wills(timeline: Timeline, rows: list[dict], guarantees: Guarantees) -> None:
+    """The Will rules (spark_checkers/wills.py) over the connects, disconnects and the watcher's Will deliveries."""
+    from spark_checkers.wills import NO_WILLS, WILL_INVARIANTS, will_violations
+
+    found, judged = will_violations(rows, guarantees.tolerance_us, guarantees.slack_us, timeline.t_last)
+    if not judged["connections"]:
+        timeline.inapplicable.update({i: NO_WILLS for i in WILL_INVARIANTS})
+        return
+    timeline.judged["will"] = judged
+    for invariant, witnesses in found.items():
+        timeline.violations.setdefault(invariant, []).extend(witnesses)
 
 
 def _allow_unpromised_session_losses(timeline: Timeline, g: Guarantees) -> None:

@@ -45,7 +45,7 @@ RUN_SCALARS = ("limit", "ttl_us", "tol_us", "bucket_us", "t_origin", "slack_us")
 DELIVERED_COLUMNS = (*SUBSCRIBER_MESSAGE, *PUBLISH_COLUMNS, *DELIVERY_COLUMNS, *RUN_SCALARS)
 
 
-FIRST_FIELDS = ("seq", "t", "packet_id", "dup", "conn", "node", "topic", "qos", "epoch", "stored")  # ``first``
+FIRST_FIELDS = ("seq", "t", "packet_id", "dup", "conn", "node", "topic", "qos", "epoch", "stored", "retain")  # ``first``
 
 
 LAST_FIELDS = ("seq", "t", "packet_id", "dup", "node")  # ``last``: a message's first and last delivery

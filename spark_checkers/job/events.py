@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from contracts.history_schema import EVENT_SCHEMA, Kind
+from contracts.history_schema import EVENT_SCHEMA, RETAINED_TOPIC_PREFIX, WILL_TOPIC_PREFIX, Kind
 from spark_checkers.guarantees import Guarantees
 from spark_checkers.loader import spark_uri
 from spark_checkers.timeline import SMALL_KINDS
@@ -49,9 +49,27 @@ def load_events(spark, runs: list[RunSpec]):
     return events.withColumn("run_id", lookup[F.col("_metadata.file_path")])
 
 
+def _on_will_topic():
+    """A row of the Will flow on a will topic (contracts/history_schema.py WILL_TOPIC_PREFIX): the watcher's Will
+    deliveries and its acks of them."""
+    return (F.col("kind").isin(Kind.DELIVERY, Kind.DELIVERY_ACK_SENT, Kind.QOS2_RECEIVED)
+            & F.coalesce(F.col("topic").startswith(WILL_TOPIC_PREFIX), F.lit(False)))
+
+
+def without_wills(events):
+    """The events without the Will flow: a Will carries no payload identity, it is no published message (the
+    Will rules read it from the small rows, spark_checkers/wills.py)."""
+    return events.filter(~_on_will_topic())
+
+
 def collect_small(events) -> dict[str, list[dict]]:
+    """The small rows (SMALL_KINDS), the watcher's Will deliveries and the rows of the retained topics, per run."""
     out: dict[str, list[dict]] = {}
-    for row in events.filter(F.col("kind").isin(*SMALL_KINDS)).collect():
+    wills = (F.col("kind") == Kind.DELIVERY) & _on_will_topic()
+    # the retained publishes, their acks and the RETAIN 1 copies (spark_checkers/retained.py): a few per run
+    retained = (F.col("kind").isin(Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.DELIVERY)
+                & F.coalesce(F.col("topic").startswith(RETAINED_TOPIC_PREFIX), F.lit(False)))
+    for row in events.filter(F.col("kind").isin(*SMALL_KINDS) | wills | retained).collect():
         out.setdefault(row["run_id"], []).append(row.asDict())
     return out
 

@@ -18,7 +18,9 @@ from spark_checkers.rules import (  # noqa: F401 - imported to register their ru
     order,
     props,
     qos,
+    retained,
     whitebox,
+    will,
 )
 from spark_checkers.rules.registry import _EXPLANATIONS, _RULES, Rule, Rules
 from spark_checkers.timeline import Timeline

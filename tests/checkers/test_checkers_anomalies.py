@@ -333,7 +333,10 @@ def test_external_target_has_no_white_box_verdicts(reports):
     mqtt5_only = {i.id for i in INVARIANTS if i.mqtt5_only}  # its clients speak MQTT 3.1.1 only
     assert _by_verdict(report, "not_applicable") == {"whitebox.orphan_payloads", "whitebox.dangling_refs",
                                                      "whitebox.last_packet_id_behind", "whitebox.packet_id_sequence",
-                                                     "limits.trim_not_newest"} | mqtt5_only  # it declares drop_oldest
+                                                     "limits.trim_not_newest",  # it declares drop_oldest
+                                                     # no Will and no retained publish in its workload
+                                                     "will.missing", "will.after_normal_disconnect", "will.early",
+                                                     "retained.not_last"} | mqtt5_only
 
 
 def test_allowed_violation_is_counted_but_passes(reports):
@@ -362,7 +365,7 @@ def test_declared_queue_policy_and_persistence_in_the_report(reports):
     assert gone["durability.session_lost_allowed"] == ("allowed", 1) and gone["durability.session_lost"] == ("pass", 0)
     assert gone["durability.lost_allowed"] == ("allowed", 6) and gone["durability.lost"] == ("pass", 0)
     assert report["guarantees"]["promises"]["persistence"] == "graceful"
-    assert report["guarantees"]["promises"]["losses_allowed_after"] == ["process_kill"]
+    assert report["guarantees"]["promises"]["losses_allowed_after"] == ["process_kill", "power_loss"]
     policies = {i["id"]: i["verdict"] for i in reports["drop_newest_keeps_oldest"]["invariants"]}
     assert policies["limits.trim_not_oldest"] == "not_applicable" and policies["limits.trim_not_newest"] == "pass"
     none = {i["id"]: (i["verdict"], i["reason"]) for i in reports["no_limit_keeps_all"]["invariants"]}

@@ -581,6 +581,105 @@ CASES.update({
 })
 
 
+# Wills (spark_checkers/wills.py): sub-0's CONNECTs carry a Will (its payload names the connection); sub-0 drops at
+# slot 5 and resumes its session at slot 8 (BASE's offline window); a watcher receives what is published on the
+# will topics.  MQTT 5 for the Will Delay.
+WILLS_V5 = replace(BASE, protocol=5)
+
+
+def _will(rows, *, delay_s=None, clean=False, arrives_after_us=None):
+    """sub-0 connects with a Will (delay ``delay_s``); its drop is a normal DISCONNECT if ``clean``; the watcher gets
+    the first connection's Will ``arrives_after_us`` after the drop (None: never)."""
+    import json
+
+    from contracts.history_schema import will_payload, will_topic
+
+    rows = [dict(r) for r in rows]
+    connects = [r for r in rows if r["kind"] == Kind.CONNECT and r.get("client") == "sub-0"]
+    for n, row in enumerate(connects, 1):
+        detail = json.loads(row.get("detail") or "{}")
+        detail["will"] = {"topic": will_topic("sub-0"), "qos": 1, "delay_s": delay_s,
+                          "payload": will_payload("sub-0", n)}
+        row["detail"] = json.dumps(detail)
+    drop = next(r for r in rows if r["kind"] == Kind.DISCONNECT and r.get("client") == "sub-0")
+    if clean:
+        drop.update(initiator="client", abrupt=False)
+    if arrives_after_us is not None:
+        rows.append({"t_mono_us": drop["t_mono_us"] + arrives_after_us, "kind": Kind.DELIVERY, "client": "watcher",
+                     "node": "broker-1", "protocol": 5, "topic": will_topic("sub-0"), "qos": 1, "packet_id": 1,
+                     "dup": False, "retain": False, "payload_size": 20, "body_hash": "0000000000000001",
+                     "detail": json.dumps({"will": will_payload("sub-0", 1)})})
+    return s.sort_rows(rows)
+
+
+CASES.update({
+    # An abrupt drop owes the Will: published (near miss) or not (planted).
+    "will_published_after_abrupt_drop": (BASE, lambda r: _will(r, arrives_after_us=50_000), set()),
+    "will_missing_after_abrupt_drop": (BASE, lambda r: _will(r), {"will.missing"}),
+    # A normal DISCONNECT discards it: nothing (near miss) or a Will all the same (planted).
+    "will_discarded_by_normal_disconnect": (BASE, lambda r: _will(r, clean=True), set()),
+    "will_after_normal_disconnect": (BASE, lambda r: _will(r, clean=True, arrives_after_us=50_000),
+                                     {"will.after_normal_disconnect"}),
+    # A Will Delay of 2 s, the session resumed 0.3 s later: never due (near miss), so a Will at once is early.
+    "will_cancelled_by_resumed_session": (WILLS_V5, lambda r: _will(r, delay_s=2), set()),
+    "will_before_its_delay": (WILLS_V5, lambda r: _will(r, delay_s=2, arrives_after_us=50_000), {"will.early"}),
+})
+
+
+def _retained(rows, *, deliver=2, subscribe_slot=8, subscribe_after_us=0, retain=True, then_live=None):
+    """pub-r publishes #1 (slot 2) and #2 (slot 5) with RETAIN 1 on ordeal/retained/0 (no subscriber holds it);
+    late-0 connects (clean start) at ``subscribe_slot`` (+ ``subscribe_after_us``), subscribes to ordeal/retained/+
+    and receives #``deliver`` with RETAIN ``retain`` (None: nothing), then #``then_live`` forwarded live (RETAIN 0:
+    a message the broker's pipeline still held when the subscription began)."""
+    from contracts.history_schema import RETAINED_FILTER, retained_topic
+
+    spec, topic = BASE, retained_topic(0)
+    rows = [dict(r) for r in rows]
+    rows.append({"t_mono_us": s.T0_US - 60_000, "kind": Kind.CONNECT, "client": "pub-r", "node": "broker-1",
+                 "protocol": 4, "clean_start": True, "session_present": False, "reason_code": 0})
+    invoked = {}
+    for seq, slot in ((1, 2), (2, 5)):
+        t = s.slot_time(spec, slot) + 500
+        invoked[seq] = t
+        common = {"client": "pub-r", "node": "broker-1", "protocol": 4, "topic": topic, "qos": 1, "packet_id": seq,
+                  "publisher": "pub-r", "pub_seq": seq}
+        rows.append({**common, "t_mono_us": t, "kind": Kind.PUBLISH_INVOKE, "retain": True, "dup": False,
+                     "payload_size": 62, "send_wall_us": s.START_WALL_US + t, "body_hash": s.body_hash("pub-r", seq)})
+        rows.append({**common, "t_mono_us": t + 2000, "kind": Kind.PUBLISH_ACK, "reason_code": 0})
+    t = s.slot_time(spec, subscribe_slot) + 700 + subscribe_after_us
+    late = {"client": "late-0", "node": "broker-1", "protocol": 4}
+    rows.append({**late, "t_mono_us": t, "kind": Kind.CONNECT, "clean_start": True, "session_present": False,
+                 "reason_code": 0})
+    rows.append({**late, "t_mono_us": t + 1000, "kind": Kind.SUBSCRIBE_ACK, "topic": RETAINED_FILTER, "qos": 1,
+                 "packet_id": 1, "detail": '{"requested_qos": 1, "rap": false, "no_local": false}'})
+    for n, (seq, flag) in enumerate(((deliver, retain), (then_live, False)), 1):
+        if seq is None:
+            continue
+        at = t + 3000 * n
+        rows.append({**late, "t_mono_us": at, "kind": Kind.DELIVERY, "topic": topic, "qos": 1, "packet_id": n,
+                     "dup": False, "retain": flag, "payload_size": 62, "publisher": "pub-r", "pub_seq": seq,
+                     "send_wall_us": s.START_WALL_US + invoked[seq], "body_hash": s.body_hash("pub-r", seq)})
+        rows.append({**late, "t_mono_us": at + 300, "kind": Kind.DELIVERY_ACK_SENT, "topic": topic, "qos": 1,
+                     "packet_id": n, "publisher": "pub-r", "pub_seq": seq})
+    return s.sort_rows(rows)
+
+
+CASES.update({
+    # A subscription after #2 was acknowledged gets #2 (near miss), #1 (replaced by #2: planted) or nothing (planted).
+    "retained_newest_to_late_subscriber": (BASE, _retained, set()),
+    "retained_older_to_late_subscriber": (BASE, lambda r: _retained(r, deliver=1), {"retained.not_last"}),
+    "retained_none_to_late_subscriber": (BASE, lambda r: _retained(r, deliver=None), {"retained.not_last"}),
+    # Near miss: subscribed while #2 was in flight (before its ack): #1 is still a right answer.
+    "retained_older_while_newer_in_flight": (BASE, lambda r: _retained(r, deliver=1, subscribe_slot=5,
+                                                                       subscribe_after_us=600), set()),
+    # The retained copy is outside the stream's order: an older message forwarded live after it is no reordering
+    # (near miss); the same two both forwarded live are (planted: and no retained copy at all).
+    "retained_copy_then_older_live_forward": (BASE, lambda r: _retained(r, then_live=1), set()),
+    "live_forwards_out_of_order": (BASE, lambda r: _retained(r, retain=False, then_live=1),
+                                   {"order.out_of_order", "retained.not_last"}),
+})
+
+
 def write_runs(root: Path) -> dict[str, Path]:
     """Every case of the catalog written as a run directory under ``root`` (name -> directory), in catalog
     order: ``CASES`` first, then ``UNKNOWN_CASES``."""

@@ -123,6 +123,7 @@ def test_a_one_run_aggregate_groups_by_the_real_keys_and_sorts_its_rows_once(spa
                      (F.col("seq") % 5 + 1).cast("int").alias("packet_id"), F.lit(False).alias("dup"),
                      F.lit(0).alias("conn"), F.lit(3).cast("long").alias("node"), F.lit(4).cast("long").alias("topic"),
                      F.lit(1).alias("qos"), F.lit(1).alias("epoch"), F.lit(True).alias("stored"),
+                     F.lit(False).alias("retain"),  # a history column: the order rule's streams are apart by it
                      F.col("pub_seq").alias("body_hash"), F.lit(None).cast("long").alias("remaining_expiry_s"),
                      (F.col("seq") % 2 == 0).alias("acked"), (F.col("seq") + 1).alias("next_seq"),
                      (F.col("seq") * 10 + 5).alias("next_t"))

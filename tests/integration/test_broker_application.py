@@ -29,7 +29,7 @@ def app_id() -> str:
 
 
 def connect_app(cluster, client_id: str, version: int, clean: bool, node: int = 0, **kwargs):
-    """A persistent session (MQTT 5: session expiry 3600 s; MQTT 3.1.1: clean session 0 also for the first
+    """A persistent session (MQTT 5: session expiry 3600 s; MQTT 3.1.1: CleanSession = 0 also for the first
     connection); ``clean`` = clean start, which for MQTT 3.1.1 means a non-persistent session."""
     sub = cluster.probe(client_id, node=node, version=version, **kwargs)
     sub.connect(clean=clean if version == 5 else False, session_expiry=3600 if version == 5 else None)

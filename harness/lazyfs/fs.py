@@ -193,40 +193,36 @@ class LazyOperations(pyfuse3.Operations):
         finally:
             os.close(fd)
 
-    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> EntryAttributes:
+    def _new_entry(self, parent_inode: int, name: bytes, make) -> EntryAttributes:
+        """Create an entry in the backing directory (``make(path)``: metadata is durable at once) and look it up."""
         path = os.path.join(self._path(parent_inode), fsdecode(name))
         try:
-            os.mkdir(path, mode=mode & ~ctx.umask)
-            os.chown(path, ctx.uid, ctx.gid)
+            make(path)
         except OSError as exc:
             raise _oserror(exc) from None
         attr = self._attr(path=path)
         self._add_path(attr.st_ino, path)
         return attr
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext) -> EntryAttributes:
+        def make(path: str) -> None:
+            os.mkdir(path, mode=mode & ~ctx.umask)
+            os.chown(path, ctx.uid, ctx.gid)
+        return self._new_entry(parent_inode, name, make)
 
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int,
                     ctx: pyfuse3.RequestContext) -> EntryAttributes:
-        path = os.path.join(self._path(parent_inode), fsdecode(name))
-        try:
+        def make(path: str) -> None:
             os.mknod(path, mode=mode & ~ctx.umask, device=rdev)
             os.chown(path, ctx.uid, ctx.gid)
-        except OSError as exc:
-            raise _oserror(exc) from None
-        attr = self._attr(path=path)
-        self._add_path(attr.st_ino, path)
-        return attr
+        return self._new_entry(parent_inode, name, make)
 
     async def symlink(self, parent_inode: int, name: bytes, target: bytes,
                       ctx: pyfuse3.RequestContext) -> EntryAttributes:
-        path = os.path.join(self._path(parent_inode), fsdecode(name))
-        try:
+        def make(path: str) -> None:
             os.symlink(fsdecode(target), path)
             os.lchown(path, ctx.uid, ctx.gid)
-        except OSError as exc:
-            raise _oserror(exc) from None
-        attr = self._attr(path=path)
-        self._add_path(attr.st_ino, path)
-        return attr
+        return self._new_entry(parent_inode, name, make)
 
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
                    ctx: pyfuse3.RequestContext) -> EntryAttributes:

@@ -4,6 +4,7 @@ resources did over it (<run dir>/resources.jsonl, harness/resources.py) and how 
     .venv/bin/python benchmarks/soak.py                    # the full 60-minute scenario
     .venv/bin/python benchmarks/soak.py --short            # the same scenario, its workload cut to 3 minutes
     .venv/bin/python benchmarks/soak.py --short --record   # also into docs/measurements.md
+    .venv/bin/python benchmarks/soak.py --pairs 25         # 60 minutes at half the rate (25 pairs x 10 msg/s)
     .venv/bin/python benchmarks/soak.py --run-dir RUN      # only the report, of a stored soak run
 
 Runs ``ordeal run SCENARIO --seed N --out OUT --no-check``, then times the whole command
@@ -43,21 +44,32 @@ SHORT_STEADY_AFTER_S = 60.0
 FLAT_RATIO = 1.10
 FD_LEAK_BOUND = 50
 _DURATION = re.compile(r"^duration_s\s*=\s*[0-9.]+\s*(#.*)?$", re.MULTILINE)  # [scenario]'s, not [faults]' list
+_PAIRS = re.compile(r"^pairs\s*=\s*[0-9]+\s*(#.*)?$", re.MULTILINE)
 
 
-def shortened(scenario: Path, duration_s: float, out_dir: Path) -> Path:
-    """A copy of ``scenario`` with its workload cut to ``duration_s`` seconds, written to ``out_dir``; the
-    same name, faults, rate and sampling.  Validated by loading it (a bad override fails here)."""
+def shortened(scenario: Path, duration_s: float | None, out_dir: Path, pairs: int | None = None) -> Path:
+    """A copy of ``scenario`` with its workload cut to ``duration_s`` seconds (None: as shipped) and, with
+    ``pairs``, that many publisher -> subscriber pairs (the published rate scales with it), written to
+    ``out_dir``; the same name, faults and sampling.  Validated by loading it (a bad override fails here)."""
     import harness.model  # noqa: F401  (registers the stages into the scenario model)
     from contracts.scenario import load_scenario
 
     text = scenario.read_text(encoding="utf-8")
-    changed, count = _DURATION.subn(f"duration_s = {duration_s:g}  # shortened by benchmarks/soak.py", text, count=1)
-    if count != 1:
-        raise ValueError(f"{scenario}: no [scenario] duration_s = N line to override")
+    parts = []
+    if duration_s is not None:
+        text, count = _DURATION.subn(f"duration_s = {duration_s:g}  # shortened by benchmarks/soak.py", text,
+                                     count=1)
+        if count != 1:
+            raise ValueError(f"{scenario}: no [scenario] duration_s = N line to override")
+        parts.append(f"{duration_s:g}s")
+    if pairs is not None:
+        text, count = _PAIRS.subn(f"pairs = {pairs}  # set by benchmarks/soak.py --pairs", text, count=1)
+        if count != 1:
+            raise ValueError(f"{scenario}: no [workload] pairs = N line to override")
+        parts.append(f"{pairs}pairs")
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{scenario.stem}-{duration_s:g}s.toml"
-    path.write_text(changed, encoding="utf-8")
+    path = out_dir / f"{'-'.join([scenario.stem, *parts])}.toml"
+    path.write_text(text, encoding="utf-8")
     load_scenario(path)
     return path
 
@@ -175,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--short", action="store_true", help=f"cut the workload to --duration ({SHORT_S:g} s)")
     parser.add_argument("--duration", type=float, default=SHORT_S, help="the --short workload, seconds")
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="publisher -> subscriber pairs instead of the scenario's (its rate scales with them)")
     parser.add_argument("--scenario", type=Path, default=SCENARIO)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "soak")
@@ -189,11 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.duration <= 0:
         parser.error("--duration must be positive")
+    if args.pairs is not None and args.pairs < 1:
+        parser.error("--pairs must be at least 1")
     steady_after = args.steady_after if args.steady_after is not None else (
         SHORT_STEADY_AFTER_S if args.short else STEADY_AFTER_S)
     result: dict[str, Any] = {}
     if args.run_dir is None:
-        scenario = shortened(args.scenario, args.duration, args.out) if args.short else args.scenario
+        if args.short or args.pairs is not None:
+            scenario = shortened(args.scenario, args.duration if args.short else None, args.out, args.pairs)
+        else:
+            scenario = args.scenario
         run_dir, run_exit, run_s = run_soak(scenario, args.seed, args.out)
         result["run_wall_s"] = round(run_s, 1)
     else:

@@ -120,6 +120,9 @@ def test_the_soak_scenario_and_its_short_override(tmp_path):
     assert short.scenario.resource_sample_s == full.scenario.resource_sample_s == 5
     chaos = load_scenario(REPO / "scenarios" / "chaos-mix.toml")
     assert dict(full.faults.mix) == dict(chaos.faults.mix)
+    half = load_scenario(shortened(REPO / "scenarios" / "soak.toml", None, tmp_path, pairs=25))
+    assert half.scenario.duration_s == 3600 and half.workload.pairs == 25
+    assert half.faults == full.faults and half.workload.rate_per_publisher == full.workload.rate_per_publisher
 
 
 def test_the_topology_pids_are_asked_of_the_topology_at_every_sample():

@@ -14,7 +14,7 @@ after 5 minutes ("flat within 10 %" when <= 1.10); its open fds, the history's b
 same three points; the topology's RSS apart; the run's published / acked / delivered rates; what grew, in words.
 In the short run the steady window starts at 1 minute (``--steady-after`` sets it).
 
-``--short`` is an override of the shipped scenario, not a second file: ``shortened()`` writes a copy with
+``--short`` is an override of the shipped scenario, not a second file: ``overridden()`` writes a copy with
 ``[scenario] duration_s`` set (``--duration``) next to the run, which the run directory keeps as its
 scenario.toml (its replay command names it).
 """
@@ -47,7 +47,7 @@ _DURATION = re.compile(r"^duration_s\s*=\s*[0-9.]+\s*(#.*)?$", re.MULTILINE)  # 
 _PAIRS = re.compile(r"^pairs\s*=\s*[0-9]+\s*(#.*)?$", re.MULTILINE)
 
 
-def shortened(scenario: Path, duration_s: float | None, out_dir: Path, pairs: int | None = None) -> Path:
+def overridden(scenario: Path, duration_s: float | None, out_dir: Path, pairs: int | None = None) -> Path:
     """A copy of ``scenario`` with its workload cut to ``duration_s`` seconds (None: as shipped) and, with
     ``pairs``, that many publisher -> subscriber pairs (the published rate scales with it), written to
     ``out_dir``; the same name, faults and sampling.  Validated by loading it (a bad override fails here)."""
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {}
     if args.run_dir is None:
         if args.short or args.pairs is not None:
-            scenario = shortened(args.scenario, args.duration if args.short else None, args.out, args.pairs)
+            scenario = overridden(args.scenario, args.duration if args.short else None, args.out, args.pairs)
         else:
             scenario = args.scenario
         run_dir, run_exit, run_s = run_soak(scenario, args.seed, args.out)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.soak import SCENARIO, shortened
+from benchmarks.soak import SCENARIO, overridden
 from harness.resources import RESOURCES_FILE, at, cadence, leak_suspected, read_series
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.nightly]
@@ -22,7 +22,7 @@ FD_LEAK_BOUND = 200
 def test_a_three_minute_soak_writes_a_bounded_resource_series_at_its_cadence(tmp_path):
     from harness.run import SilentReporter, run_scenario
 
-    scenario = shortened(SCENARIO, SHORT_S, tmp_path / "scenario")
+    scenario = overridden(SCENARIO, SHORT_S, tmp_path / "scenario")
     result = run_scenario(scenario, 1, tmp_path / "runs", reporter=SilentReporter())
     assert result.summary["error"] is None, result.summary["error"]
     header, samples = read_series(result.run_dir / RESOURCES_FILE)

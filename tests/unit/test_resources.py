@@ -109,18 +109,18 @@ def test_resource_sample_s_defaults_and_is_validated_with_the_key_named():
 
 
 def test_the_soak_scenario_and_its_short_override(tmp_path):
-    from benchmarks.soak import shortened
+    from benchmarks.soak import overridden
 
     full = load_scenario(REPO / "scenarios" / "soak.toml")
     assert full.scenario.duration_s == 3600 and full.scenario.tier == "soak"
     assert full.workload.pairs * full.workload.rate_per_publisher >= 500
-    short = load_scenario(shortened(REPO / "scenarios" / "soak.toml", 180, tmp_path))
+    short = load_scenario(overridden(REPO / "scenarios" / "soak.toml", 180, tmp_path))
     assert short.scenario.duration_s == 180 and short.name == full.name
     assert short.faults == full.faults and short.workload == full.workload
     assert short.scenario.resource_sample_s == full.scenario.resource_sample_s == 5
     chaos = load_scenario(REPO / "scenarios" / "chaos-mix.toml")
     assert dict(full.faults.mix) == dict(chaos.faults.mix)
-    half = load_scenario(shortened(REPO / "scenarios" / "soak.toml", None, tmp_path, pairs=25))
+    half = load_scenario(overridden(REPO / "scenarios" / "soak.toml", None, tmp_path, pairs=25))
     assert half.scenario.duration_s == 3600 and half.workload.pairs == 25
     assert half.faults == full.faults and half.workload.rate_per_publisher == full.workload.rate_per_publisher
 

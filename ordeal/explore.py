@@ -69,7 +69,8 @@ from properties.generate import make_plan
 FIRST_RUN_OVERHEAD_S = 60.0
 REGRESSIONS_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "regressions"
 SUMMARY_NAME = "explore-summary.json"  # in --out: every exploration written there (write_summary)
-EXPLORE_SUMMARY_VERSION = 1  # its schema_version; ordeal merge refuses one it does not know
+# its schema_version (docs/schemas/explore-summary.schema.json); ordeal merge refuses one it does not know
+EXPLORE_SUMMARY_VERSION = 1
 
 
 class ExploreError(UsageError):

@@ -21,7 +21,8 @@ from ordeal.selftest.judging import (
 from ordeal.selftest.matrix import Matrix, defect_catalog
 from ordeal.tables import aligned
 
-SELFTEST_VERSION = 1  # selftest.json; ordeal merge refuses a version it does not know (missing = 1)
+# selftest.json (docs/schemas/selftest.schema.json); ordeal merge refuses one it does not know (missing = 1)
+SELFTEST_VERSION = 1
 
 
 def result_document(result: SelftestResult, matrix: Matrix) -> dict[str, Any]:

@@ -338,8 +338,9 @@ class Connection:
                                                  connect.will_retain, will_props)
             self.will_delay = getattr(will_props, "WillDelayInterval", 0) if will_props is not None else 0
             try:
-                # in Redis too before the CONNACK: if this node dies with the connection open, the node that
-                # releases its sessions publishes it (server.py release_dead_node_sessions)
+                # in Redis too before the CONNACK (after open_session claimed an older connection's): if this node
+                # dies with the connection open, the client's next CONNECT (server.py open_session) or else the
+                # node that releases its sessions (release_dead_node_sessions) takes it and publishes it
                 await self.broker.store.put_connected_will(client_id, self.conn_id, self.will, self.will_delay)
                 self.will_stored = True
             except RedisError as error:

@@ -249,6 +249,10 @@ class Broker:
             "gen": conn.session_gen, "type": conn.client_type}, discard=not resumed and (bool(session) or clean_start)
             and not self.config.has("discarded_queue_kept"))  # defect: the old queue outlives its session
         await store.cancel_expiry(client)
+        # the Will record an older connection of the client left (before this one stores its own): that network
+        # connection ended without DISCONNECT, on a node that died and has not been released yet, or is being
+        # taken over now (whose own end may take the record first: whoever takes it decides, once)
+        await self._claim_older_will(client, conn.conn_id, resumed)
         # a delayed Will of this session's last connection: cancelled when the session resumes before the delay
         # ran out, published now when a clean start ends that session ([MQTT-3.1.3-9])
         pending_will = await store.take_pending_will(client)
@@ -259,6 +263,20 @@ class Broker:
         if subscription is not None:
             await self.save_subscriptions(conn)  # the node holding the connection changed
         return resumed
+
+    async def _claim_older_will(self, client: str, conn_id: str, resumed: bool) -> None:
+        """Take the connected-Will record of another connection of ``client`` than ``conn_id`` and decide about
+        its Will: without a Will Delay (every MQTT 3.1.1 Will) published now; with one cancelled when the
+        session resumes, published now when it does not -- that session ended ([MQTT-3.1.3-9])."""
+        found = await self.store.claim_other_connected_will(client, conn_id)
+        if found is None:
+            return
+        will, delay = found
+        if delay and resumed:
+            log.info("%s: the Will of its previous connection is cancelled: the session resumed within its Will "
+                     "Delay Interval", client)
+            return
+        self._spawn(self.publish_will(client, will, "its previous connection ended without DISCONNECT"))
 
     async def save_subscriptions(self, conn: Connection) -> None:
         record = None
@@ -284,17 +302,25 @@ class Broker:
         will, conn.will = conn.will, None  # once (stop() and the connection's own end both get here)
         if conn.will_stored:
             conn.will_stored = False
-            try:
-                await self.store.take_connected_will(client, conn.conn_id)
-            except Exception as error:
-                log.warning("%s: could not remove its Will record: %r", client, error)
+            # The Will is this connection's to publish only while it can take its record: the client's next
+            # CONNECT (open_session) or the release of this node's sessions (it was declared dead while paused)
+            # may have taken it and decided already.  A taken-over connection leaves a delayed Will's record to
+            # the new CONNECT, which knows whether the session resumed ([MQTT-3.1.3-9]).
+            if not (conn.taken_over and will is not None and conn.will_delay):
+                try:
+                    if await self.store.take_connected_will(client, conn.conn_id) is None:
+                        will = None
+                except Exception as error:
+                    # not knowing whether another node took it: published (twice at worst), never lost
+                    log.warning("%s: could not take its Will record: %r", client, error)
         try:
             await self.store.remove_node_client(self.node_id, client)
         except Exception as error:
             log.warning("%s: could not update the node's client set: %r", client, error)
         if conn.taken_over:
-            # the session goes on on the new connection: a Will without delay is published (the old network
-            # connection closed without DISCONNECT), a delayed one is not ([MQTT-3.1.3-9])
+            # a Will without delay is published (the old network connection closed without DISCONNECT); a
+            # delayed one is the new CONNECT's to cancel or publish (its record left above: open_session), or,
+            # when it could not be stored, treated as a resumed session's: not published ([MQTT-3.1.3-9])
             if will is not None and not conn.will_delay:
                 await self.publish_will(client, will, "its connection was taken over")
             return
@@ -320,13 +346,24 @@ class Broker:
                     expires_at = int(time.time() * 1000) + conn.session_expiry * 1000
                 owned = await self.store.mark_disconnected(client, conn.conn_id, expires_at, conn.session_expiry)
                 if will is not None and not owned:
-                    # a newer connection took the session meanwhile (its CONNECT found no pending Will yet)
-                    await self.store.take_pending_will(client)
+                    await self._pending_will_of_a_taken_session(client, conn.session_gen)
             elif await self.store.delete_session_if_owned(client, conn.conn_id) and client not in self.connections:
                 # (a newer connection of the client on this node handles the subscription itself)
                 await self.store.put_subscription(client, None)
         except Exception as error:
             log.warning("%s: could not record the disconnect: %r", client, error)
+
+    async def _pending_will_of_a_taken_session(self, client: str, gen: str) -> None:
+        """A delayed Will was just kept pending for session ``gen``, which a newer connection took meanwhile (its
+        CONNECT may have looked for a pending Will before this one was stored): cancelled if that connection
+        resumed the session, published now if the session ended ([MQTT-3.1.3-9])."""
+        will = await self.store.take_pending_will(client)
+        if will is None:
+            return  # that CONNECT (or a sweep) took it
+        if (await self.store.get_session(client)).get("gen") == gen:
+            log.info("%s: its delayed Will is cancelled: the session resumed on a new connection", client)
+            return
+        await self.publish_will(client, will, "its session ended at a new CONNECT")
 
     @staticmethod
     def will_delay_s(conn: Connection) -> int:
@@ -411,7 +448,8 @@ class Broker:
 
     async def _dead_connection_will(self, client: str, session: dict[str, str]) -> None:
         """The Will of a connection that was open on a dead node: its network connection is gone without a
-        DISCONNECT, so it is published (or, delayed, kept pending), counted from now."""
+        DISCONNECT, so it is published (or, delayed, kept pending), counted from now.  (A client that reconnected
+        before the release has had it claimed by its CONNECT: open_session.)"""
         try:
             found = await self.store.take_connected_will(client, session["conn"])
         except Exception as error:
@@ -424,8 +462,11 @@ class Broker:
         due = due_in_s(delay, session.get("persistent") == "1", expiry)
         if due == 0:
             await self.publish_will(client, will, "its node died")
-        else:
-            await self.store.put_pending_will(client, will, int(time.time() * 1000) + due * 1000)
+            return
+        await self.store.put_pending_will(client, will, int(time.time() * 1000) + due * 1000)
+        if (await self.store.get_session(client)).get("conn") not in ("", session["conn"]):
+            # the client reconnected between this release's read of its session and now
+            await self._pending_will_of_a_taken_session(client, session.get("gen", ""))
 
     async def reassert_sessions(self) -> None:
         """This node was declared dead (paused too long) but still holds connections: own them again."""

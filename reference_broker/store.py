@@ -9,8 +9,9 @@ Per client (hash tag = client id, so one Lua script may touch them all):
                                            (score: the highest message score given, lua/save.lua)
   <prefix>{client}_inbound_qos2      SET   QoS 2 packet ids received from the client, PUBREL pending
   <prefix>{client}_will              STRING a delayed Will Message (JSON), pending until its Will Delay runs out
-  <prefix>{client}_will_conn         STRING the Will of the open connection (JSON {conn, will, delay}): published
-                                           by the node that releases a dead node's sessions
+  <prefix>{client}_will_conn         STRING the Will of the open connection (JSON {conn, will, delay}): taken
+                                           (TAKE_CONNECTED_WILL) by whoever decides about it -- the connection's
+                                           own end, the client's next CONNECT, the release of a dead node
 Retained messages (hash tag {retained}, one slot apart from the shared keys):
   <prefix>{retained}:messages        HASH  topic -> the retained message JSON (as on the incoming topic)
 Shared by every node (hash tag {ordeal}):
@@ -22,8 +23,8 @@ Shared by every node (hash tag {ordeal}):
   <prefix>{ordeal}:lease:<topic>:<p> STRING node id owning that partition (PX lease)
   <prefix>{ordeal}:wills             ZSET  client -> epoch ms when its pending delayed Will is due
 
-The scripts in lua/ are loaded by SHA (``register_script``), which reloads on NOSCRIPT after a restart
-or failover.
+The scripts in lua/ (and the inline TAKE_CONNECTED_WILL) are loaded by SHA (``register_script``), which
+reloads on NOSCRIPT after a restart or failover.
 """
 
 from __future__ import annotations
@@ -50,6 +51,25 @@ SCRIPT_NAMES = ("save", "read_backlog", "remove_one", "mark_released", "remove_a
 # save-script defect cannot be left out (one missing from a hand-kept list would be switched on and never
 # reach the script)
 SAVE_DEFECTS = tuple(name for name, defect in CATALOG.items() if defect.where == "lua/save.lua")
+
+
+# take_connected_will: remove the client's connected-Will record and return it, in one step, if connection
+# ARGV[1] owns it (ARGV[2] = 'own') or if another connection does (ARGV[2] = 'other': a new CONNECT claims
+# what an older connection left); false otherwise.  One compare-and-delete, so of the nodes and connections
+# racing for a record exactly one gets it -- and only that one publishes the Will.
+# KEYS[1] = <prefix>{client}_will_conn
+TAKE_CONNECTED_WILL = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then
+  return false
+end
+local owned = cjson.decode(raw)['conn'] == ARGV[1]
+if owned ~= (ARGV[2] == 'own') then
+  return false
+end
+redis.call('DEL', KEYS[1])
+return raw
+"""
 
 
 def lua_source(name: str) -> str:
@@ -85,6 +105,7 @@ class SessionStore:
         self.config = config
         self.prefix = config.key_prefix
         self.scripts = {name: redis.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+        self.take_will_script = redis.register_script(TAKE_CONNECTED_WILL)
         self.batch = ScriptBatcher(redis)  # the per-message scripts: one pipeline per master per loop turn
         self.save_defects = ",".join(d for d in config.defects if d in SAVE_DEFECTS)
         self._fsync_off_at = float("-inf")  # defect ack_before_durable: when it last turned fsync off
@@ -333,16 +354,20 @@ class SessionStore:
                              orjson.dumps({"conn": conn, "will": message, "delay": delay_s}))
 
     async def take_connected_will(self, client: str, conn: str) -> tuple[dict[str, Any], int] | None:
-        """Remove connection ``conn``'s Will record; returns (Will, delay) if it was that connection's.  (Read,
-        then delete: a newer connection of the client writing its own in between loses it, which matters only
-        if that one's node dies too.)"""
-        raw = await self.redis.get(self.connected_will_key(client))
+        """Remove connection ``conn``'s Will record; returns (Will, delay) if it was still there and that
+        connection's (None: none, another connection's, or already taken by a claim or a release)."""
+        return await self._take_connected_will(client, conn, "own")
+
+    async def claim_other_connected_will(self, client: str, conn: str) -> tuple[dict[str, Any], int] | None:
+        """Remove the Will record another connection than ``conn`` left (the client's new CONNECT, before it
+        stores its own); returns (Will, delay), or None when there is none."""
+        return await self._take_connected_will(client, conn, "other")
+
+    async def _take_connected_will(self, client: str, conn: str, whose: str) -> tuple[dict[str, Any], int] | None:
+        raw = await self.take_will_script(keys=[self.connected_will_key(client)], args=[conn, whose])
         if not raw:
             return None
         record = orjson.loads(raw)
-        if record.get("conn") != conn:
-            return None
-        await self.redis.delete(self.connected_will_key(client))
         return record["will"], int(record.get("delay") or 0)
 
     async def due_wills(self, now_ms: int) -> list[str]:

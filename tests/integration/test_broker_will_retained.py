@@ -2,8 +2,9 @@
 topology (Redis Cluster, Tansu), real paho clients of both MQTT versions.
 
 Wills: published when the network connection ends without a normal DISCONNECT (keep-alive timeout, socket
-closed, MQTT 5 DISCONNECT 0x04), never after a normal one; the MQTT 5 Will Delay Interval holds it back and a
-reconnect to the session cancels it.  Retained messages: stored in Redis, delivered to new subscriptions with
+closed, MQTT 5 DISCONNECT 0x04, a node kill -- also when the client reconnects to another node before the kill
+is noticed), never after a normal one; the MQTT 5 Will Delay Interval holds it back and a reconnect to the
+session cancels it.  Retained messages: stored in Redis, delivered to new subscriptions with
 RETAIN = 1, replaced, deleted by an empty payload, kept across a broker node kill; MQTT 5 Retain Handling."""
 
 from __future__ import annotations
@@ -228,6 +229,95 @@ def test_will_of_a_client_on_a_killed_node_is_published_by_the_survivor(brokers,
     got = sub.wait_for(1, timeout=20)
     assert [d.payload for d in got] == [b"node-died"]
     assert "Will published on" in cluster.log(1)
+
+
+@pytest.mark.parametrize("delay, resume, published", [(0, True, True), (30, True, False), (30, False, True)],
+                         ids=["no-delay", "delayed-resumed", "delayed-new-session"])
+def test_mqtt_3_1_3_9_will_of_a_taken_over_connection_published_once_or_cancelled(brokers, will_clients, delay,
+                                                                                  resume, published):
+    """A second connection of the same client id takes the session over while the first is still open (the
+    first, silent, does not reconnect): the first's Will, without delay, is published once -- by whichever of the
+    old connection's end and the new CONNECT takes its record.  With a Will Delay the new CONNECT decides:
+    cancelled when the session resumes, published at once when a clean start ends it ([MQTT-3.1.3-9])."""
+    cluster = brokers()
+    topic = will_topic()
+    sub = subscriber(cluster, topic, 5)
+    props = Properties(PacketTypes.WILLMESSAGE)
+    props.WillDelayInterval = delay
+    device = will_clients(cluster, 5, topic, b"taken-over", will_properties=props)
+    device.connect(clean=True, session_expiry=60)
+    device.go_silent()
+    again = will_clients(cluster, 5, topic, b"second-connection", will_properties=props, client_id=device.client_id)
+    assert again.connect(clean=not resume, session_expiry=60) is resume
+    if published:
+        assert [d.payload for d in sub.wait_for(1, timeout=5)] == [b"taken-over"]
+    assert [d.payload for d in sub.settle(1.5)] == ([b"taken-over"] if published else [])
+    again.disconnect()
+
+
+def wait_released(cluster, node: int, dead: str, timeout: float = 30.0) -> None:
+    """Wait until node ``node`` logged the release of the dead node ``dead``'s sessions."""
+    deadline = time.monotonic() + timeout
+    while f"node {dead} is dead: released" not in cluster.log(node) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"node {dead} is dead: released" in cluster.log(node), f"{dead}'s sessions never released"
+
+
+@pytest.mark.parametrize("disconnect_first", [False, True], ids=["connected", "disconnected-first"])
+def test_will_of_a_killed_node_client_reconnecting_elsewhere_at_once_is_published_once(brokers, will_clients,
+                                                                                       disconnect_first):
+    """The device's node is SIGKILLed while the device is connected, and the device reconnects to the other node
+    at once, before that node releases the dead one's sessions (3 leases of 2 s): the new CONNECT claims the old
+    connection's Will record and publishes its Will -- once: the release later finds nothing, and the new
+    connection's own Will stays with it (findings: will-retained seed 2).  Near miss: a normal DISCONNECT
+    before the kill -- no Will at all ([MQTT-3.1.2-10])."""
+    cluster = brokers(count=2)
+    topic = will_topic()
+    sub = subscriber(cluster, topic, 5, node=1)
+    device = will_clients(cluster, 4, topic, b"first-connection", node=0)
+    device.connect(clean=False)
+    if disconnect_first:
+        device.disconnect()
+    cluster.nodes[0].kill()
+    killed = time.monotonic()
+    again = will_clients(cluster, 4, topic, b"second-connection", node=1, client_id=device.client_id)
+    again.connect(clean=False)
+    if not disconnect_first:
+        got = sub.wait_for(1, timeout=5)
+        assert [d.payload for d in got] == [b"first-connection"], "the Will of the killed node's connection is lost"
+        assert "Will published on" in cluster.log(1) and "is dead: released" not in cluster.log(1), \
+            "published by the release, not by the new CONNECT"
+        assert got[0].at - killed < 6.0
+    wait_released(cluster, 1, cluster.nodes[0].name)
+    assert [d.payload for d in sub.settle(1.0)] == ([] if disconnect_first else [b"first-connection"])
+    again.disconnect()
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "new-session"])
+def test_mqtt_3_1_3_9_delayed_will_of_a_killed_node_client_reconnecting_elsewhere(brokers, will_clients, resume):
+    """MQTT 5, Will Delay 30 s, session expiry 60 s; the device's node is SIGKILLed and the device reconnects to
+    the other node at once, before the release of the dead node's sessions.  Resuming its session within the
+    delay cancels the Will: none arrives, neither then nor after the release ([MQTT-3.1.3-9]).  Near miss: a
+    clean start ends that session, so its Will is due then -- published at once, once."""
+    cluster = brokers(count=2)
+    topic = will_topic()
+    sub = subscriber(cluster, topic, 5, node=1)
+    props = Properties(PacketTypes.WILLMESSAGE)
+    props.WillDelayInterval = 30
+    device = will_clients(cluster, 5, topic, b"delayed", node=0, will_properties=props)
+    device.connect(clean=True, session_expiry=60)
+    cluster.nodes[0].kill()
+    killed = time.monotonic()
+    again = will_clients(cluster, 5, topic, b"second-connection", node=1, client_id=device.client_id,
+                         will_properties=props)
+    assert again.connect(clean=not resume, session_expiry=60) is resume
+    if not resume:
+        got = sub.wait_for(1, timeout=5)
+        assert [d.payload for d in got] == [b"delayed"], "not published when its session ended"
+        assert got[0].at - killed < 6.0
+    wait_released(cluster, 1, cluster.nodes[0].name)
+    assert [d.payload for d in sub.settle(1.0)] == ([] if resume else [b"delayed"])
+    again.disconnect()
 
 
 # ------------------------------------------------------------------ retained messages

@@ -62,12 +62,24 @@ def drain_decision(rule: DrainRule, *, elapsed_s: float, quiet_for_s: float, all
 Owed = tuple[str, str, int]  # subscriber client id, publisher client id, publisher seq
 
 
+SEEN_GENERATION = 100_000  # deliveries remembered per generation of ``OutstandingDeliveries.seen``
+
+
 @dataclass
 class OutstandingDeliveries:
-    """Deliveries owed to connected persistent subscribers (see the module doc).  Loop thread only."""
+    """Deliveries owed to connected persistent subscribers (see the module doc).  Loop thread only.
+
+    ``seen`` / ``seen_before``: the deliveries of the last ``generation`` to 2 x ``generation`` deliveries, so that
+    a delivery that overtakes its publisher's PUBACK is not owed when the PUBACK comes.  Why two generations and
+    not every delivery of the run: that set grew by one entry per delivery (about 180 bytes each), which over an
+    hour at 500 msg/s was the harness's whole RSS growth (docs/measurements.md "Soak").  A PUBACK overtaken by
+    its delivery comes within moments; one that came after 100,000 more deliveries would leave its message owed
+    and the drain waiting for it (``outstanding_quiet`` ends that), never a wrong verdict."""
 
     owed: set[Owed] = field(default_factory=set)
     seen: set[Owed] = field(default_factory=set)
+    seen_before: set[Owed] = field(default_factory=set)
+    generation: int = SEEN_GENERATION
 
     def acknowledged(self, publisher: str, seq: int, topic: str, qos: int,
                      subscribers: list[tuple[str, list[tuple[str, int]]]]) -> None:
@@ -79,13 +91,15 @@ class OutstandingDeliveries:
             if any(min(qos, sub_qos) > 0 and not topic_filter.startswith("$share/")
                    and filter_matches(topic_filter, topic) for topic_filter, sub_qos in subscriptions):
                 key = (client_id, publisher, seq)
-                if key not in self.seen:  # a delivery may overtake its publisher's PUBACK
+                if key not in self.seen and key not in self.seen_before:  # a delivery may overtake its PUBACK
                     self.owed.add(key)
 
     def delivered(self, client_id: str, publisher: str | None, seq: int | None) -> None:
         if publisher is None or seq is None:
             return
         key = (client_id, publisher, seq)
+        if len(self.seen) >= self.generation:
+            self.seen_before, self.seen = self.seen, set()
         self.seen.add(key)
         self.owed.discard(key)
 

@@ -66,6 +66,22 @@ def test_a_delivery_that_overtakes_its_ack_is_not_owed_afterwards():
     assert owed.count == 0
 
 
+def test_the_remembered_deliveries_are_bounded_to_two_generations():
+    """A delivery that overtook its ack is remembered while fewer than ``generation`` to 2 x ``generation`` others
+    came after it; the memory of deliveries stays bounded however long the run (the soak's RSS)."""
+    owed = OutstandingDeliveries(generation=3)
+    owed.delivered("s1", "p1", 1)  # overtakes its ack
+    for seq in range(2, 5):  # three more: the first generation is full, the second begins
+        owed.delivered("s1", "p1", seq)
+    owed.acknowledged("p1", 1, "t/x", 1, SUBSCRIBERS)
+    assert owed.count == 0  # still remembered (the previous generation)
+    for seq in range(5, 12):
+        owed.delivered("s1", "p1", seq)
+    assert len(owed.seen) + len(owed.seen_before) <= 2 * 3
+    owed.acknowledged("p1", 1, "t/x", 1, SUBSCRIBERS)
+    assert owed.owed == {("s1", "p1", 1)}  # forgotten: owed again (the drain's outstanding_quiet ends the wait)
+
+
 def test_undecodable_deliveries_change_nothing():
     owed = OutstandingDeliveries()
     owed.acknowledged("p1", 1, "t/a", 1, SUBSCRIBERS)

@@ -6,9 +6,11 @@ resources did over it (<run dir>/resources.jsonl, harness/resources.py) and how 
     .venv/bin/python benchmarks/soak.py --short --record   # also into docs/measurements.md
     .venv/bin/python benchmarks/soak.py --pairs 25         # 60 minutes at half the rate (25 pairs x 10 msg/s)
     .venv/bin/python benchmarks/soak.py --run-dir RUN      # only the report, of a stored soak run
+    .venv/bin/python benchmarks/soak.py --run-dir RUN --standalone   # ... and its check on a standalone cluster too
 
 Runs ``ordeal run SCENARIO --seed N --out OUT --no-check``, then times the whole command
-``ordeal check RUN --spark-master local[2]``.  Reports, from the resource series (times from the workload's
+``ordeal check RUN --spark-master local[2]`` (with ``--standalone`` also on a Spark standalone cluster it
+starts: its verdicts and counts must agree).  Reports, from the resource series (times from the workload's
 start): the harness's RSS at start, at 5 minutes (``--steady-after``) and at the end, and max / min of its RSS
 after 5 minutes ("flat within 10 %" when <= 1.10); its open fds, the history's bytes and Parquet parts at the
 same three points; the topology's RSS apart; the run's published / acked / delivered rates; what grew, in words.
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -85,11 +89,44 @@ def run_soak(scenario: Path, seed: int, out: Path) -> tuple[Path, int, float]:
     return Path(lines[-1]), done.returncode, time.monotonic() - began
 
 
-def time_check(run_dir: Path, spark_master: str) -> tuple[int, float]:
+def time_check(run_dir: Path, spark_master: str, env: dict[str, str] | None = None) -> tuple[int, float]:
     began = time.monotonic()
     done = subprocess.run([str(ORDEAL), "check", str(run_dir), "--spark-master", spark_master], cwd=ROOT,
-                          stdout=subprocess.DEVNULL, check=False)
+                          stdout=subprocess.DEVNULL, check=False, env={**os.environ, **(env or {})})
     return done.returncode, time.monotonic() - began
+
+
+def check_figures(run_dir: Path, spark_master: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The whole ``ordeal check`` on ``spark_master``: its exit code, wall seconds, and the report's verdicts and
+    counts (what must agree between engines)."""
+    code, seconds = time_check(run_dir, spark_master, env)
+    report = json.loads((run_dir / "report.json").read_text())
+    verdicts = {i["id"]: [i.get("verdict"), i.get("count")] for i in report.get("invariants", [])}
+    return {"spark_master": spark_master, "exit": code, "whole_command_s": round(seconds, 1),
+            "verdict": report.get("verdict"), "invariants": len(verdicts),
+            "failed": {k: count for k, (verdict, count) in verdicts.items() if verdict == "fail"},
+            "verdicts_and_counts": verdicts}
+
+
+def standalone_check(run_dir: Path, executor_memory: str) -> dict[str, Any]:
+    """``check_figures`` on a Spark standalone cluster of the installed pyspark (a master and two workers, 1 core
+    each, started and ended here: tests/support/spark_standalone.py), its executors ``executor_memory`` each."""
+    from tests.support.spark_standalone import standalone_cluster
+
+    worker_mib = _size_mib(executor_memory) + 512  # the worker offers the executor's heap and its overhead
+    with tempfile.TemporaryDirectory(prefix="ordeal-soak-standalone-") as work:
+        with standalone_cluster(Path(work), executor_memory=executor_memory,
+                                worker_memory=f"{worker_mib}m") as cluster:
+            figures = check_figures(run_dir, cluster.master_url, cluster.env)
+    return {**figures, "spark_master": "spark://127.0.0.1 (master + 2 workers x 1 core)",
+            "executor_memory": executor_memory}
+
+
+def _size_mib(size: str) -> int:
+    match = re.fullmatch(r"([0-9]+)([mg])", size.strip().lower())
+    if match is None:
+        raise ValueError(f"--executor-memory {size!r}: expected a size like 512m or 2g")
+    return int(match.group(1)) * (1024 if match.group(2) == "g" else 1)
 
 
 def _mib(value: Any) -> float | None:
@@ -197,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"{SHORT_STEADY_AFTER_S:g})")
     parser.add_argument("--spark-master", default="local[2]")
     parser.add_argument("--no-check", action="store_true", help="skip the timed check")
+    parser.add_argument("--standalone", action="store_true",
+                        help="also time the check on a Spark standalone cluster (master + 2 workers, started here) "
+                             "and compare its verdicts and counts with --spark-master's")
+    parser.add_argument("--executor-memory", default="2g", help="--standalone: each executor's heap")
     parser.add_argument("--run-dir", type=Path, default=None, help="report on this stored run; run nothing")
     parser.add_argument("--record", action="store_true",
                         help="also append the figures to docs/measurements.md (benchmarks/record.py)")
@@ -222,8 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     result["during_workload"] = workload_rates(run_dir)
     result["resources"] = resource_figures(run_dir, steady_after)
     if not args.no_check:
-        check_exit, check_s = time_check(run_dir, args.spark_master)
-        result["check"] = {"spark_master": args.spark_master, "exit": check_exit, "whole_command_s": round(check_s, 1)}
+        result["check"] = check_figures(run_dir, args.spark_master)
+        if args.standalone:
+            result["check_standalone"] = standalone_check(run_dir, args.executor_memory)
+            # the same exit code, verdict, and every invariant's verdict and count
+            result["check_standalone"]["agrees"] = all(
+                result["check_standalone"][k] == result["check"][k] for k in ("exit", "verdict", "verdicts_and_counts"))
+        for checked in (result["check"], result.get("check_standalone") or {}):
+            checked.pop("verdicts_and_counts", None)  # compared above; the report.json has them
     print(json.dumps(result, indent=2))
     print("\n".join(result["resources"]["growth"]), file=sys.stderr)
     if args.record:

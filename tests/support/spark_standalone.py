@@ -2,7 +2,7 @@
 JVM of its own (``spark-class org.apache.spark.deploy.master.Master`` / ``...deploy.worker.Worker``) in its own
 process group.
 
-``standalone_cluster(work_dir)`` starts the master and two workers (1 core, 1 GiB each), waits until the master's
+``standalone_cluster(work_dir)`` starts the master and two workers (1 core, 1 GiB each by default), waits until the master's
 JSON (``http://127.0.0.1:WEBUI/json``) shows both ALIVE, and on leaving ends every process it started and their
 children (the executors) by PID and process group, then verifies that none is left.
 
@@ -34,6 +34,7 @@ SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 EXECUTOR_MEMORY = "512m"
+WORKER_MEMORY = "1g"
 READY_TIMEOUT_S = 120
 
 
@@ -89,11 +90,11 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _conf(work_dir: Path) -> Path:
+def _conf(work_dir: Path, executor_memory: str) -> Path:
     conf = work_dir / "conf"
     conf.mkdir(parents=True, exist_ok=True)
     (conf / "spark-defaults.conf").write_text("\n".join([
-        f"spark.executor.memory {EXECUTOR_MEMORY}",
+        f"spark.executor.memory {executor_memory}",
         "spark.executor.cores 1",
         "spark.cores.max 2",
         f"spark.pyspark.python {sys.executable}",
@@ -105,9 +106,12 @@ def _conf(work_dir: Path) -> Path:
 
 
 @contextmanager
-def standalone_cluster(work_dir: Path, workers: int = 2) -> Iterator[Cluster]:
+def standalone_cluster(work_dir: Path, workers: int = 2, executor_memory: str = EXECUTOR_MEMORY,
+                       worker_memory: str = WORKER_MEMORY) -> Iterator[Cluster]:
+    """``executor_memory`` / ``worker_memory``: each executor's heap and what each worker offers (Spark's size
+    strings); the defaults keep a test's cluster small, a soak's history needs more (benchmarks/soak.py)."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    conf = _conf(work_dir)
+    conf = _conf(work_dir, executor_memory)
     port, webui = free_port(), free_port()
     base_env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "SPARK_CONF_DIR")}
     daemon_env = {**base_env, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_CONF_DIR": str(conf),
@@ -128,7 +132,7 @@ def standalone_cluster(work_dir: Path, workers: int = 2) -> Iterator[Cluster]:
         for i in range(workers):
             worker_dir = work_dir / f"worker-{i}"
             worker_dir.mkdir(exist_ok=True)
-            launch(f"worker-{i}", [WORKER_CLASS, cluster.master_url, "--cores", "1", "--memory", "1g",
+            launch(f"worker-{i}", [WORKER_CLASS, cluster.master_url, "--cores", "1", "--memory", worker_memory,
                                    "--host", "127.0.0.1", "--webui-port", str(free_port()),
                                    "--work-dir", str(worker_dir)])
         _wait(cluster, lambda: cluster.alive_workers() == workers, f"{workers} ALIVE workers")

@@ -142,8 +142,12 @@ def resource_figures(run_dir: Path, steady_after_s: float) -> dict[str, Any]:
     series = [dict(s, t_s=round(s["elapsed_s"] - origin, 3)) for s in samples]
     steady_point = next((s for s in series if s["t_s"] >= steady_after_s), None)
     points = {"start": series[0], f"{steady_after_s:g}s": steady_point, "end": series[-1]}
-    steady = [s for s in series if s["t_s"] >= steady_after_s]
+    # The steady window ends with the planned workload: the samples after it are the clients leaving (the
+    # harness's threads and buffers go with them), a drop in RSS, not a sign of its steady state.
+    planned_s = _planned_s(run_dir)
+    steady = [s for s in series if s["t_s"] >= steady_after_s and (planned_s is None or s["t_s"] <= planned_s)]
     rss_ratio = max_min_ratio([s["harness_rss_bytes"] for s in steady])
+    with_end = max_min_ratio([s["harness_rss_bytes"] for s in series if s["t_s"] >= steady_after_s])
     figures: dict[str, Any] = {"samples": len(series), "every_s": header.get("every_s"),
                                "workload_s": series[-1]["t_s"]}
     for name, point in points.items():
@@ -152,11 +156,24 @@ def resource_figures(run_dir: Path, steady_after_s: float) -> dict[str, Any]:
             "harness_fds": point["harness_fds"], "harness_threads": point["harness_threads"],
             "history_mib": _mib(point["history_bytes"]), "history_parts": point["history_parts"],
             "topology_rss_mib": _mib(point["topology_rss_bytes"])}
+    figures["steady_window_s"] = [steady_after_s, planned_s]
+    if steady:
+        top = max(steady, key=lambda s: s["harness_rss_bytes"])
+        figures["harness_rss_steady_max"] = {"t_s": top["t_s"], "harness_rss_mib": _mib(top["harness_rss_bytes"])}
     figures["harness_rss_after_steady_max_over_min"] = None if rss_ratio is None else round(rss_ratio, 3)
+    figures["harness_rss_max_over_min_with_the_end"] = None if with_end is None else round(with_end, 3)
     figures["harness_rss_flat_within_10pct"] = rss_ratio is not None and rss_ratio <= FLAT_RATIO
     figures["harness_fds_climb_monotonically"] = leak_suspected([s["harness_fds"] for s in steady], FD_LEAK_BOUND)
     figures["growth"] = growth_in_words(series, steady_after_s, rss_ratio)
     return figures
+
+
+def _planned_s(run_dir: Path) -> float | None:
+    """The planned workload's length (summary.json plan.duration_s), or None when the run recorded none."""
+    try:
+        return float(json.loads((run_dir / "summary.json").read_text())["plan"]["duration_s"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def growth_in_words(series: list[dict[str, Any]], steady_after_s: float, rss_ratio: float | None) -> list[str]:
@@ -177,8 +194,9 @@ def growth_in_words(series: list[dict[str, Any]], steady_after_s: float, rss_rat
         words.append(f"harness RSS after {steady_after_s:g} s: max/min {rss_ratio:.3f}, "
                      f"{grew:+.1f} MiB from the window's start to its end"
                      + (" (flat within 10 %)" if rss_ratio <= FLAT_RATIO else
-                        " (not flat: the executor's per-message bookkeeping — owed and acknowledged sets, "
-                        "latency lists — and the recorder's buffer grow with the messages in flight)"))
+                        " (not flat: something the harness keeps grows with the run; the executor's per-message "
+                        "bookkeeping — the owed deliveries and the last deliveries seen, harness/drain.py — grows "
+                        "with the messages in flight)"))
     fds = [s["harness_fds"] for s in series if s["harness_fds"] is not None]
     if fds:
         words.append(f"harness fds: {fds[0]} -> {max(fds)} max -> {fds[-1]} at the end "

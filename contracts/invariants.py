@@ -255,7 +255,9 @@ INVARIANTS: tuple[Invariant, ...] = (
               "(the reference broker allocates 1..65535 in order, then 1)", white_box=True,
               statement=("The reference broker's lua/save.lua: a persistent session's stored messages take ids 1..65535 in "
                          "order, then 1 again (MQTT asks only that the id be unused: [MQTT-2.2.1-4]); a skipped id is a stored "
-                         "message the session lost.")),
+                         "message the session lost.  An APPLICATION client's session (the broker's application_clients) is "
+                         "not judged: save.lua does not store it, its ids follow its Kafka topic's offsets, and offsets a "
+                         "failed produce took are never delivered.")),
     Invariant("liveness.unseen_over_time", "Owed-but-unseen messages over time", reported_only=True,
               statement=("Reported, no normative statement: the owed messages not yet seen, over time.")),
     Invariant("liveness.stuck_inflight", "Delivered QoS > 0 messages never acknowledged by the subscriber",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from contracts.app_clients import is_application
 from contracts.history_schema import Kind
 from oracle.messages import Received
 from oracle.model import Model
@@ -497,12 +498,21 @@ def qos2_twice(m: Model) -> list[Item]:
     return [_key(r) for r in _redelivered(m) if r.qos == 2]
 
 
+def _retained_pair(copies: list, i: int) -> bool:
+    """copies[i] and copies[i + 1] are the connection's first two copies of the message, one the retained copy a
+    SUBSCRIBE sent (RETAIN 1), the other the normal forward (RETAIN 0) of a message published just before that
+    subscription: MQTT allows both ([MQTT-3.3.1-9], [MQTT-3.3.1-12]); the Spark twin is job/messages.py ``twice``."""
+    prev, d = copies[i], copies[i + 1]
+    first_two = i == 0 or copies[i - 1].conn != d.conn
+    return first_two and bool(prev.row.get("retain")) != bool(d.row.get("retain"))
+
+
 @rule("duplicates.backlog_twice_in_connection")
 def backlog_twice(m: Model) -> list[Item]:
     out = []
     for r in _real(m):
-        twice = next((d for prev, d in zip(r.all, r.all[1:], strict=False) if prev.conn == d.conn and not d.resend),
-                     None)
+        twice = next((d for i, (prev, d) in enumerate(zip(r.all, r.all[1:], strict=False))
+                      if prev.conn == d.conn and not d.resend and not _retained_pair(r.all, i)), None)
         if twice is None:
             continue
         p = m.messages[(r.publisher, r.pub_seq)]
@@ -605,8 +615,8 @@ def packet_id_sequence(m: Model) -> list[Item]:
     """Within one persistent session (and one run of ids after a preset of its counter), the deliveries that take
     a new stored id, put in the order the broker handed the ids out (laps x 65535 + id), skip no more ids than
     the never-delivered QoS > 0 messages on the client's topics published since the session began explain; a
-    skip while a fault or node event was around is not judged.  Item: the delivery where the shortfall reaches
-    a new high."""
+    skip while a fault or node event was around is not judged, nor an APPLICATION client (its ids follow its
+    Kafka topic's offsets, not save.lua's counter).  Item: the delivery where the shortfall reaches a new high."""
     out: list[Item] = []
     presets: dict[str, list[int]] = {}
     for s in m.snapshots:
@@ -619,7 +629,7 @@ def packet_id_sequence(m: Model) -> list[Item]:
     runs: dict[tuple, list] = {}
     for d in m.deliveries:
         life = m.lives.get(d.row["client"])
-        if not _takes_new_id(d, life):
+        if not _takes_new_id(d, life) or is_application(m.declared.application_clients, life.client):
             continue
         since = life.fresh_seqs[d.epoch - 1]
         segment = sum(1 for p in presets.get(life.client, []) if since < p < d.seq)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from contracts.app_clients import application_rules
 from contracts.history_schema import (
     COLUMNS,
     EVENT_SCHEMA,
@@ -55,6 +56,8 @@ class Declared:
     queue_policy: str = "drop_oldest"
     persistence: str = "kill"
     target_names: tuple[str, ...] = ()  # the target's name and its nodes' names: a fault there hits the target
+    # The reference broker's application_clients rules (contracts/app_clients.py): its APPLICATION clients.
+    application_clients: tuple[dict[str, str], ...] = ()
 
     @property
     def tol(self) -> int:
@@ -112,7 +115,8 @@ def declared_from(scenario: dict[str, Any]) -> Declared:
                     tolerance_ms=DEFAULT_CLOCK_TOLERANCE_MS if tolerance is None else tolerance,
                     slack_ms=DEFAULT_PIPELINE_SLACK_MS if slack is None else slack,
                     allowed=tuple(checks.get("allowed") or ()), target_kind=kind, queue_policy=policy,
-                    persistence=promises.get("persistence") or "kill", target_names=names)
+                    persistence=promises.get("persistence") or "kill", target_names=names,
+                    application_clients=application_rules(broker) if kind == "reference" else ())
 
 
 @dataclass(frozen=True)

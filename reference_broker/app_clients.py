@@ -1,6 +1,8 @@
 """The pure half of the APPLICATION path (application.py has the delivery): which client is APPLICATION, its
 Kafka topic and consumer group as TBMQ names them, the packet id of an offset, the offset a pack may commit.
-Imported by the config, the Kafka path and the connection alike; it imports nothing of the broker."""
+Imported by the config, the Kafka path and the connection alike; it imports nothing of the broker.  The checkers
+read the same ``application_clients`` rules with contracts/app_clients.py (the broker imports nothing of Ordeal);
+tests/unit/test_app_clients_contract.py keeps the two classifications in step."""
 
 from __future__ import annotations
 

@@ -143,8 +143,12 @@ class ApplicationDelivery:
             self.consumer.assign([self.tp])
             if self.resumed:
                 self.sent_upto, self.released = await self.state.load()
+                if self.config.has("app_resend_without_dup"):
+                    self.sent_upto = -1  # the `sent` mark not read: what went out before counts as never sent
                 committed = await self.consumer.committed(self.tp)
-                if committed is None:
+                if self.config.has("app_backlog_from_end"):
+                    await self.consumer.seek_to_end(self.tp)  # as for a new session: the backlog is skipped
+                elif committed is None:
                     await self.consumer.seek_to_beginning(self.tp)  # never committed: all of it (duplicates, no loss)
                 else:
                     self.consumer.seek(self.tp, committed)

@@ -337,6 +337,8 @@ class Connection:
             self.will = self.application_message(connect.will_topic, connect.will_payload or b"", connect.will_qos,
                                                  connect.will_retain, will_props)
             self.will_delay = getattr(will_props, "WillDelayInterval", 0) if will_props is not None else 0
+            if self.config.has("will_delay_ignored"):
+                self.will_delay = 0  # defect: the Will goes out as the connection ends, and a resume cannot cancel it
             try:
                 # in Redis too before the CONNACK (after open_session claimed an older connection's): if this node
                 # dies with the connection open, the client's next CONNECT (server.py open_session) or else the
@@ -393,7 +395,8 @@ class Connection:
         elif isinstance(packet, Simple) and packet.packet_type == codec.PINGREQ:
             self.send(Simple(codec.PINGRESP))
         elif isinstance(packet, Disconnect):
-            if not (self.version == MQTT5 and packet.reason_code == codec.RC_DISCONNECT_WITH_WILL):
+            if not (self.version == MQTT5 and packet.reason_code == codec.RC_DISCONNECT_WITH_WILL) \
+                    and not self.config.has("will_after_normal_disconnect"):  # defect: the Will is kept
                 self.will = None  # a normal DISCONNECT: the Will is discarded unpublished ([MQTT-3.1.2-10])
             if self.version == MQTT5:
                 expiry = packet.prop("SessionExpiryInterval")

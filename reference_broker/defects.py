@@ -227,6 +227,51 @@ _DEFECTS = (
            "QoS 2 subscribers that stop reading after a PUBREC, drop abruptly and resume (qos2-resume): the "
            "message each answered with PUBREC is never released on the resumed session [MQTT-4.4.0-1] -- and "
            "never delivered (durability.lost too).")),
+
+    # --- the APPLICATION path (docs/reference-broker.md "APPLICATION clients"; the classes of TBMQ #320)
+    Defect("app_resend_without_dup",
+           "a resumed APPLICATION session does not read the `sent` mark of its `{client}_app` hash, so the "
+           "messages it resends from the committed offset go out with DUP = 0",
+           "order.dup_flag", False, "reference_broker/application.py",
+           shows=(
+           "APPLICATION subscribers that withhold their PUBACKs before an abrupt drop (app-offline-backlog): the "
+           "resumed session resends the unacknowledged messages with their old packet ids and DUP = 0 "
+           "[MQTT-3.3.1-1] (TBMQ #320).")),
+    Defect("app_backlog_from_end",
+           "a resumed APPLICATION session's consumer seeks to the end of the client's topic, as for a new session, "
+           "instead of to the committed offset, so the offline backlog is skipped",
+           "durability.lost", False, "reference_broker/application.py",
+           shows=(
+           "APPLICATION subscribers offline for seconds under fan-in (app-offline-backlog): session present 1 on "
+           "the reconnect and no message of the offline window ever arrives; only what is published after the "
+           "reconnect does (TBMQ #320: a fresh consumer starting at the end).")),
+
+    # --- Will and retained messages (docs/reference-broker.md "Will Messages", "Retained messages")
+    Defect("will_after_normal_disconnect",
+           "a normal DISCONNECT (reason 0x00) does not clear the Will, so it is published when the connection "
+           "closes",
+           "will.after_normal_disconnect", False, "reference_broker/connection.py",
+           shows=(
+           "subscribers with a Will that end some connections with a normal DISCONNECT (will-retained): the "
+           "watcher receives the Will of those connections as they close (one with a Will Delay: once the delay "
+           "runs out, unless the session resumed first) [MQTT-3.1.2-10].")),
+    Defect("will_delay_ignored",
+           "the Will Delay Interval is ignored: the Will is published at once when the connection ends, and a "
+           "resume within the delay does not cancel it",
+           "will.early", False, "reference_broker/connection.py",
+           shows=(
+           "MQTT 5 subscribers with a Will Delay of 3 s dropped abruptly (will-retained): the watcher receives "
+           "their Will right after the drop, seconds before it is due, also when the session resumes within the "
+           "delay [MQTT-3.1.3-9]. A Will Delay of 1 s does not show it: the Will reaches the watcher about 0.7 s "
+           "after the drop, within the clock tolerance of its due time.")),
+    Defect("retained_in_node_memory",
+           "retained messages are kept in the node's memory instead of Redis, so a broker node kill loses them "
+           "and another node does not know them",
+           "retained.not_last", False, "reference_broker/store.py",
+           shows=(
+           "late subscribers to the retained topics (will-retained): one connected to a node other than the one "
+           "its topic's newest retained message was published through, or to a node restarted since, receives "
+           "an older retained message or none [MQTT-3.3.1-5], [MQTT-3.3.1-6].")),
 )
 
 CATALOG: dict[str, Defect] = {d.name: d for d in _DEFECTS}

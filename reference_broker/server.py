@@ -254,10 +254,16 @@ class Broker:
         # taken over now (whose own end may take the record first: whoever takes it decides, once)
         await self._claim_older_will(client, conn.conn_id, resumed)
         # a delayed Will of this session's last connection: cancelled when the session resumes before the delay
-        # ran out, published now when a clean start ends that session ([MQTT-3.1.3-9])
+        # ran out, published now when a clean start ends that session, or when the delay ran out before this
+        # CONNECT and no sweep has published it yet ([MQTT-3.1.3-9]: only a connection made before the delay has
+        # passed cancels it)
+        due_ms = await store.pending_will_due_ms(client)
         pending_will = await store.take_pending_will(client)
         if pending_will is not None and not resumed:
             self._spawn(self.publish_will(client, pending_will, "its session ended at a new CONNECT"))
+        elif pending_will is not None and due_ms is not None and due_ms <= int(time.time() * 1000):
+            self._spawn(self.publish_will(client, pending_will, "its Will Delay Interval ran out before the session "
+                                                                "resumed"))
         if not resumed:
             await store.put_subscription(client, None)  # the old session's subscriptions end with it
         if subscription is not None:

@@ -109,6 +109,7 @@ class SessionStore:
         self.batch = ScriptBatcher(redis)  # the per-message scripts: one pipeline per master per loop turn
         self.save_defects = ",".join(d for d in config.defects if d in SAVE_DEFECTS)
         self._fsync_off_at = float("-inf")  # defect ack_before_durable: when it last turned fsync off
+        self._node_retained: dict[str, bytes] = {}  # defect retained_in_node_memory: topic -> message JSON
 
     # ------------------------------------------------------------ key names
     def messages_key(self, client: str) -> str:
@@ -311,6 +312,12 @@ class SessionStore:
     async def put_retained(self, message: dict[str, Any]) -> None:
         """Store a retained message for its topic, or delete the topic's with an empty payload
         ([MQTT-3.3.1-10], -11)."""
+        if self.config.has("retained_in_node_memory"):  # defect: this node's memory, not Redis
+            if message["payload"]:
+                self._node_retained[message["topic"]] = orjson.dumps(message)
+            else:
+                self._node_retained.pop(message["topic"], None)
+            return
         if message["payload"]:
             await self.redis.hset(self.retained_key(), message["topic"], orjson.dumps(message))
         else:
@@ -321,6 +328,9 @@ class SessionStore:
         their first level, codec.topic_matches), in topic order.  One HGETALL per SUBSCRIBE: the whole set is
         read (a broker with very many retained topics would keep an index of them instead, as TBMQ keeps a
         trie in each node's memory)."""
+        if self.config.has("retained_in_node_memory"):  # defect: only what this node stored since it started
+            return [orjson.loads(self._node_retained[t]) for t in sorted(self._node_retained)
+                    if topic_matches(topic_filter, t)]
         if "+" not in topic_filter and "#" not in topic_filter:
             raw = await self.redis.hget(self.retained_key(), topic_filter)
             return [orjson.loads(raw)] if raw else []
@@ -336,6 +346,11 @@ class SessionStore:
         ttl = max(1, (due_ms - int(time.time() * 1000)) // 1000 + 86400)
         await self.redis.set(self.will_key(client), orjson.dumps(message), ex=ttl)
         await self.redis.zadd(self.shared_key("wills"), {client: due_ms})
+
+    async def pending_will_due_ms(self, client: str) -> int | None:
+        """When the client's pending Will is due (epoch ms), None when there is none."""
+        score = await self.redis.zscore(self.shared_key("wills"), client)
+        return None if score is None else int(score)
 
     async def take_pending_will(self, client: str) -> dict[str, Any] | None:
         """Claim the client's pending Will (the node whose ZREM removed it has it; a sweep and a reconnect

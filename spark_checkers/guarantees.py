@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.app_clients import application_rules
 from contracts.invariants import (
     DEFAULT_CLOCK_TOLERANCE_MS,
     DEFAULT_PIPELINE_SLACK_MS,
@@ -54,6 +55,9 @@ class Guarantees:
     # the reference broker, which declares neither.  Shown in the report's declaration, never judged.
     credentials: bool | None = None
     tls: bool | None = None
+    # The reference broker's application_clients rules (scenario.json broker; contracts/app_clients.py): which
+    # subscribers are APPLICATION clients, whose packet ids are not lua/save.lua's.  Empty for an external target.
+    application_clients: tuple[dict[str, str], ...] = ()
 
     @property
     def unpromised_faults(self) -> tuple[str, ...]:
@@ -149,7 +153,8 @@ class Guarantees:
                    mqtt_versions=versions,
                    fault_mix=mix, log_patterns=patterns, log_preset=preset,
                    credentials=bool(target.get("credentials")) if kind == "external" else None,
-                   tls=bool((target.get("tls") or {}).get("enabled")) if kind == "external" else None)
+                   tls=bool((target.get("tls") or {}).get("enabled")) if kind == "external" else None,
+                   application_clients=application_rules(broker, source) if kind == "reference" else ())
 
 
 def _log_patterns(checks: Mapping[str, Any], target: Mapping[str, Any], broker: Mapping[str, Any], kind: str,

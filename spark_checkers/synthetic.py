@@ -99,13 +99,17 @@ class Spec:
     log_lines: tuple[tuple[str, str, str], ...] | None = None
     unread_logs: tuple[str, ...] = ()
     failure_strategy: str = "skip"  # both stages' [broker] *_failure_strategy (the log oracle's defaults)
+    # [broker] application_clients as client-id globs: the reference broker's APPLICATION clients
+    application_clients: tuple[str, ...] = ()
 
     def scenario(self) -> dict[str, Any]:
         return {
             "name": self.scenario_name,
             "broker": {"persisted_messages_limit": self.limit, "persisted_message_ttl_s": self.ttl_s,
                        "incoming_failure_strategy": self.failure_strategy,
-                       "persisted_failure_strategy": self.failure_strategy},
+                       "persisted_failure_strategy": self.failure_strategy,
+                       **({"application_clients": [{"client_id": glob} for glob in self.application_clients]}
+                          if self.application_clients else {})},
             "checks": {"clock_tolerance_ms": self.tolerance_ms, "allowed": list(self.allowed),
                        "pipeline_slack_ms": self.pipeline_slack_ms},
             "target": ({"kind": self.target_kind} if self.target_kind == "reference" else {

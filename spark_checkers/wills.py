@@ -13,6 +13,11 @@ contracts/history_schema.py WILL_TOPIC_PREFIX).  The explanations are rules/will
 - ``will.early`` [MQTT-3.1.3-9]: a Will reached the watcher before it was due (its connection's end + the Will
   Delay, or the end of the session if that came first) by more than the clock tolerance, or although the session
   resumed within the delay (then it is never due).
+
+A session resumed within the clock tolerance of the moment its Will Delay ran out (either side) makes both
+outcomes legal: the broker's clock may place that CONNECT on the other side of the due time, and its sweep for due
+Wills runs periodically.  Such a Will is neither owed nor forbidden (``either`` in what was judged); one that
+arrives is still judged early against the due time.
 """
 
 from __future__ import annotations
@@ -56,6 +61,14 @@ class WillConnection:
     # never due) or began a new one (the old session ended there: the Will is due then).
     t_next: int | None = None
     resumed: bool = False
+    # The next connect of the client if it resumed the session (session present 1), within the delay or not.
+    t_resume: int | None = None
+
+    def resumed_at_the_due_time(self, tolerance_us: int) -> bool:
+        """The session resumed within ``tolerance_us`` of the moment the Will Delay ran out, before or after."""
+        if self.t_end is None or self.normal or not self.delay_s or self.t_resume is None:
+            return False
+        return abs(self.t_resume - (self.t_end + self.delay_s * 1_000_000)) <= tolerance_us
 
     @property
     def t_due(self) -> int | None:
@@ -91,11 +104,13 @@ def will_connections(rows: list[dict]) -> list[WillConnection]:
             connection = WillConnection(client, str(will["payload"]), delay, row["t_mono_us"], row["seq"])
             if end is not None:
                 normal = end.get("initiator") == "client" and not end.get("abrupt")
-                within = after is not None and after["kind"] == Kind.CONNECT and after["t_mono_us"] < end["t_mono_us"] + delay * 1_000_000
+                reconnect = after is not None and after["kind"] == Kind.CONNECT
+                within = reconnect and after["t_mono_us"] < end["t_mono_us"] + delay * 1_000_000
                 connection = WillConnection(
                     client, connection.payload, delay, row["t_mono_us"], row["seq"], t_end=end["t_mono_us"],
                     normal=normal, initiator=end.get("initiator"),
-                    t_next=after["t_mono_us"] if within else None, resumed=bool(within and after.get("session_present")))
+                    t_next=after["t_mono_us"] if within else None, resumed=bool(within and after.get("session_present")),
+                    t_resume=after["t_mono_us"] if reconnect and after.get("session_present") else None)
             found.append(connection)
     return found
 
@@ -111,7 +126,7 @@ def will_violations(rows: list[dict], tolerance_us: int, slack_us: int,
             payload = _detail(row).get("will")
             arrivals.setdefault(str(payload), []).append(row)
     violations: dict[str, list[dict]] = {}
-    judged = {"connections": len(connections), "owed": 0, "forbidden": 0, "arrived": 0, "undecided": 0}
+    judged = {"connections": len(connections), "owed": 0, "forbidden": 0, "arrived": 0, "undecided": 0, "either": 0}
     wait_us = WILL_SLACK_S * 1_000_000 + slack_us
     for c in connections:
         got = sorted(arrivals.get(c.payload, []), key=lambda r: r["t_mono_us"])
@@ -131,6 +146,15 @@ def will_violations(rows: list[dict], tolerance_us: int, slack_us: int,
             judged["forbidden"] += 1
             if first is not None:
                 violations.setdefault("will.after_normal_disconnect", []).append(base)
+            continue
+        if c.resumed_at_the_due_time(tolerance_us):
+            # resumed at the due time, within the clock tolerance: published or cancelled, both legal; an
+            # arrival is still judged against the due time
+            judged["either"] += 1
+            due = c.t_end + c.delay_s * 1_000_000
+            if first is not None and first["t_mono_us"] < due - tolerance_us:
+                violations.setdefault("will.early", []).append({**base, "t_due": due, "why": "before_due",
+                                                                "tol_us": tolerance_us})
             continue
         due = c.t_due
         if due is None:  # the session resumed within the delay: never due

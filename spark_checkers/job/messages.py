@@ -203,7 +203,8 @@ def _in_message_order(rows):
     ordered = Window.partitionBy(*SUBSCRIBER_MESSAGE).orderBy("seq")
     w = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     return rows.select("*", F.min(F.when(F.col("acked"), F.col("next_seq"))).over(w).alias("w_first_ack_seq"),
-                       F.lag(F.struct("seq", "t", "packet_id", "conn")).over(ordered).alias("msg_prev"))
+                       F.lag(F.struct("seq", "t", "packet_id", "conn", "retain")).over(ordered).alias("msg_prev"),
+                       F.lag("conn", 2).over(ordered).alias("msg_prev2_conn"))
 
 
 def _after_ack_aggregates() -> list:
@@ -211,8 +212,12 @@ def _after_ack_aggregates() -> list:
     after_ack = F.col("seq") > F.col("w_first_ack_seq")
     # The same message again on the connection that already delivered it, and not the resend of that very packet
     # (same id, no ack between): two distinct deliveries within one connection (connections only grow with seq,
-    # so the previous delivery is on this connection iff any earlier one is).
-    twice = (F.col("msg_prev.conn") == F.col("conn")) & ~F.col("resend")
+    # so the previous delivery is on this connection iff any earlier one is).  Not twice: the connection's first
+    # two copies when one is the retained copy a SUBSCRIBE sent (RETAIN 1) and the other the normal forward
+    # (RETAIN 0) of a message published just before that subscription: MQTT allows both ([MQTT-3.3.1-9], [MQTT-3.3.1-12]).
+    retained_pair = ((F.coalesce("msg_prev.retain", F.lit(False)) != F.coalesce("retain", F.lit(False)))
+                     & ~F.coalesce(F.col("msg_prev2_conn") == F.col("conn"), F.lit(False)))
+    twice = (F.col("msg_prev.conn") == F.col("conn")) & ~F.col("resend") & ~retained_pair
     return [F.sum(after_ack.cast("int")).alias("n_after_ack"),
             F.min(F.when(after_ack, F.struct("seq", "t", "packet_id", "dup"))).alias("redelivery"),
             F.min(F.when(twice, F.struct("seq", "t", "packet_id", "dup", F.col("msg_prev.t").alias("prev_t"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
+from contracts.app_clients import is_application
 from contracts.topics import filter_matches
 from spark_checkers.job.codes import code_of
 from spark_checkers.job.events import RunSpec, local_frame
@@ -33,7 +34,8 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                  for n in timeline.new_sessions.get(client, [])],
                                 [row["seq"] for row in timeline.snapshots if row.get("client") == client
                                  and detail_of(row).get("when") == "preset"],
-                                connect_limits(timeline.connects.get(client, []))))
+                                connect_limits(timeline.connects.get(client, [])),
+                                is_application(g.application_clients, client)))
         for topic in topics.get(run.run_id, []):
             subs = [(code_of(s.client), s.t_from, s.t_to, s.granted_qos, s.persistent,
                      *timeline.sub_options.get((s.client, s.topic_filter, s.t_from), (None, False)))
@@ -74,7 +76,10 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
         # none, an MQTT 3.1.1 connect; Receive Maximum absent = 65535, Maximum Packet Size absent = no limit).
         T.StructField("conn_limits", T.ArrayType(T.StructType([
             T.StructField("seq", L), T.StructField("t", L), T.StructField("receive_maximum", N),
-            T.StructField("maximum_packet_size", L)])))]))
+            T.StructField("maximum_packet_size", L)]))),
+        # An APPLICATION client of the reference broker (its application_clients rules, contracts/app_clients.py):
+        # its messages wait in a Kafka topic of its own, not in lua/save.lua's session store.
+        T.StructField("application", B)]))
     match_df = local_frame(spark, match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", L),
         T.StructField("subs", T.ArrayType(T.StructType([

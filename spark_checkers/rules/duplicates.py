@@ -39,9 +39,10 @@ def qos2_twice():
     return _redelivered() & (F.col("qos") == 2), *_redelivery_witness()
 
 
-# The same message twice within one connection (not the resend of one packet): a backlog sent twice.  Only a
-# fault around the message's life (a save repeated after a failure, a rolled-back removal) or a publisher
-# that may have sent it twice (published more than once, or disconnected before its ack) excuses it.
+# The same message twice within one connection (not the resend of one packet, nor a retained copy beside the
+# normal forward: the ``twice`` column, job/messages.py): a backlog sent twice.  Only a fault around the
+# message's life (a save repeated after a failure, a rolled-back removal) or a publisher that may have sent it
+# twice (published more than once, or disconnected before its ack) excuses it.
 @rule("duplicates.backlog_twice_in_connection", MESSAGES)
 def backlog_twice_in_connection():
     fault_near = sql("exists(coalesce(fault_spans, array()), x -> x.s <= twice.t"

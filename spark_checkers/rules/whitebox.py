@@ -27,15 +27,19 @@ def packet_id_gaps(slots, table, clients_b, runs_b):
     count is cumulative: each such message explains one skipped id, once.  A gap while a fault was around may
     also be a save repeated after a failure whose first copy was trimmed: not judged.  The first session of a
     client is not judged at its start (a scenario may preset the counter); a later one starts at 1 (a new
-    session discards the old one's counter)."""
+    session discards the old one's counter).  An APPLICATION client (the broker's application_clients rules) is
+    not judged at all: its packet ids follow the offsets of its own Kafka topic, not save.lua's counter."""
     # A preset of the counter (the harness's, recorded as a session_snapshot with when = "preset") starts a new
     # run of ids within the session: judged like a session's start, whose first id is not judged.
     session = ["run_id", "client", "epoch", "segment"]
     by_seq = Window.partitionBy(*session).orderBy("seq")
     valid = (F.col("packet_id") >= 1) & (F.col("packet_id") <= 65535) & ~F.coalesce("reused", F.lit(False))
-    presets = F.broadcast(clients_b.select("run_id", "client", "preset_seqs", "fresh_seqs"))
+    presets = F.broadcast(clients_b.select("run_id", "client", "preset_seqs", "fresh_seqs", "application"))
     since = "coalesce(element_at(fresh_seqs, greatest(epoch, 1)), 0)"
+    # Why not an APPLICATION client: its ids are its Kafka topic's offsets (offset mod 65535 + 1), and a produce
+    # that failed after taking offsets leaves them unused -- a skip with nothing lost, no save.lua counter behind it.
     ids = (slots.filter(F.col("new_id")).join(presets, ["run_id", "client"], "left")
+           .filter(~F.coalesce("application", F.lit(False)))
            .withColumn("segment", sql(f"size(filter(coalesce(preset_seqs, array()), x -> x < seq AND x > {since}))"))
            .select(*session, "seq", "t", "packet_id", "publisher", "pub_seq", valid.alias("valid"), "t_origin"))
     # Why not the receive order: a QoS 2 message is recorded when the client library hands it over (at PUBREL),

@@ -87,6 +87,30 @@ def test_a_reconnect_after_the_delay_does_not_cancel_it():
     assert judge([*rows, will_arrives(4, 6 * S + 10_000)]) == {}
 
 
+
+def _resumed_at(t_resume, will_at=None):
+    """A 3 s Will Delay, the connection cut at 5 s (due at 8 s), the session resumed at ``t_resume``."""
+    rows = [connect(1, 1 * S, delay=3), disconnect(2, 5 * S),
+            connect(3, t_resume, delay=3, connection=2, session_present=True)]
+    return rows + ([will_arrives(4, will_at)] if will_at is not None else [])
+
+
+def test_a_resume_within_the_clock_tolerance_of_the_due_time_allows_either_outcome():
+    """The session resumed 22 ms after the delay ran out, no Will: the broker may have seen the CONNECT before
+    its due time (clocks differ by up to the tolerance; its sweep runs periodically).  Resumed 22 ms before, the
+    Will at the due time: the broker may have seen it after.  Beyond the tolerance each side is judged again."""
+    due = 8 * S
+    found, judged = will_violations(_resumed_at(due + 22_000), TOL, SLACK, END)
+    assert found == {} and judged["either"] == 1 and judged["owed"] == 0  # near miss: cancelled, legal
+    assert judge(_resumed_at(due + 22_000, will_at=due + 22_000)) == {}  # published at the resume, legal too
+    assert judge(_resumed_at(due - 22_000, will_at=due + 50_000)) == {}  # resumed just before, published at due
+    assert judge(_resumed_at(due - 22_000)) == {}
+    # planted: beyond the tolerance, after (owed, missing) and before (cancelled, so early)
+    assert set(judge(_resumed_at(due + TOL + 1))) == {"will.missing"}
+    assert set(judge(_resumed_at(due - TOL - 1, will_at=due + 50_000))) == {"will.early"}
+    # planted: within the tolerance, but the Will well before it was due
+    assert set(judge(_resumed_at(due + 22_000, will_at=due - TOL - 1))) == {"will.early"}
+
 def test_a_will_while_the_connection_is_open_is_early():
     assert set(judge([connect(1, 1 * S), will_arrives(2, 2 * S)])) == {"will.early"}
     assert judge([connect(1, 1 * S)]) == {}

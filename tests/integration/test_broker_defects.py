@@ -6,15 +6,22 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 
 import pytest
+import test_broker_application as app
 import test_broker_flow
+import test_broker_will_retained
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from test_broker_flow import FILTER, TOPIC, offline_backlog, payloads, reconnect
+from test_broker_will_retained import retained, subscriber, will_topic
 
 from reference_broker.defects import CATALOG
 
 pytestmark = pytest.mark.integration
 brokers = test_broker_flow.brokers  # the fixture, shared with the flow tests
+will_clients = test_broker_will_retained.will_clients  # the fixture, shared with the Will tests
 
 LUA_LEVEL = {"score_reset_at_wrap", "packet_id_wraps_to_zero", "last_packet_id_from_zset", "trim_newest",
              "trim_off_by_one", "expiry_as_milliseconds", "score_from_last_packet_id", "packet_id_skips_65535",
@@ -278,3 +285,121 @@ def test_defect_ack_before_durable(brokers, defect):
     finally:
         for reply in before.values():
             redis.config_set("appendfsync", reply["appendfsync"], target_nodes=redis.ALL_NODES)
+
+
+# --- the APPLICATION path: the correct behaviour each breaks is asserted in test_broker_application.py
+def _app_unacked_then_reconnect(cluster, version: int):
+    """An APPLICATION subscriber gets 20 messages, acknowledges the first 10, drops abruptly and resumes;
+    returns the first deliveries and those of the resumed session."""
+    sub = app.connect_app(cluster, app.app_id(), version, clean=True, auto_ack=False)
+    sub.subscribe(FILTER, 1)
+    app.publish_many(cluster, 20)
+    first = sub.wait_for(20)
+    for delivery in first[:10]:
+        sub.ack(delivery)
+    time.sleep(1.0)
+    sub.drop()
+    sub.clear()
+    sub.auto_ack = True
+    assert reconnect(sub) is True
+    return first, sub.settle(1.5)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_defect_app_resend_without_dup(brokers, version):
+    cluster = brokers(application_clients=app.APP_RULES, defects=["app_resend_without_dup"])
+    first, again = _app_unacked_then_reconnect(cluster, version)
+    assert payloads(again) == payloads(first[10:])
+    assert [d.packet_id for d in again] == [d.packet_id for d in first[10:]]   # the same packet ids ...
+    assert not any(d.dup for d in again)                                      # ... and DUP = 0
+
+
+def _wait_app_end_offset(cluster, client_id: str, count: int, timeout: float = 20.0) -> None:
+    """Until the end offset of the client's own topic reaches ``count``."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def end() -> int:
+        consumer = AIOKafkaConsumer(bootstrap_servers=cluster.topology.kafka_bootstrap(), enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tp = TopicPartition(app.app_topic(client_id), 0)
+            return (await consumer.end_offsets([tp]))[tp]
+        finally:
+            await consumer.stop()
+
+    deadline = time.monotonic() + timeout
+    seen = [asyncio.run(end())]
+    while seen[-1] < count:
+        assert time.monotonic() < deadline, f"the topic's end offset never reached the backlog: {seen}"
+        time.sleep(0.3)
+        seen.append(asyncio.run(end()))
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_defect_app_backlog_from_end(brokers, version):
+    cluster = brokers(application_clients=app.APP_RULES, defects=["app_backlog_from_end"])
+    client_id = app.app_id()
+    sub = app.connect_app(cluster, client_id, version, clean=True)
+    sub.subscribe(FILTER, 1)
+    sub.disconnect()
+    # the offline backlog, in two produce batches: Tansu reports the end offset as the last batch's start
+    app.publish_many(cluster, 30, prefix=b"a")
+    _wait_app_end_offset(cluster, client_id, 1)
+    time.sleep(0.5)
+    app.publish_many(cluster, 30, prefix=b"b")
+    _wait_app_end_offset(cluster, client_id, 30)
+    sub.clear()
+    assert reconnect(sub) is True                    # session present 1 ...
+    app.publish_many(cluster, 3, prefix=b"n")
+    got = payloads(sub.settle(1.5))
+    assert b"n00002" in got and not any(p.startswith(b"a") for p in got)   # ... but the backlog skipped
+
+
+def test_defect_will_after_normal_disconnect(brokers, will_clients):
+    """A normal DISCONNECT, and yet the Will is published (control: test_mqtt_3_1_2_10_no_will_after_normal_
+    disconnect_but_after_0x04)."""
+    cluster = brokers(defects=["will_after_normal_disconnect"])
+    topic = will_topic()
+    sub = subscriber(cluster, topic, 4)
+    polite = will_clients(cluster, 4, topic, b"polite")
+    polite.connect()
+    polite.disconnect()
+    assert [d.payload for d in sub.wait_for(1, timeout=10)] == [b"polite"]
+
+
+def test_defect_will_delay_ignored(brokers, will_clients):
+    """Will Delay 5 s: the Will arrives right after the drop, and a resume within the delay does not cancel it
+    (control: test_mqtt_3_1_3_9_will_delay_respected_and_cancelled_by_reconnect)."""
+    cluster = brokers(defects=["will_delay_ignored"])
+    topic = will_topic()
+    sub = subscriber(cluster, topic, 5)
+    props = Properties(PacketTypes.WILLMESSAGE)
+    props.WillDelayInterval = 5
+    device = will_clients(cluster, 5, topic, b"early", will_properties=props)
+    device.connect(clean=True, session_expiry=60)
+    device.drop()
+    dropped = time.monotonic()
+    again = will_clients(cluster, 5, topic, b"early", will_properties=props, client_id=device.client_id)
+    assert again.connect(clean=False, session_expiry=60) is True  # resumed within the delay
+    [got] = sub.wait_for(1, timeout=10)
+    assert got.payload == b"early" and got.at - dropped < 2.0, f"Will after {got.at - dropped:.1f} s, delay 5 s"
+    again.disconnect()
+
+
+def test_defect_retained_in_node_memory(brokers):
+    """Retained through node 1: a subscriber on node 1 gets it, one on node 2 does not, and after node 1's
+    restart neither does one there (control: test_retained_message_survives_a_broker_node_kill)."""
+    cluster = brokers(count=2, defects=["retained_in_node_memory"])
+    topic = f"retained/{uuid.uuid4().hex[:8]}"
+    pub = cluster.probe(version=4, node=0)
+    pub.connect(clean=True)
+    pub.publish(topic, b"in-memory", 1, retain=True)
+    pub.drop()
+    assert [(d.payload, d.retain) for d in retained(subscriber(cluster, topic, 5, node=0))] == [(b"in-memory", True)]
+    assert retained(subscriber(cluster, topic, 5, node=1), timeout=1.5) == []
+    cluster.nodes[0].kill()
+    cluster.nodes[0].start()
+    cluster.nodes[0].wait_ready(30)
+    assert retained(subscriber(cluster, topic, 5, node=0), timeout=1.5) == []

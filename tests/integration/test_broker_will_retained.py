@@ -216,6 +216,31 @@ def test_mqtt_3_1_3_9_will_delay_respected_and_cancelled_by_reconnect(brokers, w
     again.disconnect()
 
 
+@pytest.mark.parametrize("overdue", [True, False], ids=["resumed_after_the_delay", "resumed_within_the_delay"])
+def test_mqtt_3_1_3_9_resume_after_the_delay_ran_out_before_any_sweep_publishes_the_will(brokers, will_clients,
+                                                                                          overdue):
+    """Will Delay 1 s, sweeps 30 s apart (none runs during the test).  The session resumed 1.5 s after the drop:
+    the delay ran out before that CONNECT, so the Will is published at the resume ([MQTT-3.1.3-9] cancels it
+    only for a connection made before the delay has passed).  Resumed 0.3 s after the drop: no Will."""
+    cluster = brokers(session_expiry_check_s=30.0)
+    topic = will_topic()
+    sub = subscriber(cluster, topic, 5)
+    props = Properties(PacketTypes.WILLMESSAGE)
+    props.WillDelayInterval = 1
+    device = will_clients(cluster, 5, topic, b"overdue", will_properties=props)
+    device.connect(clean=True, session_expiry=60)
+    device.drop()
+    time.sleep(1.5 if overdue else 0.3)
+    again = will_clients(cluster, 5, topic, b"overdue", will_properties=props, client_id=device.client_id)
+    assert again.connect(clean=False, session_expiry=60) is True  # the session resumed
+    if overdue:
+        assert [d.payload for d in sub.wait_for(1, timeout=5)] == [b"overdue"]
+        assert [d.payload for d in sub.settle(1.0, timeout=3.0)] == [b"overdue"]  # once
+    else:
+        assert sub.settle(1.0, timeout=3.0) == []
+    again.disconnect()
+
+
 def test_will_of_a_client_on_a_killed_node_is_published_by_the_survivor(brokers, will_clients):
     """The device's node is SIGKILLed while the device is connected: its network connection ended without
     DISCONNECT, so the node that releases the dead node's sessions (3 leases of 2 s later) publishes the Will,

@@ -390,6 +390,12 @@ CASES = {
     # --- white box: a persistent session's stored ids go 1..65535, then 1, without a skip ---
     "packet_id_skips_65535": (NEAR_WRAP, lambda r: s.skip_packet_ids(r, "sub-1", 65535), {"whitebox.packet_id_sequence"}),
     "packet_id_skips_one": (NO_FAULT, lambda r: s.skip_packet_ids(r, "sub-1", 10), {"whitebox.packet_id_sequence"}),
+    # An APPLICATION client's ids are its Kafka topic's offsets, not save.lua's: offsets a failed produce took
+    # leave a skip with nothing lost, not judged (the near miss); a DEVICE session beside it still is.
+    "packet_id_skips_one_beside_application": (replace(NO_FAULT, application_clients=("sub-0",)), lambda r:
+                                               s.skip_packet_ids(r, "sub-1", 10), {"whitebox.packet_id_sequence"}),
+    "packet_id_skips_one_application": (replace(NO_FAULT, application_clients=("sub-?",)),
+                                        lambda r: s.skip_packet_ids(r, "sub-1", 10), set()),
     "packet_id_wraps_in_order": (NEAR_WRAP, None, set()),
     # The harness's preset (wrap-backlog's preset_each_offline) starts a new run of ids: the jump to the preset
     # is no skip, but a skip of 65535 after it still is (a preset once hid it behind a lap counted backwards).
@@ -626,11 +632,12 @@ CASES.update({
 })
 
 
-def _retained(rows, *, deliver=2, subscribe_slot=8, subscribe_after_us=0, retain=True, then_live=None):
+def _retained(rows, *, deliver=2, subscribe_slot=8, subscribe_after_us=0, retain=True, then_live=None,
+              live_retain=False):
     """pub-r publishes #1 (slot 2) and #2 (slot 5) with RETAIN 1 on ordeal/retained/0 (no subscriber holds it);
     late-0 connects (clean start) at ``subscribe_slot`` (+ ``subscribe_after_us``), subscribes to ordeal/retained/+
-    and receives #``deliver`` with RETAIN ``retain`` (None: nothing), then #``then_live`` forwarded live (RETAIN 0:
-    a message the broker's pipeline still held when the subscription began)."""
+    and receives #``deliver`` with RETAIN ``retain`` (None: nothing), then #``then_live`` forwarded live (RETAIN
+    ``live_retain``, 0 by default: a message the broker's pipeline still held when the subscription began)."""
     from contracts.history_schema import RETAINED_FILTER, retained_topic
 
     spec, topic = BASE, retained_topic(0)
@@ -652,7 +659,7 @@ def _retained(rows, *, deliver=2, subscribe_slot=8, subscribe_after_us=0, retain
                  "reason_code": 0})
     rows.append({**late, "t_mono_us": t + 1000, "kind": Kind.SUBSCRIBE_ACK, "topic": RETAINED_FILTER, "qos": 1,
                  "packet_id": 1, "detail": '{"requested_qos": 1, "rap": false, "no_local": false}'})
-    for n, (seq, flag) in enumerate(((deliver, retain), (then_live, False)), 1):
+    for n, (seq, flag) in enumerate(((deliver, retain), (then_live, live_retain)), 1):
         if seq is None:
             continue
         at = t + 3000 * n
@@ -677,6 +684,12 @@ CASES.update({
     "retained_copy_then_older_live_forward": (BASE, lambda r: _retained(r, then_live=1), set()),
     "live_forwards_out_of_order": (BASE, lambda r: _retained(r, retain=False, then_live=1),
                                    {"order.out_of_order", "retained.not_last"}),
+    # One message as the retained copy (RETAIN 1, at the SUBSCRIBE) and as the normal forward (RETAIN 0) on the
+    # same connection: MQTT allows both copies, no message twice (near miss; the second copy follows an ack,
+    # so it is a redelivery after ack, allowed here as in will-retained).  Planted: both copies with RETAIN 1.
+    "retained_copy_and_live_forward_of_one_message": (ALLOW_REDELIVERY, lambda r: _retained(r, then_live=2), set()),
+    "retained_copy_twice_in_connection": (ALLOW_REDELIVERY, lambda r: _retained(r, then_live=2, live_retain=True),
+                                          {"duplicates.backlog_twice_in_connection"}),
 })
 
 

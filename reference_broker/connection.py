@@ -18,6 +18,7 @@ import itertools
 import logging
 import math
 import time
+import traceback
 import uuid
 from collections import Counter, OrderedDict, deque
 from typing import Any, Protocol
@@ -87,6 +88,18 @@ class NodeForConnections(Protocol):
 
     def retain_after(self, produced: asyncio.Future, message: dict[str, Any]) -> asyncio.Future: ...
 
+
+
+def leaked_redis_transport_error(error: BaseException) -> bool:
+    """Whether ``error`` is redis-py's asyncio client writing to a connection its Redis node closed (a node
+    killed mid-request): redis-py lets the transport's own error out -- an AttributeError ('NoneType' object has
+    no attribute 'writelines'), a TypeError, or uvloop's RuntimeError ("unable to perform operation on
+    <TCPTransport closed=True ...>") -- instead of its ConnectionError (redis-py issue #4287).  The same outage
+    as a RedisError, so it is treated like one; any other error of these types is still a broker error."""
+    if not isinstance(error, (AttributeError, TypeError, RuntimeError)):
+        return False
+    frames = traceback.extract_tb(error.__traceback__)
+    return any("/redis/asyncio/" in frame.filename for frame in frames)
 
 class Connection:
     def __init__(self, broker: NodeForConnections, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -226,8 +239,20 @@ class Connection:
             pass
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("%s: connection failed", self.client_id or "?")
+        except RedisError as error:
+            # Redis away (a killed master before its failover, a cluster down) while a packet needed it, e.g. a
+            # SUBSCRIBE's saved subscriptions: the packet cannot be served, so the connection ends and the
+            # client reconnects -- an outage this broker rides out, not an error of its own (an ERROR line
+            # fails logs.error_lines: the soak's hour met one at a Redis master kill, docs/findings.md).
+            log.warning("%s: connection closed, Redis unavailable: %s: %s", self.client_id or "?",
+                        type(error).__name__, error)
+            await self.close(codec.RC_UNSPECIFIED_ERROR)
+        except Exception as error:
+            if leaked_redis_transport_error(error):
+                log.warning("%s: connection closed, Redis unavailable: %s: %s (redis-py #4287)", self.client_id or "?",
+                            type(error).__name__, error)
+            else:
+                log.exception("%s: connection failed", self.client_id or "?")
             await self.close(codec.RC_UNSPECIFIED_ERROR)
         finally:
             await self.close()

@@ -15,6 +15,8 @@ runs (the machine is shared).
 
     .venv/bin/python benchmarks/checkers.py [--latency 10000 100000 1000000] [--events 1000000 10000000] [--record]
     .venv/bin/python benchmarks/checkers.py --whole-command 10000 100000 [--record]   # `ordeal check` beside DuckDB
+    .venv/bin/python benchmarks/checkers.py --whole-command 10000 --arm one-job:ORDEAL_CHECKER_SMALL_ASIDE=0 \
+        --arm aside:ORDEAL_CHECKER_SMALL_ASIDE=1      # two ways of the check, interleaved, beside DuckDB
 
 ``--record`` also appends the figures to docs/measurements.md (benchmarks/record.py).
 
@@ -310,12 +312,18 @@ print(json.dumps(duckdb_seconds(__import__("pathlib").Path(sys.argv[1]))[1]))
 """
 
 
-def whole_command(sizes: list[int], out: Path, repeats: int = 5, warm_checks: int = 20) -> list[dict]:
+def whole_command(sizes: list[int], out: Path, repeats: int = 5, warm_checks: int = 20,
+                  arms: dict[str, dict[str, str]] | None = None) -> list[dict]:
     """``ordeal check`` as a user runs it, a whole process on a warm shared server (a private one here, warmed by
     ``warm_checks`` checks: the server a nightly, or a laptop after a few commands, checks on), beside a whole
     process that runs the DuckDB loss + order rules on the same files, interleaved per repeat.  The figures:
     the median wall time of each; the check's own part (report.json's ``check_seconds``) and the command's
-    CPU-seconds (the client: imports, the session, the reports) say where the rest goes."""
+    CPU-seconds (the client: imports, the session, the reports) say where the rest goes.
+
+    ``arms``: name -> environment of the check command (``--arm``), each arm's check timed in every repeat,
+    interleaved with the others' and DuckDB's, and reported in a row of its own (with its median over the
+    first arm's); every arm's exit code and failed counts must agree."""
+    arms = arms or {"default": {}}
     import resource
     import statistics
     import subprocess
@@ -331,10 +339,11 @@ def whole_command(sizes: list[int], out: Path, repeats: int = 5, warm_checks: in
         if not (dirs[events] / "history" / MANIFEST_NAME).exists():
             generate(dirs[events], events)
 
-    def timed(argv: list[str]) -> tuple[float, float, int]:
+    def timed(argv: list[str], extra: dict[str, str] | None = None) -> tuple[float, float, int]:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
-        code = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=root).returncode
+        code = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**env, **(extra or {})},
+                              cwd=root).returncode
         wall = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), code
@@ -346,22 +355,38 @@ def whole_command(sizes: list[int], out: Path, repeats: int = 5, warm_checks: in
         for i in range(warm_checks):
             timed([*ordeal, "check", str(dirs[sizes[i % len(sizes)]])])
         for events in sizes:
-            whole, cpu, inside, duck = [], [], [], []
+            measured = {arm: {"whole": [], "cpu": [], "inside": [], "codes": set(), "found": []} for arm in arms}
+            duck = []
             for _ in range(repeats):
-                wall, used, code = timed([*ordeal, "check", str(dirs[events])])
-                whole.append(wall)
-                cpu.append(used)
-                inside.append(json.loads((dirs[events] / "report.json").read_text())["environment"]["check_seconds"])
+                for arm, arm_env in arms.items():
+                    wall, used, code = timed([*ordeal, "check", str(dirs[events])], arm_env)
+                    report = json.loads((dirs[events] / "report.json").read_text())
+                    m = measured[arm]
+                    m["whole"].append(wall)
+                    m["cpu"].append(used)
+                    m["inside"].append(report["environment"]["check_seconds"])
+                    m["codes"].add(code)
+                    m["found"].append(findings(report))
                 duck.append(timed([sys.executable, "-c", DUCKDB_WHOLE, str(dirs[events]), str(root)])[0])
-            row = {"events": events, "repeats": repeats, "check_command_s": round(statistics.median(whole), 2),
-                   "check_command_best_s": round(min(whole), 2), "check_inside_s": round(statistics.median(inside), 2),
-                   "check_command_cpu_s": round(statistics.median(cpu), 2),
-                   "outside_check_s": round(statistics.median(w - c for w, c in zip(whole, inside, strict=True)), 2),
-                   "duckdb_command_s": round(statistics.median(duck), 2),
-                   "check_command_vs_duckdb_command": round(statistics.median(whole) / statistics.median(duck), 1),
-                   "exit_code": code, "load_avg_1m": round(os.getloadavg()[0], 1)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            first = statistics.median(measured[next(iter(arms))]["whole"])
+            for arm, m in measured.items():
+                whole, inside = m["whole"], m["inside"]
+                row = {"events": events, "arm": arm, "repeats": repeats,
+                       "check_command_s": round(statistics.median(whole), 2),
+                       "check_command_best_s": round(min(whole), 2), "check_inside_s": round(statistics.median(inside), 2),
+                       "check_command_cpu_s": round(statistics.median(m["cpu"]), 2),
+                       "outside_check_s": round(statistics.median(w - c for w, c in zip(whole, inside, strict=True)), 2),
+                       "duckdb_command_s": round(statistics.median(duck), 2),
+                       "check_command_vs_duckdb_command": round(statistics.median(whole) / statistics.median(duck), 1),
+                       "vs_first_arm": round(statistics.median(whole) / first, 2),
+                       "exit_codes": sorted(m["codes"]),
+                       "same_findings_every_time": all(f == m["found"][0] for f in m["found"]),
+                       "findings_as_first_arm": m["found"][0] == measured[next(iter(arms))]["found"][0],
+                       "load_avg_1m": round(os.getloadavg()[0], 1)}
+                if len(arms) == 1:
+                    del row["arm"], row["vs_first_arm"], row["findings_as_first_arm"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     finally:
         subprocess.run([*ordeal, "spark", "stop"], env=env, cwd=root, stdout=subprocess.DEVNULL)
         connect_server.release_lease()
@@ -398,6 +423,18 @@ def warmed_first_check(spark, run_dir: Path) -> dict:
             "jvm_cpu_s": cpu, "found": found}
 
 
+def _arms(parser: argparse.ArgumentParser, specs: list[str]) -> dict[str, dict[str, str]] | None:
+    """``--arm NAME:VAR=VALUE[,VAR=VALUE]`` -> {NAME: {VAR: VALUE}} (None: no arms, the command as it is)."""
+    arms: dict[str, dict[str, str]] = {}
+    for spec in specs:
+        name, _, assignments = spec.partition(":")
+        pairs = [a.partition("=") for a in assignments.split(",") if a]
+        if not name or name in arms or any(not var or sep != "=" for var, sep, _ in pairs):
+            parser.error(f"--arm {spec!r}: expected a new NAME:VAR=VALUE[,VAR=VALUE] (NAME: may have no variables)")
+        arms[name] = {var: value for var, _, value in pairs}
+    return arms or None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, nargs="*", default=[1_000_000, 10_000_000])
@@ -413,6 +450,10 @@ def main() -> None:
     parser.add_argument("--whole-command", type=int, nargs="*", default=None, metavar="EVENTS",
                         help="Only `ordeal check` as a whole process on a warm server beside a whole DuckDB process, "
                              "for these history sizes (e.g. 10000 100000).")
+    parser.add_argument("--arm", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+                        help="--whole-command: an arm of the check command with these environment variables (repeat "
+                             "for more arms; timed interleaved, the first is the baseline), e.g. "
+                             "--arm one-job:ORDEAL_CHECKER_SMALL_ASIDE=0 --arm aside:ORDEAL_CHECKER_SMALL_ASIDE=1")
     parser.add_argument("--record", action="store_true",
                         help="also append the figures to docs/measurements.md (benchmarks/record.py)")
     args = parser.parse_args()
@@ -427,7 +468,7 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     if args.whole_command is not None:
-        rows = whole_command(args.whole_command or [10_000, 100_000], args.out)
+        rows = whole_command(args.whole_command or [10_000, 100_000], args.out, arms=_arms(parser, args.arm))
         (args.out / "whole-command.json").write_text(json.dumps(rows, indent=2))
         if args.record and rows:
             _record(rows)
@@ -501,6 +542,10 @@ def _record(rows: list[dict]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from benchmarks import record
 
+    if any("arm" in row for row in rows):  # one column per (history size, arm)
+        rows = [{"column": f"{row['events']} {row['arm']}", **row} for row in rows]
+        record.append("benchmarks/checkers.py", record.command_line(__file__), record.transpose(rows, by="column"))
+        return
     record.append("benchmarks/checkers.py", record.command_line(__file__), record.transpose(rows, by="events"))
 
 

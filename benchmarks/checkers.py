@@ -15,8 +15,8 @@ runs (the machine is shared).
 
     .venv/bin/python benchmarks/checkers.py [--latency 10000 100000 1000000] [--events 1000000 10000000] [--record]
     .venv/bin/python benchmarks/checkers.py --whole-command 10000 100000 [--record]   # `ordeal check` beside DuckDB
-    .venv/bin/python benchmarks/checkers.py --whole-command 10000 --arm one-job:ORDEAL_CHECKER_SMALL_ASIDE=0 \
-        --arm aside:ORDEAL_CHECKER_SMALL_ASIDE=1      # two ways of the check, interleaved, beside DuckDB
+    .venv/bin/python benchmarks/checkers.py --whole-command 10000 --arm checkpoint:ORDEAL_CHECKER_FREEZE=checkpoint \
+        --arm persist:ORDEAL_CHECKER_FREEZE=persist   # two ways of the check, interleaved, beside DuckDB
 
 ``--record`` also appends the figures to docs/measurements.md (benchmarks/record.py).
 
@@ -453,7 +453,7 @@ def main() -> None:
     parser.add_argument("--arm", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
                         help="--whole-command: an arm of the check command with these environment variables (repeat "
                              "for more arms; timed interleaved, the first is the baseline), e.g. "
-                             "--arm one-job:ORDEAL_CHECKER_SMALL_ASIDE=0 --arm aside:ORDEAL_CHECKER_SMALL_ASIDE=1")
+                             "--arm checkpoint:ORDEAL_CHECKER_FREEZE=checkpoint --arm persist:ORDEAL_CHECKER_FREEZE=persist")
     parser.add_argument("--record", action="store_true",
                         help="also append the figures to docs/measurements.md (benchmarks/record.py)")
     args = parser.parse_args()

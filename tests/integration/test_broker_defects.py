@@ -12,10 +12,8 @@ import pytest
 import test_broker_application as app
 import test_broker_flow
 import test_broker_will_retained
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from test_broker_flow import FILTER, TOPIC, offline_backlog, payloads, reconnect
-from test_broker_will_retained import retained, subscriber, will_topic
+from test_broker_will_retained import dropped_with_delayed_will, retained, subscriber, will_topic
 
 from reference_broker.defects import CATALOG
 
@@ -375,13 +373,8 @@ def test_defect_will_delay_ignored(brokers, will_clients):
     cluster = brokers(defects=["will_delay_ignored"])
     topic = will_topic()
     sub = subscriber(cluster, topic, 5)
-    props = Properties(PacketTypes.WILLMESSAGE)
-    props.WillDelayInterval = 5
-    device = will_clients(cluster, 5, topic, b"early", will_properties=props)
-    device.connect(clean=True, session_expiry=60)
-    device.drop()
-    dropped = time.monotonic()
-    again = will_clients(cluster, 5, topic, b"early", will_properties=props, client_id=device.client_id)
+    dropped, same_client = dropped_with_delayed_will(will_clients, cluster, topic, b"early", 5)
+    again = same_client()
     assert again.connect(clean=False, session_expiry=60) is True  # resumed within the delay
     [got] = sub.wait_for(1, timeout=10)
     assert got.payload == b"early" and got.at - dropped < 2.0, f"Will after {got.at - dropped:.1f} s, delay 5 s"

@@ -133,6 +133,18 @@ def will_topic() -> str:
     return f"wills/{uuid.uuid4().hex[:8]}"
 
 
+def dropped_with_delayed_will(will_clients, cluster, topic: str, payload: bytes, delay_s: int):
+    """An MQTT 5 client with a Will of ``delay_s`` Will Delay, on a session of 60 s expiry, connected (clean start)
+    and dropped without DISCONNECT: (the monotonic time of the drop, a function making the same client again)."""
+    props = Properties(PacketTypes.WILLMESSAGE)
+    props.WillDelayInterval = delay_s
+    device = will_clients(cluster, 5, topic, payload, will_properties=props)
+    device.connect(clean=True, session_expiry=60)
+    device.drop()
+    dropped = time.monotonic()
+    return dropped, lambda: will_clients(cluster, 5, topic, payload, will_properties=props, client_id=device.client_id)
+
+
 # ------------------------------------------------------------------ Will Messages
 @pytest.mark.parametrize("version", [4, 5])
 def test_mqtt_3_1_2_22_will_published_after_keep_alive_timeout(brokers, will_clients, version):
@@ -196,21 +208,14 @@ def test_mqtt_3_1_3_9_will_delay_respected_and_cancelled_by_reconnect(brokers, w
     cluster = brokers()
     topic = will_topic()
     sub = subscriber(cluster, topic, 5)
-    props = Properties(PacketTypes.WILLMESSAGE)
-    props.WillDelayInterval = 2
-    device = will_clients(cluster, 5, topic, b"delayed", will_properties=props)
-    device.connect(clean=True, session_expiry=60)
-    device.drop()
-    dropped = time.monotonic()
+    dropped, _ = dropped_with_delayed_will(will_clients, cluster, topic, b"delayed", 2)
     [got] = sub.wait_for(1, timeout=10)
     assert got.payload == b"delayed"
     assert 1.9 <= got.at - dropped <= 5.0, f"Will after {got.at - dropped:.1f} s, delay 2 s"
     sub.clear()
-    back = will_clients(cluster, 5, topic, b"cancelled", will_properties=props)
-    back.connect(clean=True, session_expiry=60)
-    back.drop()
+    _, same_client = dropped_with_delayed_will(will_clients, cluster, topic, b"cancelled", 2)
     time.sleep(0.5)
-    again = will_clients(cluster, 5, topic, b"cancelled", will_properties=props, client_id=back.client_id)
+    again = same_client()
     assert again.connect(clean=False, session_expiry=60) is True  # the session resumed within the delay
     assert sub.settle(1.0, timeout=4.0) == [] and sub.wait_for(1, timeout=1.5) == []
     again.disconnect()
@@ -225,13 +230,9 @@ def test_mqtt_3_1_3_9_resume_after_the_delay_ran_out_before_any_sweep_publishes_
     cluster = brokers(session_expiry_check_s=30.0)
     topic = will_topic()
     sub = subscriber(cluster, topic, 5)
-    props = Properties(PacketTypes.WILLMESSAGE)
-    props.WillDelayInterval = 1
-    device = will_clients(cluster, 5, topic, b"overdue", will_properties=props)
-    device.connect(clean=True, session_expiry=60)
-    device.drop()
+    _, same_client = dropped_with_delayed_will(will_clients, cluster, topic, b"overdue", 1)
     time.sleep(1.5 if overdue else 0.3)
-    again = will_clients(cluster, 5, topic, b"overdue", will_properties=props, client_id=device.client_id)
+    again = same_client()
     assert again.connect(clean=False, session_expiry=60) is True  # the session resumed
     if overdue:
         assert [d.payload for d in sub.wait_for(1, timeout=5)] == [b"overdue"]

@@ -239,17 +239,13 @@ class Connection:
             pass
         except asyncio.CancelledError:
             raise
-        except RedisError as error:
-            # Redis away (a killed master before its failover, a cluster down) while a packet needed it, e.g. a
-            # SUBSCRIBE's saved subscriptions: the packet cannot be served, so the connection ends and the
-            # client reconnects -- an outage this broker rides out, not an error of its own (an ERROR line
-            # fails logs.error_lines: the soak's hour met one at a Redis master kill, docs/findings.md).
-            log.warning("%s: connection closed, Redis unavailable: %s: %s", self.client_id or "?",
-                        type(error).__name__, error)
-            await self.close(codec.RC_UNSPECIFIED_ERROR)
         except Exception as error:
-            if leaked_redis_transport_error(error):
-                log.warning("%s: connection closed, Redis unavailable: %s: %s (redis-py #4287)", self.client_id or "?",
+            if isinstance(error, RedisError) or leaked_redis_transport_error(error):
+                # Redis away (a killed master before its failover, a cluster down) while a packet needed it, e.g.
+                # a SUBSCRIBE's saved subscriptions: the packet cannot be served, so the connection ends and the
+                # client reconnects -- an outage this broker rides out, not an error of its own (an ERROR line
+                # fails logs.error_lines: the soak's hour met one at a Redis master kill, docs/findings.md).
+                log.warning("%s: connection closed, Redis unavailable: %s: %s", self.client_id or "?",
                             type(error).__name__, error)
             else:
                 log.exception("%s: connection failed", self.client_id or "?")

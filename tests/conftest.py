@@ -98,3 +98,24 @@ def topology_factory(tmp_path: Path) -> Iterator[Callable[..., LocalTopology]]:
     finally:
         for started in reversed(made):
             started.stop()
+
+
+# Where the suite's time goes, by file: the CI output keeps only its tail, and a file's tests share fixtures
+# (a topology, a Spark server) whose start the per-test durations split unevenly; this sum is what moving a
+# file to the nightly tier would save.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+@pytest.hookimpl(trylast=True)  # after the per-test durations: the tail the CI output keeps
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+    if len(_FILE_SECONDS) < 2:
+        return
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda item: -item[1])[:40]
+    terminalreporter.write_sep("=", f"slowest {len(slowest)} files (setup + call + teardown)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from contracts.app_clients import application_rules, is_application
 from contracts.credentials import Credentials, read_credentials
 from contracts.errors import UsageError
 from contracts.invariants import (
@@ -48,6 +49,8 @@ from contracts.validation import Section, nonzero_total
 TIERS = ("smoke", "nightly", "soak")
 TARGET_KINDS = ("reference", "external")
 PATTERNS = ("p2p", "fan-in")
+# The filter a shared group subscribes to under each pattern: every publisher's topic (properties/generate.py).
+SHARED_FILTERS = {"p2p": "europe/ua/kyiv/+/0", "fan-in": "europe/ua/kyiv/fanin/+"}
 QOS_KEYS = {"qos0": 0, "qos1": 1, "qos2": 2}
 PROTOCOL_KEYS = {"mqtt311": 4, "mqtt5": 5}
 RECONNECT_NODES = ("same", "other", "any")
@@ -293,6 +296,12 @@ class WorkloadSpec:
     retained: float = 0.0
     retained_topics: int = 2
     late_subscribers: int = 2
+    # Shared subscriptions (MQTT 5 §4.8.2, docs/scenarios.md [workload]): shared_groups groups of shared_members
+    # persistent members each, member m of group g (client test_share_client_<g>_<m>) subscribing
+    # $share/g<g>/<the filter of every publisher's topic> (SHARED_FILTERS); they leave, rejoin and crash as the
+    # [subscribers] table draws for every subscriber.  0: off (nothing drawn, plans unchanged).
+    shared_groups: int = 0
+    shared_members: int = 3
 
     def client_ids(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(publisher ids, subscriber ids), the names every plan of this workload gives its clients."""
@@ -301,6 +310,12 @@ class WorkloadSpec:
                     tuple(f"test_sub_client_{i}_0" for i in range(self.pairs)))
         return (tuple(f"test_pub_client_{j}_0" for j in range(self.publishers)),
                 tuple(f"test_sub_client_{k}_0" for k in range(self.subscribers)))
+
+    def shared_members_of(self) -> tuple[tuple[str, str], ...]:
+        """(member client id, its $share filter) of every shared group's members, group by group."""
+        topic_filter = SHARED_FILTERS[self.pattern]
+        return tuple((f"test_share_client_{g}_{m}", f"$share/g{g}/{topic_filter}")
+                     for g in range(self.shared_groups) for m in range(self.shared_members))
 
 
 @dataclass(frozen=True)
@@ -568,12 +583,27 @@ def scenario_from_mapping(document: Mapping[str, Any], *, source: str = "<mappin
     refuse_unsupported_on_containers(source, str(topology.get("provider", "local")), target)
     scenario = Scenario(source=source, scenario=info, topology=topology, target=target, broker=broker,
                         workload=workload, subscribers=subscribers, faults=faults, checks=checks)
+    if target.kind == "reference" and workload.shared_groups:
+        _refuse_device_shared_members(source, broker, workload)
     nodes = scenario.broker_nodes()
     for client_id, node in workload.home_nodes:
         if node not in nodes:
             raise ScenarioError(f"{source}: [workload] home_nodes.{client_id} = {node!r}: no broker node of that "
                                 f"name; the broker nodes: {', '.join(nodes)}")
     return scenario
+
+
+def _refuse_device_shared_members(source: str, broker: Mapping[str, Any], workload: WorkloadSpec) -> None:
+    """The reference broker, like TBMQ, takes a shared subscription from a persistent APPLICATION client only (a
+    DEVICE gets SUBACK 0x9E, docs/reference-broker.md "Shared subscriptions"): every member must be one."""
+    rules = application_rules(broker, f"{source} [broker]")
+    devices = [member for member, _ in workload.shared_members_of() if not is_application(rules, member)]
+    if devices:
+        raise ScenarioError(
+            f"{source}: [workload] shared_groups = {workload.shared_groups}: the reference broker takes a shared "
+            f"subscription from APPLICATION clients only, and {devices[0]!r} is a DEVICE under [broker] "
+            "application_clients; add a rule for the members, e.g. application_clients = "
+            "[{ client_id = \"test_share_client_*\" }]")
 
 
 def _read_info(s: _Section) -> ScenarioInfo:
@@ -825,6 +855,8 @@ def _read_workload(s: _Section) -> WorkloadSpec:
         retained=s.fraction("retained", d.retained),
         retained_topics=s.integer("retained_topics", d.retained_topics, minimum=1, maximum=100),
         late_subscribers=s.integer("late_subscribers", d.late_subscribers, minimum=1, maximum=100),
+        shared_groups=s.integer("shared_groups", d.shared_groups, minimum=0, maximum=100),
+        shared_members=s.integer("shared_members", d.shared_members, minimum=1, maximum=100),
     )
     mqtt5_only = [(key, value) for key, value in (
         ("mqtt5_properties", spec.mqtt5_properties), ("subscription_identifiers", spec.subscription_identifiers),
@@ -835,7 +867,7 @@ def _read_workload(s: _Section) -> WorkloadSpec:
         raise s.fail(key, value, "an MQTT 5 option: only MQTT 5 clients send it; give protocol_mix an mqtt5 weight "
                      "> 0")
     publishers, subscribers = spec.client_ids()
-    clients = publishers + subscribers
+    clients = publishers + subscribers + tuple(member for member, _ in spec.shared_members_of())
     for client_id, node in spec.home_nodes:
         if not isinstance(node, str) or not node:
             raise s.fail(f"home_nodes.{client_id}", node, "must be the name of a broker node (a string)")

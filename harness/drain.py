@@ -15,14 +15,15 @@ and subscribed, not yet seen by that subscriber.  The rule (``drain_decision``):
 
 The history's ``drain_end`` row keeps ``reason: "quiet"`` for both quiet endings (the checkers' contract)
 and says which rule ended it in ``ended_by`` with the ``outstanding`` count.
-Shared subscriptions ($share/...) are not counted: one member of the group gets each message.
+A shared subscription ($share/GROUP/FILTER) is owed once per group, not per member: the message is outstanding
+until any member of the group (``member_of``) has it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contracts.topics import filter_matches
+from contracts.topics import filter_matches, shared_filter
 
 QUIET, OUTSTANDING_QUIET, TIMEOUT = "quiet", "outstanding_quiet", "timeout"
 OUTSTANDING_QUIET_FACTOR = 3.0
@@ -77,6 +78,8 @@ class OutstandingDeliveries:
     and the drain waiting for it (``outstanding_quiet`` ends that), never a wrong verdict."""
 
     owed: set[Owed] = field(default_factory=set)
+    # client id -> the $share filters it subscribes to: a delivery to it settles what the group was owed
+    member_of: dict[str, frozenset[str]] = field(default_factory=dict)
     seen: set[Owed] = field(default_factory=set)
     seen_before: set[Owed] = field(default_factory=set)
     generation: int = SEEN_GENERATION
@@ -88,24 +91,27 @@ class OutstandingDeliveries:
         if qos == 0:
             return
         for client_id, subscriptions in subscribers:
-            if any(min(qos, sub_qos) > 0 and not topic_filter.startswith("$share/")
-                   and filter_matches(topic_filter, topic) for topic_filter, sub_qos in subscriptions):
-                key = (client_id, publisher, seq)
+            for topic_filter, sub_qos in subscriptions:
+                shared = shared_filter(topic_filter)
+                if min(qos, sub_qos) <= 0 or not filter_matches(shared or topic_filter, topic):
+                    continue
+                key = (topic_filter if shared else client_id, publisher, seq)  # a group is owed it once
                 if key not in self.seen and key not in self.seen_before:  # a delivery may overtake its PUBACK
                     self.owed.add(key)
 
     def delivered(self, client_id: str, publisher: str | None, seq: int | None) -> None:
         if publisher is None or seq is None:
             return
-        key = (client_id, publisher, seq)
-        if len(self.seen) >= self.generation:
-            self.seen_before, self.seen = self.seen, set()
-        self.seen.add(key)
-        self.owed.discard(key)
+        for key in [(client_id, publisher, seq), *((g, publisher, seq) for g in self.member_of.get(client_id, ()))]:
+            if len(self.seen) >= self.generation:
+                self.seen_before, self.seen = self.seen, set()
+            self.seen.add(key)
+            self.owed.discard(key)
 
     def forget(self, client_id: str) -> None:
         """The subscriber started a new session (session present 0: clean start, expiry): what its old one
-        was owed is gone with it, legally; the checkers judge whether that was right."""
+        was owed is gone with it, legally; the checkers judge whether that was right.  What its groups are owed
+        stays: another member may take it."""
         self.owed = {key for key in self.owed if key[0] != client_id}
 
     @property

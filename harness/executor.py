@@ -108,7 +108,9 @@ class Executor:
         # The first refusal of a client's credentials: the loop raises CredentialsRefused with it (once).
         self.refusal: str | None = None
         self._refusal_raised = False
-        self.outstanding = OutstandingDeliveries()
+        self.outstanding = OutstandingDeliveries(member_of={
+            c.client_id: frozenset(s.topic_filter for s in c.subscriptions if s.topic_filter.startswith("$share/"))
+            for c in plan.clients if any(s.topic_filter.startswith("$share/") for s in c.subscriptions)})
         for session in self.sessions.values():
             session.on_acked = self._expect_deliveries
             session.on_delivered = self.outstanding.delivered

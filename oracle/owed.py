@@ -16,7 +16,7 @@ from typing import Any
 from oracle.messages import Publish, Received
 from oracle.run import NEVER, Declared
 from oracle.sessions import Life, Subscription, Window
-from oracle.topics import matches
+from oracle.topics import matches, shared
 
 
 @dataclass
@@ -83,7 +83,9 @@ def claims(messages: dict[tuple[str, int], Publish], subscriptions: list[Subscri
             message.t_ack is not None
             or (message.t_indet is not None and (message.publisher, message.pub_seq) in seen))
         for client in sorted({s.client for s in matching}):
-            held = any(s.client == client and s.persistent and s.granted > 0 and s.t_from < message.t_invoke
+            # a shared subscription owes its group, not the member (the oracle does not judge groups)
+            held = any(s.client == client and s.persistent and not shared(s.topic_filter) and s.granted > 0
+                       and s.t_from < message.t_invoke
                        and (s.t_to is None or message.t_invoke < s.t_to) for s in matching)
             claim = Claim(client, message, eligible and held, got.get((client, message.publisher, message.pub_seq)))
             _place(claim, lives.get(client), declared)

@@ -16,7 +16,7 @@ from oracle.messages import Received
 from oracle.model import Model
 from oracle.owed import deadline
 from oracle.run import NEVER, detail
-from oracle.topics import matches
+from oracle.topics import matches, shared
 
 Item = tuple
 RULES: dict[str, Callable[[Model], list[Item]]] = {}
@@ -183,14 +183,20 @@ def discarded_session(m: Model) -> list[Item]:
     return out
 
 
+def _only_shared(m: Model, client: str, topic: str | None) -> bool:
+    """The client holds only shared subscriptions matching ``topic``: what it gets is its group's message."""
+    mine = [s for s in m.subscriptions if s.client == client and topic is not None and matches(s.topic_filter, topic)]
+    return bool(mine) and all(shared(s.topic_filter) for s in mine)
+
+
 @rule("order.dup_flag")
 def dup_flag(m: Model) -> list[Item]:
     """DUP on a first delivery over a connection established before the publish (item: the message), DUP
     missing on a resend, and DUP on a QoS 0 delivery (items: the deliveries)."""
     out: list[Item] = []
     for r in m.got.values():
-        if not r.first.row.get("dup") or r.qos <= 0:
-            continue
+        if not r.first.row.get("dup") or r.qos <= 0 or _only_shared(m, r.client, r.first.row.get("topic")):
+            continue  # a group's member may get another member's unacknowledged message as a resend
         p = m.messages.get((r.publisher, r.pub_seq))
         t_invoke = p.t_invoke if p is not None else None
         before = [c for c in m.lives[r.client].accepted if c["seq"] < r.first.seq] if r.client in m.lives else []
@@ -215,7 +221,9 @@ def out_of_order(m: Model) -> list[Item]:
     for r in m.got.values():
         streams.setdefault((r.client, r.publisher, r.first.row.get("topic"), r.first.row.get("qos")), []).append(r)
     out = []
-    for members in streams.values():
+    for (client, _, topic, _), members in streams.items():
+        if _only_shared(m, client, topic):  # a member's share keeps no order (MQTT 5 §4.8.2)
+            continue
         highest = None
         for r in sorted(members, key=lambda x: x.first.seq):
             if r.pub_seq is not None and highest is not None and r.pub_seq < highest:

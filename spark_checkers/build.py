@@ -49,8 +49,9 @@ from spark_checkers.rules.columns import message_table
 from spark_checkers.rules.flow import in_flight
 from spark_checkers.rules.losses import LOSS_INVARIANTS, owed_checks, with_cause
 from spark_checkers.rules.qos import qos2_flows
-from spark_checkers.rules.registry import BACKLOGS, IN_FLIGHT, MESSAGES, QOS2_FLOWS, SLOTS, STORED_IDS
+from spark_checkers.rules.registry import BACKLOGS, IN_FLIGHT, MESSAGES, QOS2_FLOWS, SHARED, SLOTS, STORED_IDS
 from spark_checkers.rules.whitebox import packet_id_gaps
+from spark_checkers.shared import has_shared, shared_table
 from spark_checkers.timeline import Timeline, detail_of, has_mqtt5
 
 
@@ -158,6 +159,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         dsm = freeze(with_stream_neighbour(per_message).sortWithinPartitions(*SUBSCRIBER_MESSAGE), "per_message")
         per_message = dsm
         table = freeze(per_subscriber_message(subscriber_rows(claims, dsm, runs_b, clients_b)), "per_subscriber_message")
+        flows = [*flows, *shared_groups_of(spark, pub, dsm, timelines, topics, runs_b, clients_b)]
     else:
         # Counted as they are materialised: a claimed delivered message for each delivered one means that no
         # delivery needs a lookup in the publishes (delivered_messages), and two count jobs less.
@@ -178,6 +180,7 @@ def _build(spark, runs, events, prepare, cached, small, aside):
         # Every rule and metric that reads no open message is collected in the aside thread, begun now: its
         # planning and its stages fill the moments the open messages and the online trims (small jobs, driver
         # work between them) leave the cores idle, instead of waiting for them (Checks).
+        flows = [*flows, *shared_groups_of(spark, pub, per_message, timelines, topics, runs_b, clients_b)]
         checks.early = aside.submit(_early_checks, checks, table, dsm, pub, slots, runs_b, clients_b, match_b,
                                     claimed["n_deliveries"] == delivered["rows"], flows)
     gaps = freeze(with_cause(open_messages(table, clients_b)), "open messages")
@@ -235,6 +238,15 @@ def delivered_checks(table, dsm, pub, slots, runs_b, clients_b, match_b, all_cla
 def mqtt5(timelines: dict[str, Timeline]) -> bool:
     """Whether any run of the batch had an MQTT 5 connection: else the deliveries carry nothing of MQTT 5 to read."""
     return any(has_mqtt5(t) for t in timelines.values())
+
+
+def shared_groups_of(spark, pub, per_message, timelines: dict[str, Timeline], topics: dict[str, list[str]], runs_b,
+                     clients_b) -> list:
+    """The rule group over the shared groups' messages (spark_checkers/shared.py), where the batch has a shared
+    subscription: else none, and nothing of it is planned."""
+    if not has_shared(timelines):
+        return []
+    return [catalog.group(SHARED, shared_table(spark, pub, per_message, timelines, topics, runs_b, clients_b))]
 
 
 def flow_groups(events, timelines: dict[str, Timeline], clients_b, runs_b, by: tuple[str, ...]) -> list:

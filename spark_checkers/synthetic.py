@@ -101,6 +101,9 @@ class Spec:
     failure_strategy: str = "skip"  # both stages' [broker] *_failure_strategy (the log oracle's defaults)
     # [broker] application_clients as client-id globs: the reference broker's APPLICATION clients
     application_clients: tuple[str, ...] = ()
+    # A shared group of this many members (share-0, share-1, ...) on $share/g/europe/ua/kyiv/+/0, always online:
+    # message k of the run (in arrival order) goes to member k mod shared_members, acknowledged.
+    shared_members: int = 0
 
     def scenario(self) -> dict[str, Any]:
         return {
@@ -118,6 +121,9 @@ class Spec:
                              "queue_policy": self.queue_policy, "persistence": self.persistence,
                              "message_ttl_s": self.ttl_s, "mqtt_versions": ["3.1.1", "5"]}}),
         }
+
+
+SHARED_FILTER = "$share/g/europe/ua/kyiv/+/0"  # Spec.shared_members' group
 
 
 def body_hash(publisher: str, pub_seq: int) -> str:
@@ -149,6 +155,12 @@ def generate(spec: Spec) -> list[Row]:
     for i in range(spec.pairs):
         add(T0_US - 60_000, Kind.CONNECT, client=f"pub-{i}", node="broker-1", protocol=spec.protocol,
             clean_start=True, session_present=False, reason_code=0, session_expiry_s=0 if spec.protocol == 5 else None)
+    members = [f"share-{m}" for m in range(spec.shared_members)]
+    for name in members:
+        add(T0_US - 50_000, Kind.CONNECT, client=name, node="broker-1", protocol=spec.protocol, clean_start=False,
+            session_present=False, reason_code=0, session_expiry_s=session_expiry)
+        add(T0_US - 40_000, Kind.SUBSCRIBE_ACK, client=name, node="broker-1", protocol=spec.protocol,
+            topic=SHARED_FILTER, qos=spec.qos, detail=json.dumps(_subscribe_detail(spec)))
     for name, topic_filter in subscribers:
         add(T0_US - 50_000, Kind.CONNECT, client=name, node="broker-1", protocol=spec.protocol, clean_start=False,
             session_present=False, reason_code=0, session_expiry_s=session_expiry)
@@ -257,6 +269,22 @@ def generate(spec: Spec) -> list[Row]:
                 pending.append(item)
         last_delivery = max(last_delivery, busy_until)
         last_packet_ids.setdefault(name, (spec.first_packet_id - 2) % 65535 + 1 if packet_ids_used == 0 else packet_id)
+
+    member_ids = {name: spec.first_packet_id for name in members}
+    for k, (t_arrival, t_invoke, publisher, seq, topic, _) in enumerate(sorted(arrivals)):
+        if not members:
+            break
+        name = members[k % len(members)]
+        t = t_arrival + spec.latency_us
+        add(t, Kind.DELIVERY, client=name, node="broker-1", protocol=spec.protocol, topic=topic, qos=spec.qos,
+            packet_id=member_ids[name] if spec.qos > 0 else None, dup=False, retain=False, payload_size=62,
+            publisher=publisher, pub_seq=seq, send_wall_us=START_WALL_US + t_invoke, body_hash=body_hash(publisher, seq),
+            props=spec.props if spec.protocol == 5 else None, packet_size=publish_packet_size(spec, topic))
+        if spec.qos > 0:
+            add(t + 300, Kind.DELIVERY_ACK_SENT, client=name, node="broker-1", protocol=spec.protocol,
+                packet_id=member_ids[name], qos=spec.qos)
+            member_ids[name] = next_packet_id(member_ids[name])
+        last_delivery = max(last_delivery, t + 300)
 
     drain_start = last_publish + 100_000
     add(drain_start, Kind.PHASE, detail=json.dumps({"phase": Phase.HEAL_ALL}))

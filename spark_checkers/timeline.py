@@ -325,7 +325,16 @@ def build_timeline(run_id: str, rows: list[dict], guarantees: Guarantees) -> Tim
     _snapshots(timeline, guarantees)
     _wills(timeline, rows, guarantees)
     _retained(timeline, rows, guarantees)
+    _shared(timeline)
     return timeline
+
+
+def _shared(timeline: Timeline) -> None:
+    """The shared-subscription rules (spark_checkers/shared.py, on Spark) have nothing to judge without a group."""
+    from spark_checkers.shared import NO_SHARED, SHARED_INVARIANTS, shared_groups
+
+    if not shared_groups(timeline):
+        timeline.inapplicable.update({i: NO_SHARED for i in SHARED_INVARIANTS})
 
 
 def _retained(timeline: Timeline, rows: list[dict], guarantees: Guarantees) -> None:

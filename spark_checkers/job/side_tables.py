@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from contracts.app_clients import is_application
-from contracts.topics import filter_matches
+from contracts.topics import filter_matches, matching_filter, shared_filter
 from spark_checkers.job.codes import code_of
 from spark_checkers.job.events import RunSpec, local_frame
 from spark_checkers.timeline import NEVER, Timeline, detail_of
@@ -37,9 +37,13 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                 connect_limits(timeline.connects.get(client, [])),
                                 is_application(g.application_clients, client)))
         for topic in topics.get(run.run_id, []):
-            subs = [(code_of(s.client), s.t_from, s.t_to, s.granted_qos, s.persistent,
-                     *timeline.sub_options.get((s.client, s.topic_filter, s.t_from), (None, False)))
-                    for s in timeline.subscriptions if filter_matches(s.topic_filter, topic)]
+            # A shared subscription matches what its filter matches, but owes the member nothing of its own: its
+            # group is owed each message once (spark_checkers/shared.py), so it is never persistent here.
+            subs = [(code_of(s.client), s.t_from, s.t_to, s.granted_qos,
+                     s.persistent and shared_filter(s.topic_filter) is None,
+                     *timeline.sub_options.get((s.client, s.topic_filter, s.t_from), (None, False)),
+                     shared_filter(s.topic_filter) is not None)
+                    for s in timeline.subscriptions if filter_matches(matching_filter(s.topic_filter), topic)]
             if subs:
                 match_rows.append((run.run_id, code_of(topic), subs, sorted({s[0] for s in subs})))
     L, S, B, N = T.LongType(), T.StringType(), T.BooleanType(), T.IntegerType()
@@ -86,7 +90,9 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
             T.StructField("client", L), T.StructField("t_from", L), T.StructField("t_to", L),
             T.StructField("granted", N), T.StructField("persistent", B),
             # The SUBSCRIBE's options (Timeline.sub_options): its Subscription Identifier, Retain As Published.
-            T.StructField("sub_id", L), T.StructField("rap", B)]))),
+            T.StructField("sub_id", L), T.StructField("rap", B),
+            # A shared subscription ($share/GROUP/FILTER): the group is owed the message, not this member.
+            T.StructField("shared", B)]))),
         # The distinct clients of subs: every claim on the topic is one of them.
         T.StructField("clients", T.ArrayType(L))]))
     return runs_df, clients_df, match_df

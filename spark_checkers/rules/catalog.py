@@ -19,6 +19,7 @@ from spark_checkers.rules import (  # noqa: F401 - imported to register their ru
     props,
     qos,
     retained,
+    shared,
     whitebox,
     will,
 )

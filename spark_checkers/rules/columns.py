@@ -45,6 +45,13 @@ def first_delivery() -> list:
             witness_name("first.node", "node"), "t_invoke", "t_ack", "t_origin", witness_name("topic")]
 
 
+def only_shared():
+    """The client holds only shared subscriptions matching the topic ($share/NAME/FILTER): the delivery is its
+    group's message (spark_checkers/shared.py), handed to whichever member the broker chose."""
+    return sql("exists(coalesce(subs, array()), x -> x.client = client) AND"
+               " NOT exists(coalesce(subs, array()), x -> x.client = client AND NOT x.shared)")
+
+
 def real():
     """The delivered message is one that was published (not a phantom: durability.phantom)."""
     return F.col("phantom_reason").isNull()

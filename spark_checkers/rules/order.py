@@ -9,7 +9,13 @@ from pyspark.sql import functions as F
 
 from spark_checkers.job.codes import witness_name
 from spark_checkers.job.columns import sql
-from spark_checkers.rules.columns import delivery_identity, first_delivery, qos_positive, since_origin
+from spark_checkers.rules.columns import (
+    delivery_identity,
+    first_delivery,
+    only_shared,
+    qos_positive,
+    since_origin,
+)
 from spark_checkers.rules.registry import MESSAGES, SLOTS, explains, rule
 from spark_checkers.rules.words import message, seconds
 from spark_checkers.timeline import Timeline
@@ -53,19 +59,22 @@ def resend_within_connection():
 # DUP = 1 on the first *observed* receipt is legal when the receiving connection was established after the
 # publish: the broker may have sent it on an older connection the client had already lost (a disconnect the
 # broker never saw, e.g. during a partition) and resends it on the new one (MQTT 3.1.1 §4.4 / MQTT 5 §4.4).
-# Invoked after the current connection was established, it cannot have been sent before: DUP is illegal.
+# Invoked after the current connection was established, it cannot have been sent before: DUP is illegal.  Not for
+# a shared group's member: a message another member left unacknowledged comes to it as a resend (DUP 1).
 @rule("order.dup_flag", MESSAGES)
 def first_delivery_with_dup():
     connected_since_publish = sql("exists(coalesce(connects, array()), c -> c.t > t_invoke AND c.seq < first.seq)")
-    return (F.coalesce(F.col("first.dup"), F.lit(False)) & qos_positive() & ~connected_since_publish,
+    return (F.coalesce(F.col("first.dup"), F.lit(False)) & qos_positive() & ~connected_since_publish & ~only_shared(),
             since_origin("first.t"), *first_delivery(),
             F.lit("DUP on a first delivery on a connection established before the publish").alias("problem"))
 
 
 # First deliveries of each (subscriber, publisher, topic, QoS) stream by pub_seq (messages.with_stream_neighbour).
+# Not where the client holds only shared subscriptions matching the topic: a group's messages are spread over its
+# members and a leaving member's are handed to another (MQTT 5 §4.8.2), so no member's share keeps the order.
 @rule("order.out_of_order", MESSAGES)
 def out_of_order():
-    return (F.col("pub_seq") < F.col("prev_max.pub_seq"), since_origin("first.t"), *first_delivery(),
+    return ((F.col("pub_seq") < F.col("prev_max.pub_seq")) & ~only_shared(), since_origin("first.t"), *first_delivery(),
             F.col("prev_max.pub_seq").alias("after_pub_seq"), F.col("prev_max.t").alias("after_t"),
             F.col("prev_max.packet_id").alias("after_packet_id"),
             # A wrap only where one session's stored counter went 65535 -> 1 between the two; ids that restart

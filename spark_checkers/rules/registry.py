@@ -26,7 +26,8 @@ BACKLOGS = "backlogs"  # one row per settled offline backlog of a subscriber (it
 STORED_IDS = "stored_ids"  # one row per stored packet id taken after a gap (whitebox.packet_id_gaps)
 QOS2_FLOWS = "qos2_flows"  # one row per QoS 2 PUBLISH a subscriber answered with PUBREC (qos.qos2_flows)
 IN_FLIGHT = "in_flight"  # one row per QoS > 0 PUBLISH on an MQTT 5 connection with a Receive Maximum (flow.in_flight)
-TABLES = (SLOTS, MESSAGES, BACKLOGS, STORED_IDS, QOS2_FLOWS, IN_FLIGHT)
+SHARED = "shared"  # one row per (shared group, message on a topic its filter matches) (spark_checkers/shared.py)
+TABLES = (SLOTS, MESSAGES, BACKLOGS, STORED_IDS, QOS2_FLOWS, IN_FLIGHT, SHARED)
 
 
 @dataclass(frozen=True)

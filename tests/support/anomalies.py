@@ -693,6 +693,76 @@ CASES.update({
 })
 
 
+
+# A shared group of 3 APPLICATION members on $share/g/europe/ua/kyiv/+/0 beside BASE's subscribers, no fault
+# (a fault would excuse a redelivery): message k of the run goes to member k mod 3, so share-0 gets pub-0 #1, #4,
+# #7, #10 and share-1 pub-0 #3, #6, #9, #12.
+SHARED = replace(NO_FAULT, shared_members=3, application_clients=("share-*",))
+
+
+def _to_member(rows, client, publisher, seq, after_us, packet_id, *, dup=False, acked=True):
+    """Another copy of ``publisher``#``seq`` to member ``client``, ``after_us`` after its first delivery."""
+    first = next(r for r in s.deliveries(rows) if r.get("publisher") == publisher and r.get("pub_seq") == seq
+                 and str(r.get("client")).startswith("share-"))
+    return s.sort_rows(s.add_delivery(rows, first, first["t_mono_us"] + after_us, ack=acked, client=client,
+                                      packet_id=packet_id, dup=dup))
+
+
+def _member_drops(rows, client, t_mono_us, back_after_us=50_000):
+    """``client`` loses its connection at ``t_mono_us`` and resumes its session ``back_after_us`` later."""
+    common = {"client": client, "node": "broker-1", "protocol": 4}
+    rows = [*rows, {**common, "t_mono_us": t_mono_us, "kind": Kind.DISCONNECT, "initiator": "harness", "abrupt": True},
+            {**common, "t_mono_us": t_mono_us + back_after_us, "kind": Kind.CONNECT, "clean_start": False,
+             "session_present": True, "reason_code": 0}]
+    return s.sort_rows(rows)
+
+
+def _handed_over(rows):
+    """share-0 gets pub-0 #7 and drops before acknowledging it; the group hands it to share-1 (DUP 1)."""
+    t = s.find_delivery(rows, "share-0", "pub-0", 7)["t_mono_us"]
+    rows = _member_drops(s.drop_ack(rows, "share-0", "pub-0", 7), "share-0", t + 100_000)
+    return _to_member(rows, "share-1", "pub-0", 7, 300_000, 60000, dup=True)
+
+
+def _late_group(rows):
+    """The members subscribe only at slot 4: what was published before owes the group nothing."""
+    rows = [dict(r) for r in rows]
+    for r in rows:
+        if r["kind"] == Kind.SUBSCRIBE_ACK and str(r.get("client")).startswith("share-"):
+            r["t_mono_us"] = s.slot_time(SHARED, 4) - 20_000
+    for seq in (1, 2, 3):
+        for publisher in ("pub-0", "pub-1"):
+            member = next(str(r["client"]) for r in s.deliveries(rows) if str(r.get("client")).startswith("share-")
+                          and r.get("publisher") == publisher and r.get("pub_seq") == seq)
+            rows = s.drop_delivery(rows, member, publisher, seq)
+    return s.sort_rows(rows)
+
+
+def _acked_then_elsewhere(rows, *, ack_lost=False):
+    """share-0 acknowledges pub-0 #10 and share-1 gets it 0.3 s later; ``ack_lost``: share-0's connection ended
+    0.1 s after its ack (within the clock tolerance: the PUBACK may never have left)."""
+    if ack_lost:
+        t = s.find_delivery(rows, "share-0", "pub-0", 10)["t_mono_us"]
+        rows = _member_drops(rows, "share-0", t + 100_000)
+    return _to_member(rows, "share-1", "pub-0", 10, 300_000, 60001, dup=True)
+
+
+CASES.update({
+    "shared_clean": (SHARED, None, set()),
+    # A message owed to the group that no member got (planted); the same message handed over to another member
+    # after the first dropped it unacknowledged (near miss: DUP 1 on the other member's first copy, legal there).
+    "shared_lost": (SHARED, lambda r: s.drop_delivery(r, "share-0", "pub-0", 7), {"shared.lost"}),
+    "shared_unacked_handed_over": (SHARED, _handed_over, set()),
+    # Nothing is owed before the group exists (near miss of shared_lost).
+    "shared_nothing_owed_before_the_group": (SHARED, _late_group, set()),
+    # Acknowledged by share-0, then sent to share-1 (planted); the ack's connection ended within the tolerance
+    # (near miss: the broker may never have had the PUBACK).
+    "shared_redelivered_after_ack": (SHARED, _acked_then_elsewhere, {"shared.redelivered_after_ack"}),
+    "shared_redelivered_after_a_lost_ack": (SHARED, lambda r: _acked_then_elsewhere(r, ack_lost=True), set()),
+    # A member's share keeps no order (near miss: the same swap on a plain subscriber is out_of_order).
+    "shared_member_out_of_order": (SHARED, lambda r: s.swap_deliveries(r, "share-0", "pub-0", 4, 7), set()),
+})
+
 def write_runs(root: Path) -> dict[str, Path]:
     """Every case of the catalog written as a run directory under ``root`` (name -> directory), in catalog
     order: ``CASES`` first, then ``UNKNOWN_CASES``."""

@@ -107,7 +107,7 @@ def tally(workload: Workload, sent: Sequence[int], deliveries: Sequence[Sequence
           round_no: int, clock_offset: float) -> tuple[dict[str, int], list[float]]:
     """Counts of one round from each subscriber's deliveries ((payload, arrival on the monotonic clock), in the
     order of ``workload.subscribers``) and each publisher's count of messages sent: owed (every message of every
-    stream a subscriber is owed), delivered once, duplicated, lost (owed, never delivered), unexpected (not owed
+    stream a subscriber is owed), delivered once, duplicated, lost (owed, not delivered), unexpected (not owed
     to that subscriber, or not a payload of this benchmark) and redeliveries of an earlier round's messages; and
     the end-to-end latencies in seconds (``clock_offset`` = time.time() - time.monotonic())."""
     owed = unique = duplicates = unexpected = earlier = 0
@@ -200,15 +200,18 @@ def compare(fan_in: Mapping[str, object], p2p: Mapping[str, object],
 
 
 def problems(rounds: Sequence[Mapping[str, object]]) -> list[str]:
-    """What makes the run's figures no measurement: a message lost or a delivery nobody was owed, by round."""
+    """What makes the run's figures no measurement, by round: a message lost (owed, not delivered by the round's
+    end) or a delivery nobody was owed."""
     found = []
     for r in rounds:
         where = f"round {r['round']} ({r['pattern']})"
         if r["lost"]:
-            found.append(f"{where}: {r['lost']} of {r['owed']} owed messages LOST (never delivered)")
+            found.append(f"{where}: {r['lost']} of {r['owed']} owed messages LOST (not delivered by the round's "
+                         "end: --drain-timeout s after publishing ended)")
         if r["unexpected"]:
             found.append(f"{where}: {r['unexpected']} deliveries nobody was owed")
     return found
+
 
 def start_brokers(topology: LocalTopology, run_dir: Path, count: int, settings: dict,
                   profile: bool, checkout: Path | None = None) -> list[ProcessNode]:
@@ -260,7 +263,6 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
 
 
 def publish_loop(client, topic: str, index: int, round_no: int, rate: float, stop_at: float, sent: list[int],

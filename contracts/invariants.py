@@ -292,23 +292,27 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("shared.lost", "A message owed to a shared group ($share/NAME/FILTER) reached none of its members",
               needs_complete_history=True,
               statement=("MQTT 5 §4.8.2: a Shared Subscription's Application Message is sent to one of the Sessions "
-                         "attached to it, at the QoS granted; a QoS > 0 message whose member's connection broke before its "
-                         "acknowledgement is completed on that member's resumed session or, when that session ends, sent "
-                         "to another member (TBMQ: the group's Kafka consumer group reads on from its committed offset). "
-                         "Owed: acknowledged to its publisher while a member held the subscription, and the group held "
-                         "from then to the end of the history.")),
+                         "attached to it, at the QoS it granted [MQTT-4.8.2-3]; a QoS 1 message whose member's connection "
+                         "broke before its PUBACK may wait for that member's reconnect, and if that Session terminates "
+                         "first the Server SHOULD send it to another member; a QoS 2 one MUST be completed on the "
+                         "member's reconnect [MQTT-4.8.2-4] and, if its Session terminates first, MUST NOT go to another "
+                         "[MQTT-4.8.2-5] (so a QoS 2 message is owed only while no member's session ended). TBMQ: the "
+                         "group's Kafka consumer group reads on from its committed offset. Owed: acknowledged to its "
+                         "publisher while a member held the subscription, and the group held from then to the end.")),
     Invariant("shared.redelivered_after_ack", "A shared group's message sent to a second member after a member "
               "acknowledged it, with no fault of the target between",
-              statement=("MQTT 5 §4.8.2: a message goes to another member only if the member it was sent to did not "
-                         "acknowledge it before its session ended; [MQTT-4.3.2-3] a PUBLISH is unacknowledged only until its "
-                         "PUBACK arrives, and [MQTT-4.4.0-1] only unacknowledged ones are resent. A fault or node event between the acknowledgement and the second delivery (a "
-                         "killed node's uncommitted acknowledgements are read again), or a connection that ended within "
-                         "the clock tolerance of the acknowledgement (the PUBACK may never have left), excuses it.")),
+              statement=("MQTT 5 §4.8.2: a message goes to another member only if the member it was sent to left it "
+                         "unacknowledged; [MQTT-4.3.2-3] a PUBLISH is unacknowledged only until its PUBACK arrives, "
+                         "[MQTT-4.4.0-1] only unacknowledged ones are resent, and a QoS 2 message never goes to another "
+                         "member [MQTT-4.8.2-5]. A fault or node event between the acknowledgement and the second "
+                         "delivery (a killed node's uncommitted acknowledgements are read again), or a connection that "
+                         "ended within the clock tolerance of the acknowledgement (the PUBACK may never have left), "
+                         "excuses it.")),
     Invariant("shared.duplicates", "Messages of a shared group that reached more than one member: counted, never "
               "failing", reported_only=True,
-              statement=("MQTT 5 §4.8.2: a message left unacknowledged by a member whose session ended goes to another "
-                         "member (at least once for the group): such duplicates are legal; counted so a report shows "
-                         "how many.")),
+              statement=("MQTT 5 §4.8.2: a QoS 1 message left unacknowledged by a member whose session ended goes to "
+                         "another member (at least once for the group): such duplicates are legal (a QoS 2 one goes to no "
+                         "other member, [MQTT-4.8.2-5]); counted so a report shows how many.")),
     Invariant("retained.not_last", "A new subscription to a retained topic got, as its retained copy, a message older "
               "than the newest retained message acknowledged before the subscribe, or none while one was",
               needs_complete_history=True,

@@ -8,8 +8,9 @@ the per-subscriber rules), and no member's share is judged for order (rules/orde
 delivery (phantoms, QoS, DUP, packet ids, expiry, a delivery outside the member's filter) judges the members like
 any subscriber.
 
-Owed to the group: a QoS > 0 publish acknowledged by the broker while some member held the subscription (granted
-QoS > 0), with the group held without a break from then to the end of the history (a group whose last member's
+Owed to the group: a QoS 1 publish (QoS 2 too where no member's subscription ended: one whose member's session
+ended mid-flight goes to no other member, [MQTT-4.8.2-5]) acknowledged by the broker while some member held the
+subscription (granted QoS > 0), with the group held without a break from then to the end of the history (a group whose last member's
 session ended may drop what it held: the subscription ends with the last session attached to it), that cannot have
 expired by the end, and with no fault the target never promised to survive after it.
 """
@@ -40,6 +41,9 @@ class SharedGroup:
     topic_filter: str
     members: tuple[str, ...]
     cover: tuple[tuple[int, int | None], ...]
+    # No member's subscription ended (a new session, an UNSUBSCRIBE): a QoS 2 message is then owed too (one whose
+    # member's session ended mid-flight must go to no other member, [MQTT-4.8.2-5]).
+    stable: bool = True
 
 
 def shared_groups(timeline: Timeline) -> list[SharedGroup]:
@@ -59,7 +63,7 @@ def shared_groups(timeline: Timeline) -> list[SharedGroup]:
             else:
                 cover.append([s.t_from, s.t_to])
         groups.append(SharedGroup(name, shared_filter(name) or "", tuple(sorted({s.client for s in subs})),
-                                  tuple((a, b) for a, b in cover)))
+                                  tuple((a, b) for a, b in cover), all(s.t_to is None for s in subs)))
     return groups
 
 
@@ -75,14 +79,14 @@ def shared_table(spark, pub, per_message, timelines: dict[str, Timeline], topics
         for group in shared_groups(timeline):
             matched = [code_of(t) for t in topics.get(run_id, []) if filter_matches(group.topic_filter, t)]
             cover = [(a, b) for a, b in group.cover]
-            group_rows += [(run_id, group.name, topic, cover, timeline.t_last) for topic in matched]
+            group_rows += [(run_id, group.name, topic, cover, timeline.t_last, group.stable) for topic in matched]
             member_rows += [(run_id, code_of(member), group.name) for member in group.members]
     groups_b = F.broadcast(local_frame(spark, group_rows, T.StructType([
         T.StructField("run_id", T.StringType()), T.StructField("group", T.StringType()),
         T.StructField("topic", T.LongType()),
         T.StructField("cover", T.ArrayType(T.StructType([T.StructField("a", T.LongType()),
                                                          T.StructField("b", T.LongType())]))),
-        T.StructField("t_end", T.LongType())])))
+        T.StructField("t_end", T.LongType()), T.StructField("stable", T.BooleanType())])))
     members_b = F.broadcast(local_frame(spark, member_rows, "run_id string, client long, group string"))
     # What each member got of each message: its first delivery, its first ack, and when its connection ended
     # after that ack (an ack the socket may never have carried).
@@ -100,7 +104,8 @@ def shared_table(spark, pub, per_message, timelines: dict[str, Timeline], topics
             .join(runs_b.select("run_id", "ttl_us", "tol_us", "slack_us", "t_origin", "fault_spans",
                                 "unpromised_times"), "run_id"))
     deadline = F.col("t_invoke") + F.coalesce(F.col("expiry_s") * 1_000_000, F.col("ttl_us"))
-    owed = ((F.coalesce("pub_qos", F.lit(0)) > 0) & F.col("t_ack").isNotNull()
+    qos = F.coalesce("pub_qos", F.lit(0))
+    owed = (((qos == 1) | ((qos == 2) & F.col("stable"))) & F.col("t_ack").isNotNull()
             & sql("exists(cover, c -> c.a < t_invoke AND c.b IS NULL)")
             & (deadline.isNull() | (deadline > F.col("t_end")))
             & ~sql("exists(coalesce(unpromised_times, array()), x -> x >= t_invoke - slack_us)"))

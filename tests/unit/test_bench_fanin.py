@@ -53,7 +53,8 @@ def test_tally_counts_lost_duplicates_unexpected_and_earlier_rounds():
                       "from_earlier_rounds": 1}
     assert sorted(e2e) == [0.25, 0.5, 0.5, 0.5]
     assert bench.problems([{"round": 5, "pattern": "fan-in", **counts}]) == [
-        "round 5 (fan-in): 2 of 6 owed messages LOST (never delivered)",
+        "round 5 (fan-in): 2 of 6 owed messages LOST (not delivered by the round's end: --drain-timeout s after "
+        "publishing ended)",
         "round 5 (fan-in): 2 deliveries nobody was owed"]
 
 

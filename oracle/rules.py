@@ -549,7 +549,12 @@ def packet_id_invalid(m: Model) -> list[Item]:
 
 @rule("order.packet_id_reused")
 def packet_id_reused(m: Model) -> list[Item]:
-    return [(d.row["client"], d.seq) for d in m.deliveries if d.reused]
+    """Not across a reconnect of a client holding only shared subscriptions: what it left unacknowledged its group
+    may have handed to another member, out of its session (MQTT 5 §4.8.2)."""
+    members = {c for c in {s.client for s in m.subscriptions}
+               if all(shared(s.topic_filter) for s in m.subscriptions if s.client == c)}
+    return [(d.row["client"], d.seq) for d in m.deliveries
+            if d.reused and not (d.row["client"] in members and d.prev_conn is not None and d.prev_conn < d.conn)]
 
 
 @rule("order.resend_within_connection")

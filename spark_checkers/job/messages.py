@@ -87,7 +87,7 @@ def delivery_slots(events, clients_df, by: tuple[str, ...], v5: bool = True):
     # stream order, the owed candidates and their queue ranks) is keyed by (run, subscriber, ...).  The rows
     # move once; every later window, aggregate and join only sorts within its partition.
     rows = rows.repartition(*by).join(F.broadcast(clients_df.select("run_id", "client", "connect_seqs", "fresh_seqs",
-                                                                    "persistent_fresh_seqs",
+                                                                    "persistent_fresh_seqs", "shared_only",
                                                                     *(("conn_limits",) if v5 else ()))),
                                       ["run_id", "client"], "left")
     rows = rows.withColumn("conn", sql("size(filter(coalesce(connect_seqs, array()), x -> x < seq))"))
@@ -124,17 +124,20 @@ def delivery_slots(events, clients_df, by: tuple[str, ...], v5: bool = True):
             ignorenulls=True).over(slot.rowsBetween(Window.unboundedPreceding, -1)).alias("prev_holder"))
     slot_in_use = (~F.col("prev_ack") & (F.col("prev_epoch") == F.col("epoch"))
                    & (F.coalesce("qos", F.lit(0)) > 0) & F.col("packet_id").isNotNull())
+    # A member of shared groups only: what it left unacknowledged when its connection went, its group may hand to
+    # another member (MQTT 5 §4.8.2) and so out of this session, whose id is then free on the next connection.
+    handed_over = F.coalesce("shared_only", F.lit(False)) & (F.col("prev_conn") < F.col("conn"))
     return (rows.filter(~F.col("ack"))
             .withColumn("resend", slot_in_use & same_identity)
-            .withColumn("reused", slot_in_use & ~same_identity)
+            .withColumn("reused", slot_in_use & ~same_identity & ~handed_over)
             .withColumn("acked", F.col("next_ack"))
             # Takes a new stored packet id: not the message the slot held last in this session.
             .withColumn("new_id", F.col("stored") & ~F.coalesce(
                 (F.col("prev_holder.epoch") == F.col("epoch")) & F.col("prev_holder.publisher").eqNullSafe(F.col("publisher"))
                 & F.col("prev_holder.pub_seq").eqNullSafe(F.col("pub_seq")), F.lit(False)))
             # Materialised next: only what later steps read (each string column costs to cache).
-            .drop("connect_seqs", "fresh_seqs", "persistent_fresh_seqs", "ack", "prev_ack", "next_ack", "prev_epoch",
-                  "prev_holder"))
+            .drop("connect_seqs", "fresh_seqs", "persistent_fresh_seqs", "shared_only", "ack", "prev_ack", "next_ack",
+                  "prev_epoch", "prev_holder"))
 
 
 # A big check's messages delivered more than once, up to this many, get AFTER_ACK_COLUMNS from their own rows

@@ -22,6 +22,10 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                          unpromised_fault_times(timeline, g), fault_spans(timeline),
                          [(seg.role, seg.t_from, seg.t_to, seg.lo_us, seg.hi_us) for seg in timeline.clock_segments()]))
         clients = set(timeline.connect_seqs) | set(timeline.offline)
+        filters: dict[str, set[bool]] = {}
+        for sub in timeline.subscriptions:
+            filters.setdefault(sub.client, set()).add(shared_filter(sub.topic_filter) is not None)
+        shared_only = {client for client, kinds in filters.items() if kinds == {True}}
         for client in clients:
             client_rows.append((run.run_id, code_of(client), timeline.connect_seqs.get(client, []),
                                 timeline.fresh_seqs.get(client, []),
@@ -35,7 +39,8 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
                                 [row["seq"] for row in timeline.snapshots if row.get("client") == client
                                  and detail_of(row).get("when") == "preset"],
                                 connect_limits(timeline.connects.get(client, [])),
-                                is_application(g.application_clients, client)))
+                                is_application(g.application_clients, client),
+                                client in shared_only))
         for topic in topics.get(run.run_id, []):
             # A shared subscription matches what its filter matches, but owes the member nothing of its own: its
             # group is owed each message once (spark_checkers/shared.py), so it is never persistent here.
@@ -83,7 +88,9 @@ def side_tables(spark, runs: list[RunSpec], timelines: dict[str, Timeline], topi
             T.StructField("maximum_packet_size", L)]))),
         # An APPLICATION client of the reference broker (its application_clients rules, contracts/app_clients.py):
         # its messages wait in a Kafka topic of its own, not in lua/save.lua's session store.
-        T.StructField("application", B)]))
+        T.StructField("application", B),
+        # Every subscription the client held was a shared one ($share/NAME/FILTER): it gets its groups' messages.
+        T.StructField("shared_only", B)]))
     match_df = local_frame(spark, match_rows, T.StructType([
         T.StructField("run_id", S), T.StructField("topic", L),
         T.StructField("subs", T.ArrayType(T.StructType([

@@ -720,7 +720,7 @@ def _member_drops(rows, client, t_mono_us, back_after_us=50_000):
 def _handed_over(rows):
     """share-0 gets pub-0 #7 and drops before acknowledging it; the group hands it to share-1 (DUP 1)."""
     t = s.find_delivery(rows, "share-0", "pub-0", 7)["t_mono_us"]
-    rows = _member_drops(s.drop_ack(rows, "share-0", "pub-0", 7), "share-0", t + 100_000)
+    rows = _member_drops(s.drop_ack(rows, "share-0", "pub-0", 7), "share-0", t + 20_000)  # back before its next
     return _to_member(rows, "share-1", "pub-0", 7, 300_000, 60000, dup=True)
 
 
@@ -747,6 +747,24 @@ def _acked_then_elsewhere(rows, *, ack_lost=False):
     return _to_member(rows, "share-1", "pub-0", 10, 300_000, 60001, dup=True)
 
 
+def _member_takes_id(rows, client, publisher, seq, packet_id):
+    """``client``'s delivery of ``publisher``#``seq`` (and its ack) carry ``packet_id`` instead."""
+    rows = s.sort_rows(rows)
+    delivery = s.find_delivery(rows, client, publisher, seq)
+    ack = s._ack_after(rows, delivery)
+    delivery["packet_id"] = packet_id
+    if ack is not None:
+        ack["packet_id"] = packet_id
+    return rows
+
+
+def _id_of_unacked(rows, *, handed_over):
+    """share-0 leaves pub-0 #7 (packet id 5) unacknowledged; its next message, pub-1 #8, takes id 5 again: after a
+    reconnect that let the group hand #7 to share-1 (``handed_over``), or on the same connection."""
+    rows = _handed_over(rows) if handed_over else s.drop_ack(rows, "share-0", "pub-0", 7)
+    return _member_takes_id(rows, "share-0", "pub-1", 8, 5)
+
+
 CASES.update({
     "shared_clean": (SHARED, None, set()),
     # A message owed to the group that no member got (planted); the same message handed over to another member
@@ -761,6 +779,11 @@ CASES.update({
     "shared_redelivered_after_a_lost_ack": (SHARED, lambda r: _acked_then_elsewhere(r, ack_lost=True), set()),
     # A member's share keeps no order (near miss: the same swap on a plain subscriber is out_of_order).
     "shared_member_out_of_order": (SHARED, lambda r: s.swap_deliveries(r, "share-0", "pub-0", 4, 7), set()),
+    # The id of a message the group handed to another member is free on the member's next connection (near miss);
+    # on the same connection it is still in use (planted).
+    "shared_id_free_after_hand_over": (SHARED, lambda r: _id_of_unacked(r, handed_over=True), set()),
+    "shared_id_reused_in_connection": (SHARED, lambda r: _id_of_unacked(r, handed_over=False),
+                                       {"order.packet_id_reused"}),
 })
 
 def write_runs(root: Path) -> dict[str, Path]:

@@ -245,6 +245,14 @@ _DEFECTS = (
            "APPLICATION subscribers offline for seconds under fan-in (app-offline-backlog): session present 1 on "
            "the reconnect and no message of the offline window ever arrives; only what is published after the "
            "reconnect does (TBMQ #320: a fresh consumer starting at the end).")),
+    Defect("shared_drop_on_leave",
+           "a shared-group member that goes away with messages in flight has them counted as delivered instead of "
+           "handed to another member, so the group's committed offset passes over them",
+           "shared.lost", False, "reference_broker/shared_delivery.py",
+           shows=(
+           "shared-group members that withhold their PUBACKs before an abrupt drop (shared-groups): what each held "
+           "unacknowledged reaches no member of its group (MQTT 5 §4.8.2: it goes to another member when the "
+           "first one's session ends).")),
 
     # --- Will and retained messages (docs/reference-broker.md "Will Messages", "Retained messages")
     Defect("will_after_normal_disconnect",

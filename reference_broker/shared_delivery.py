@@ -73,7 +73,9 @@ class SharedGroup:
         for offset in back:
             _member, pid = self.flight.pop(offset)
             conn.inflight.pop(pid, None)
-        if back:
+        if back and self.config.has("shared_drop_on_leave"):  # defect: counted as delivered, never handed on
+            self.done.update(back)
+        elif back:
             log.info("%s: member %s left with %d unacknowledged messages (offsets %d..%d): they go to another "
                      "member", self.key, conn.client_id, len(back), back[0], back[-1])
             # in offset order, ahead of what is not yet sent

@@ -355,6 +355,27 @@ def test_defect_app_backlog_from_end(brokers, version):
     assert b"n00002" in got and not any(p.startswith(b"a") for p in got)   # ... but the backlog skipped
 
 
+def test_defect_shared_drop_on_leave(brokers):
+    """A member dropped with messages unacknowledged: they reach no other member of the group (control:
+    test_broker_shared.py test_a_killed_member_s_unacknowledged_messages_go_to_another_member)."""
+    import test_broker_shared as shared
+
+    cluster = brokers(application_clients=shared.APP_RULES, defects=["shared_drop_on_leave"])
+    topic, topic_filter = shared.topic_and_filter()
+    share = f"$share/g{shared.app_id()}/{topic_filter}"
+    victim = shared.members(cluster, share, 1, auto_ack=False)[0]
+    survivors = shared.members(cluster, share, 2)
+    count = 60
+    expected = shared.publish_many(cluster, topic, count)
+    shared.wait_union([victim, *survivors], count)
+    held = {d.payload for d in victim.deliveries}
+    assert held, "the victim got its share (round-robin)"
+    victim.drop()
+    time.sleep(3.0)  # the correct broker hands them over within a second
+    got = {d.payload for s in survivors for d in s.settle(0.5)}
+    assert got == set(expected) - held, "the held messages went to no other member, the rest arrived"
+
+
 def test_defect_will_after_normal_disconnect(brokers, will_clients):
     """A normal DISCONNECT, and yet the Will is published (control: test_mqtt_3_1_2_10_no_will_after_normal_
     disconnect_but_after_0x04)."""

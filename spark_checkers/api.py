@@ -365,6 +365,8 @@ def _report(run: RunInput, outcome: RunOutcome, master: str | None, elapsed: flo
             covers = {**covers, **timeline.judged["will"]}  # connections with a Will, Wills owed, forbidden, arrived
         if timeline is not None and invariant.id.startswith("retained.") and "retained" in timeline.judged:
             covers = {**covers, **timeline.judged["retained"]}
+        if timeline is not None and invariant.id.startswith("shared.") and "shared" in timeline.judged:
+            covers = {**covers, **timeline.judged["shared"]}  # the shared groups and their members
         if invariant.id in SESSION_INVARIANTS and covers.get("sessions"):
             details["acknowledged_lost_with_sessions"] = covers["acknowledged_lost"]
         results.append(InvariantResult(invariant.id, invariant.title, verdict, count, tuple(shown), why, allowed,

@@ -333,8 +333,11 @@ def _shared(timeline: Timeline) -> None:
     """The shared-subscription rules (spark_checkers/shared.py, on Spark) have nothing to judge without a group."""
     from spark_checkers.shared import NO_SHARED, SHARED_INVARIANTS, shared_groups
 
-    if not shared_groups(timeline):
+    groups = shared_groups(timeline)
+    if not groups:
         timeline.inapplicable.update({i: NO_SHARED for i in SHARED_INVARIANTS})
+        return
+    timeline.judged["shared"] = {"groups": len(groups), "members": sum(len(g.members) for g in groups)}
 
 
 def _retained(timeline: Timeline, rows: list[dict], guarantees: Guarantees) -> None:

@@ -3,6 +3,10 @@ gets it.  The small side gives the groups (``shared_groups``: each group's membe
 the subscription); ``shared_table`` gives the SHARED rows the rules of rules/shared.py read, one per (group,
 message on a topic its filter matches): whether the group was owed it, and what each member got of it.
 
+Reached the group: a member acknowledged it, or got it on a connection still open when the history ends.  A copy
+a member got and left unacknowledged when its connection ended is still owed (MQTT 4.4: it is resent, to that
+member's resumed session or, MQTT 5 §4.8.2, to another member).
+
 A member's own subscription owes it nothing (job/side_tables.py: never persistent, so no member is a candidate of
 the per-subscriber rules), and no member's share is judged for order (rules/order.py); every other rule over a
 delivery (phantoms, QoS, DUP, packet ids, expiry, a delivery outside the member's filter) judges the members like
@@ -88,14 +92,19 @@ def shared_table(spark, pub, per_message, timelines: dict[str, Timeline], topics
                                                          T.StructField("b", T.LongType())]))),
         T.StructField("t_end", T.LongType()), T.StructField("stable", T.BooleanType())])))
     members_b = F.broadcast(local_frame(spark, member_rows, "run_id string, client long, group string"))
-    # What each member got of each message: its first delivery, its first ack, and when its connection ended
-    # after that ack (an ack the socket may never have carried).
+    # What each member got of each message: its first delivery, its first ack, when its connection ended after
+    # that ack (an ack the socket may never have carried) and after the first delivery (null: still open at the
+    # end of the history).
+    def first_disconnect_after(t: str):
+        return sql(f"aggregate(filter(coalesce(disconnects, array()), d -> d.t >= {t}), CAST(NULL AS BIGINT),"
+                   " (m, d) -> coalesce(least(m, d.t), d.t))")
+
     got = (per_message.join(members_b, ["run_id", "client"])
            .join(clients_b.select("run_id", "client", "disconnects"), ["run_id", "client"], "left")
            .select("run_id", "group", "publisher", "pub_seq", "n_deliveries", F.struct(
                "client", F.col("first.t").alias("t"), F.col("first_ack_t").alias("ack_t"),
-               sql("aggregate(filter(coalesce(disconnects, array()), d -> d.t >= first_ack_t), CAST(NULL AS BIGINT),"
-                   " (m, d) -> coalesce(least(m, d.t), d.t))").alias("ack_end")).alias("got")))
+               first_disconnect_after("first_ack_t").alias("ack_end"),
+               first_disconnect_after("first.t").alias("conn_end")).alias("got")))
     got = got.groupBy("run_id", "group", "publisher", "pub_seq").agg(
         F.collect_list("got").alias("got"), F.count(F.lit(1)).alias("n_members"),
         F.sum("n_deliveries").alias("n_deliveries"), F.min("got.t").alias("t_first"))

@@ -32,9 +32,13 @@ def _message() -> tuple:
 
 # MQTT 5 §4.8.2: each message goes to one of the group's sessions, and one a member left with unacknowledged (its
 # session ending) goes to another member; at least once for the group, QoS 1 and 2 alike.
+# Settled for the group: a member acknowledged it, or holds it on a connection the history ends with.
+_SETTLED = "exists(coalesce(got, array()), g -> g.ack_t IS NOT NULL OR g.conn_end IS NULL)"
+
+
 @rule("shared.lost", SHARED)
 def shared_lost():
-    return F.col("owed") & F.col("n_members").isNull(), since_origin("t_invoke"), *_message()
+    return (F.col("owed") & ~sql(_SETTLED), since_origin("t_invoke"), *_message(), sql(_MEMBERS).alias("members"))
 
 
 @rule("shared.redelivered_after_ack", SHARED)
@@ -52,8 +56,11 @@ def shared_duplicates():
 @explains("shared.lost")
 def _lost(w: dict[str, Any], timeline: Timeline) -> str:
     o = timeline.t_first
+    members = w.get("members") or []
+    got = (f"only {', '.join(str(m) for m in members)} got it, never acknowledged it, and its connection ended"
+           if members else "no member of the group got it")
     return (f"{message(w)} on {w.get('topic')}, acknowledged to its publisher at {seconds(w.get('t_ack'), o)} while "
-            f"{w.get('group')} had a member, reached no member of the group by the end of the history.")
+            f"{w.get('group')} had a member: {got}; by the end of the history it was never sent again.")
 
 
 @explains("shared.redelivered_after_ack")

@@ -724,6 +724,12 @@ def _handed_over(rows):
     return _to_member(rows, "share-1", "pub-0", 7, 300_000, 60000, dup=True)
 
 
+def _left_unacked(rows):
+    """share-0 gets pub-0 #7, drops before acknowledging it, and no member ever gets it again."""
+    t = s.find_delivery(rows, "share-0", "pub-0", 7)["t_mono_us"]
+    return _member_drops(s.drop_ack(rows, "share-0", "pub-0", 7), "share-0", t + 20_000)
+
+
 def _late_group(rows):
     """The members subscribe only at slot 4: what was published before owes the group nothing."""
     rows = [dict(r) for r in rows]
@@ -771,6 +777,8 @@ CASES.update({
     # after the first dropped it unacknowledged (near miss: DUP 1 on the other member's first copy, legal there).
     "shared_lost": (SHARED, lambda r: s.drop_delivery(r, "share-0", "pub-0", 7), {"shared.lost"}),
     "shared_unacked_handed_over": (SHARED, _handed_over, set()),
+    # ... and the same member drop with the message handed to no one: delivered once, never acknowledged (planted).
+    "shared_unacked_and_dropped": (SHARED, _left_unacked, {"shared.lost"}),
     # Nothing is owed before the group exists (near miss of shared_lost).
     "shared_nothing_owed_before_the_group": (SHARED, _late_group, set()),
     # Acknowledged by share-0, then sent to share-1 (planted); the ack's connection ended within the tolerance

@@ -659,7 +659,13 @@ def reference_declaration(broker: Mapping[str, Any], topology: Mapping[str, Any]
     fsync = (topology or {}).get("redis_appendfsync")  # unset: the topology default, not "always"
     return {"mqtt_versions": list(MQTT_VERSIONS), "queue_limit": config["persisted_messages_limit"],
             "queue_policy": "drop_oldest", "persistence": "power" if fsync == "always" else "kill",
-            "message_ttl_s": config["persisted_message_ttl_s"]}
+            "message_ttl_s": config["persisted_message_ttl_s"], "features": REFERENCE_FEATURES}
+
+
+# What the reference broker offers beyond the sessions, as its CONNACK declares it (MQTT 5: Retain Available,
+# Shared Subscription Available; reference_broker/connection.py) and docs/reference-broker.md describes: Wills
+# (with Will Delay), retained messages kept in Redis, shared subscriptions for persistent APPLICATION clients.
+REFERENCE_FEATURES = {"will": True, "retained": True, "shared_subscriptions": "application clients"}
 
 
 def _read_target(s: _Section, broker: Mapping[str, Any], topology: Mapping[str, Any]) -> TargetSpec:
@@ -674,7 +680,10 @@ def _read_target(s: _Section, broker: Mapping[str, Any], topology: Mapping[str, 
             raise s.fail("tls", "...", "the reference broker serves plain MQTT; [target.tls] applies to an external "
                          "target (kind = \"external\") whose listener speaks TLS")
         s.finish()  # nothing else applies to the reference broker; its settings live in [broker]
-        if derived and _plain(derived) != reference_declaration(broker, topology):
+        declared = reference_declaration(broker, topology)
+        if "features" not in derived:  # a scenario.json written before the declaration named them
+            declared.pop("features")
+        if derived and _plain(derived) != declared:
             raise s.fail("promises", derived, "is derived from [broker]; change the [broker] keys instead")
         return TargetSpec(kind="reference")
     host = read_host(s)

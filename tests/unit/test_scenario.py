@@ -49,7 +49,8 @@ def test_defaults_are_filled_in():
     # the reference broker's promises come from its [broker] defaults (one source: BrokerConfig)
     assert d["target"] == {"kind": "reference", "promises": {
         "mqtt_versions": ["3.1.1", "5"], "queue_limit": 10000, "queue_policy": "drop_oldest",
-        "persistence": "kill", "message_ttl_s": 604800}}
+        "persistence": "kill", "message_ttl_s": 604800,
+        "features": {"will": True, "retained": True, "shared_subscriptions": "application clients"}}}
     assert d["scenario"]["drain_timeout_s"] == 60.0
     assert d["faults"]["mix"] == {}
 
@@ -210,3 +211,11 @@ def test_expiry_mixes_and_failure_path_keys_validate():
         "window's session is preset to), e.g. preset_last_packet_id = 65500")
     assert _error(MINIMAL + "[workload]\npreset_each_offline = 1\npreset_last_packet_id = 9\n") == (
         "bad.toml: [workload] preset_each_offline = 1: must be true or false")
+
+
+def test_a_scenario_json_written_before_the_declaration_named_its_features_reads_back():
+    """Older run directories carry promises without "features": still the same declaration, not a mismatch."""
+    stored = parse_scenario(MINIMAL).to_dict()
+    del stored["target"]["promises"]["features"]
+    again = scenario_from_mapping(stored, source="old/scenario.json")
+    assert again.to_dict()["target"]["promises"]["features"]["shared_subscriptions"] == "application clients"

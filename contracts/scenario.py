@@ -302,6 +302,10 @@ class WorkloadSpec:
     # [subscribers] table draws for every subscriber.  0: off (nothing drawn, plans unchanged).
     shared_groups: int = 0
     shared_members: int = 3
+    # Fan-in beside P2P in one run (p2p only): this many more persistent subscribers test_fanin_sub_client_<k>_0,
+    # each on the filter of every publisher's topic (SHARED_FILTERS["p2p"]): TBMQ's fan-in subscribers (on the
+    # reference broker APPLICATION clients when [broker] application_clients says so).  0: none.
+    fan_in_subscribers: int = 0
 
     def client_ids(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(publisher ids, subscriber ids), the names every plan of this workload gives its clients."""
@@ -310,6 +314,11 @@ class WorkloadSpec:
                     tuple(f"test_sub_client_{i}_0" for i in range(self.pairs)))
         return (tuple(f"test_pub_client_{j}_0" for j in range(self.publishers)),
                 tuple(f"test_sub_client_{k}_0" for k in range(self.subscribers)))
+
+    def fan_in_subscribers_of(self) -> tuple[tuple[str, str], ...]:
+        """(client id, filter) of the fan-in subscribers a P2P workload adds (``fan_in_subscribers``)."""
+        return tuple((f"test_fanin_sub_client_{k}_0", SHARED_FILTERS[self.pattern])
+                     for k in range(self.fan_in_subscribers))
 
     def shared_members_of(self) -> tuple[tuple[str, str], ...]:
         """(member client id, its $share filter) of every shared group's members, group by group."""
@@ -866,7 +875,11 @@ def _read_workload(s: _Section) -> WorkloadSpec:
         late_subscribers=s.integer("late_subscribers", d.late_subscribers, minimum=1, maximum=100),
         shared_groups=s.integer("shared_groups", d.shared_groups, minimum=0, maximum=100),
         shared_members=s.integer("shared_members", d.shared_members, minimum=1, maximum=100),
+        fan_in_subscribers=s.integer("fan_in_subscribers", d.fan_in_subscribers, minimum=0, maximum=5000),
     )
+    if spec.fan_in_subscribers and pattern != "p2p":
+        raise s.fail("fan_in_subscribers", spec.fan_in_subscribers, "adds fan-in subscribers to a p2p workload; "
+                     "under pattern = \"fan-in\" every subscriber already is one (give subscribers instead)")
     mqtt5_only = [(key, value) for key, value in (
         ("mqtt5_properties", spec.mqtt5_properties), ("subscription_identifiers", spec.subscription_identifiers),
         ("retain_as_published", spec.retain_as_published), ("receive_maximum", spec.receive_maximum),
@@ -876,7 +889,8 @@ def _read_workload(s: _Section) -> WorkloadSpec:
         raise s.fail(key, value, "an MQTT 5 option: only MQTT 5 clients send it; give protocol_mix an mqtt5 weight "
                      "> 0")
     publishers, subscribers = spec.client_ids()
-    clients = publishers + subscribers + tuple(member for member, _ in spec.shared_members_of())
+    clients = (publishers + subscribers + tuple(c for c, _ in spec.fan_in_subscribers_of())
+               + tuple(member for member, _ in spec.shared_members_of()))
     for client_id, node in spec.home_nodes:
         if not isinstance(node, str) or not node:
             raise s.fail(f"home_nodes.{client_id}", node, "must be the name of a broker node (a string)")

@@ -238,9 +238,9 @@ def generate_plan(scenario: Scenario, seed: int, draw: Draw, wills: WillSpec | N
             preset_last_packet_id=workload.preset_last_packet_id,
             receive_maximum=workload.receive_maximum if v5 else None,
             maximum_packet_size=workload.maximum_packet_size if v5 else None))
-    # Shared groups' members: persistent subscribers of a $share filter, flapping like the others (drawn after
-    # them: a plan without shared groups is the one it always was).
-    for index, (client_id, topic_filter) in enumerate(workload.shared_members_of()):
+    # Fan-in subscribers beside the pairs, then shared groups' members: persistent subscribers of a wide or a
+    # $share filter, flapping like the others (drawn after them: a plan without them is the one it always was).
+    for index, (client_id, topic_filter) in enumerate(workload.fan_in_subscribers_of() + workload.shared_members_of()):
         protocol = draw.weighted(workload.protocol_mix)
         v5 = protocol == 5
         subscriber_plans.append(ClientPlan(

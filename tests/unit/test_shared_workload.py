@@ -91,3 +91,30 @@ def test_a_member_delivery_that_overtakes_the_ack_settles_the_group():
     owed.delivered("m0", "pub", 7)
     owed.acknowledged("pub", 7, "t/1", 1, [("m0", [(group, 1)])])
     assert owed.count == 0
+
+
+P2P = """
+[scenario]
+name = "mixed"
+duration_s = 8
+[workload]
+pairs = 3
+rate_per_publisher = 2
+{extra}
+"""
+
+
+def test_fan_in_subscribers_beside_the_pairs_on_every_publishers_topic():
+    plan = make_plan(parse_scenario(P2P.format(extra="fan_in_subscribers = 2\nshared_groups = 1\n") + APP), 2)
+    wide = [c for c in plan.clients if c.client_id.startswith("test_fanin_sub_client_")]
+    assert [c.client_id for c in wide] == ["test_fanin_sub_client_0_0", "test_fanin_sub_client_1_0"]
+    assert all(c.persistent and c.subscriptions[0].topic_filter == SHARED_FILTERS["p2p"] for c in wide)
+    assert {p.topic for p in plan.publishes} == {f"europe/ua/kyiv/{i}/0" for i in range(3)}
+    assert all(filter_matches(SHARED_FILTERS["p2p"], p.topic) for p in plan.publishes)
+    plain = make_plan(parse_scenario(P2P.format(extra="")), 2)
+    assert [c.client_id for c in plan.clients][:6] == [c.client_id for c in plain.clients]  # the pairs as before
+
+
+def test_fan_in_subscribers_only_beside_p2p():
+    with pytest.raises(ScenarioError, match=r"fan_in_subscribers = 2.*pattern = \"fan-in\""):
+        scenario("fan_in_subscribers = 2")

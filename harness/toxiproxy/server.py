@@ -45,6 +45,20 @@ probability ``toxicity``; toxics added or changed apply to open connections at o
                 dropped until the toxic is removed)
     reset_peer  timeout (ms): the connection is reset (RST: SO_LINGER 0) after timeout from the toxic's
                 start on it; downstream resets the client's socket, upstream the server's
+
+One toxic of Ordeal's own, an addition to toxiproxy's set (faults/process.py ``at_commit``: Tansu killed or
+paused while a consumer's offset commit is on its way):
+
+    hold_requests  api_key (int, default 8: OffsetCommit), group_prefix (str, "": any group), held (read only);
+                upstream only.  The upstream stream of every connection is read as Kafka requests (4-byte
+                big-endian size, then int16 api_key, int16 api_version, int32 correlation id, client id, and
+                for the group APIs the group id first in the body: ``parse_kafka_request``); a request with that
+                api_key (and a group id starting with group_prefix) is held back, and with it everything after
+                it on that connection (the order is kept); the other connections go on until they send one.
+                Removing the toxic sends what each connection held on, in order.  ``held`` counts the matching
+                requests held so far (all connections); GET also lists the first of them (``held_requests``:
+                api_version, correlation_id, client_id, group_id, connection).  Every connection's upstream is
+                framed from its first byte, so a toxic added mid-stream knows where each request starts.
 """
 
 from __future__ import annotations
@@ -64,14 +78,19 @@ from typing import Any
 
 VERSION = "ordeal-toxiproxy 1.0 (toxiproxy API 2.x subset)"
 STREAMS = ("upstream", "downstream")
-# type -> {attribute: default}; every attribute a non-negative integer, as in toxiproxy.
-TOXIC_TYPES: dict[str, dict[str, int]] = {
+# type -> {attribute: default}; every attribute a non-negative integer, as in toxiproxy (hold_requests, Ordeal's
+# own, also has a string: group_prefix).
+TOXIC_TYPES: dict[str, dict[str, int | str]] = {
     "latency": {"latency": 0, "jitter": 0},
     "bandwidth": {"rate": 0},
     "slow_close": {"delay": 0},
     "timeout": {"timeout": 0},
     "reset_peer": {"timeout": 0},
+    "hold_requests": {"api_key": 8, "group_prefix": "", "held": 0},
 }
+READ_ONLY = {"hold_requests": ("held",)}  # attributes the proxy reports and a request may not set
+UPSTREAM_ONLY = ("hold_requests",)  # it parses Kafka requests: the client -> server stream
+HELD_LISTED = 20  # hold_requests: how many held requests GET lists (``held`` counts them all)
 CHUNK = 32 * 1024
 LOOPBACK_PREFIX = "127."
 
@@ -83,16 +102,47 @@ class ApiError(Exception):
 
 
 @dataclass
+class HoldLog:
+    """What a hold_requests toxic held, over every connection (kept across updates of the toxic)."""
+
+    count: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)  # the first HELD_LISTED
+
+    def add(self, request: KafkaRequest, connection: int) -> None:
+        self.count += 1
+        if len(self.requests) < HELD_LISTED:
+            self.requests.append({"api_key": request.api_key, "api_version": request.api_version,
+                                  "correlation_id": request.correlation_id, "client_id": request.client_id,
+                                  "group_id": request.group_id, "connection": connection})
+
+
+@dataclass
 class Toxic:
     name: str
     type: str
     stream: str
     toxicity: float
-    attributes: dict[str, int]
+    attributes: dict[str, Any]
+    hold: HoldLog = field(default_factory=HoldLog, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "stream": self.stream, "toxicity": self.toxicity,
-                "attributes": dict(self.attributes)}
+        result = {"name": self.name, "type": self.type, "stream": self.stream, "toxicity": self.toxicity,
+                  "attributes": dict(self.attributes)}
+        if self.type == "hold_requests":
+            result["attributes"]["held"] = self.hold.count
+            result["held_requests"] = [dict(request) for request in self.hold.requests]
+        return result
+
+    def wants(self, request: KafkaRequest, complete: bool) -> bool | None:
+        """hold_requests: whether this toxic holds ``request`` (None: more of its bytes are needed to say)."""
+        if request.api_key != self.attributes["api_key"]:
+            return False
+        prefix = self.attributes["group_prefix"]
+        if not prefix:
+            return True
+        if request.group_id is None:
+            return False if complete or request.group_unknown else None
+        return request.group_id.startswith(prefix)
 
 
 def parse_toxic(body: dict[str, Any], existing: Toxic | None = None) -> Toxic:
@@ -105,6 +155,8 @@ def parse_toxic(body: dict[str, Any], existing: Toxic | None = None) -> Toxic:
     stream = existing.stream if existing else body.get("stream", "downstream")
     if stream not in STREAMS:
         raise ApiError(400, f"invalid stream {stream!r}; allowed: {', '.join(STREAMS)}")
+    if kind in UPSTREAM_ONLY and stream != "upstream":
+        raise ApiError(400, f"toxic type {kind!r} reads the client's requests: stream must be 'upstream'")
     toxicity = body.get("toxicity", existing.toxicity if existing else 1.0)
     if isinstance(toxicity, bool) or not isinstance(toxicity, (int, float)) or not 0 <= toxicity <= 1:
         raise ApiError(400, f"toxicity must be a number in [0, 1], got {toxicity!r}")
@@ -116,13 +168,20 @@ def parse_toxic(body: dict[str, Any], existing: Toxic | None = None) -> Toxic:
         if key not in TOXIC_TYPES[kind]:
             raise ApiError(400, f"toxic type {kind!r} has no attribute {key!r}; allowed: "
                                 f"{', '.join(TOXIC_TYPES[kind])}")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if key in READ_ONLY.get(kind, ()):
+            if value in (0, attributes[key]):
+                continue  # as GET reported it: a client sending the toxic back
+            raise ApiError(400, f"attribute {key!r} of toxic type {kind!r} is reported by the proxy, not set")
+        if isinstance(TOXIC_TYPES[kind][key], str):
+            if not isinstance(value, str):
+                raise ApiError(400, f"attribute {key!r} must be a string, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ApiError(400, f"attribute {key!r} must be a non-negative integer, got {value!r}")
         attributes[key] = value
     name = existing.name if existing else body.get("name") or f"{kind}_{stream}"
     if not isinstance(name, str):
         raise ApiError(400, f"toxic name must be a string, got {name!r}")
-    return Toxic(name, kind, stream, float(toxicity), attributes)
+    return Toxic(name, kind, stream, float(toxicity), attributes, existing.hold if existing else HoldLog())
 
 
 def split_address(text: Any, what: str) -> tuple[str, int]:

@@ -86,6 +86,8 @@ class FaultCatalog:
                                str] = lambda *args: ""
     # (provider, kinds) -> one sentence per kind that topology provider cannot play (empty: all supported)
     provider_gaps: Callable[[str, Iterable[str]], list[str]] = lambda provider, kinds: []
+    # (provider, kind, parameters) -> why that provider cannot play a kind it supports with those parameters, or ''
+    provider_param_gaps: Callable[[str, str, Mapping[str, Any]], str] = lambda provider, kind, params: ""
 
 
 @dataclass(frozen=True)
@@ -1055,7 +1057,13 @@ def _validate_fault_kind(s: _Section, kind: str, selectors: tuple[str, ...], fix
 
 def refuse_unsupported_faults(source: str, provider: str, faults: FaultSpec) -> None:
     """A fault kind the topology provider cannot play is refused at load (faults/catalog.py PROVIDER_GAPS)."""
-    problems = fault_catalog().provider_gaps(provider, [kind for kind, _weight in faults.mix])
+    catalog = fault_catalog()
+    problems = catalog.provider_gaps(provider, [kind for kind, _weight in faults.mix])
+    for kind, _weight in faults.mix:  # a kind supported, but not with every parameter (process_kill at_commit)
+        fixed = faults.params_of(kind)
+        variants = [fixed] + [{**fixed, name: value} for name, values in faults.choices_of(kind) for value in values]
+        problems += list(dict.fromkeys(why for params in variants
+                                       if (why := catalog.provider_param_gaps(provider, kind, params))))
     if problems:
         raise ScenarioError(f"{source} [faults]: " + "; ".join(problems))
 

@@ -26,6 +26,8 @@ from faults.base import (
 )
 from faults.clock import CLOCK_KINDS  # also registers the clock kinds
 from faults.clock import check_spec as check_clock_spec
+from faults.commit_hold import check_spec as check_commit_spec
+from faults.commit_hold import provider_param_gap
 from faults.disk import DISK_KINDS, FILE_KINDS  # also registers the disk kinds
 from faults.latency import LINK_KINDS
 from faults.latency import check_spec as check_link_spec
@@ -33,7 +35,7 @@ from faults.network import RING_MIN_NODES
 from faults.selectors import SELECTOR_HELP, kafka_role_of, parse_selector
 
 __all__ = ["FAULT_KINDS", "validate_spec", "build_fault", "is_client_fault", "kinds_by_category",
-           "PROVIDER_GAPS", "provider_supports", "unsupported_faults"]
+           "PROVIDER_GAPS", "provider_supports", "unsupported_faults", "unsupported_params"]
 
 # Which fault kinds each topology provider lacks, and why (every kind not listed here is supported).  One
 # source: scenario loading refuses a scenario that asks a provider for one of these (exit code 3), and
@@ -73,6 +75,12 @@ def unsupported_faults(provider: str, kinds: Iterable[str]) -> list[str]:
             for kind in sorted(set(kinds)) if kind in gaps]
 
 
+def unsupported_params(provider: str, kind: str, params: Mapping[str, Any]) -> str:
+    """Why the provider cannot play a kind it supports with these parameters (process_kill / process_pause
+    ``at_commit`` on the containers provider: faults/commit_hold.py), or ''."""
+    return provider_param_gap(provider, kind, params)
+
+
 def validate_spec(fault: FaultSpec | Mapping[str, Any]) -> FaultSpec:
     if isinstance(fault, Mapping):
         unknown = sorted(set(fault) - {"id", "kind", "target", "params"})
@@ -94,6 +102,7 @@ def validate_spec(fault: FaultSpec | Mapping[str, Any]) -> FaultSpec:
         target = _validate_target(info, fault.target)
         check_clock_spec(fault.kind, target, params)  # clock faults: a runtime libfaketime cannot reach
         check_link_spec(fault.kind, target, params)  # link faults: a target that is not on the link
+        check_commit_spec(fault.kind, target, params)  # at_commit: the Kafka broker only, not with at_stage
     except FaultSpecError as error:
         raise FaultSpecError(f"fault {fault.id!r}: {error}") from None
     return FaultSpec(fault.id, fault.kind, target, params)
@@ -241,4 +250,5 @@ scenario_model.register_fault_catalog(scenario_model.FaultCatalog(
     kafka_role_of=kafka_role_of,
     external_refusal=external_refusal,
     provider_gaps=unsupported_faults,
+    provider_param_gaps=unsupported_params,
 ))

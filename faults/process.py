@@ -5,6 +5,8 @@ pause the process is in state 'T'; after a restart it runs under a new PID and a
 the victim was a Redis master with replicas, kill and stop also wait for a replica to be promoted (the
 cluster's own CLUSTER NODES, read from the surviving nodes) — that is what the fault is for.
 Heal brings the node back (start / resume) and checks it is alive and accepting again.
+``at_commit`` (kill, pause of ``kafka``): the kill / pause comes while a consumer's OffsetCommit is held in
+flight on the broker -> Kafka link, with that as evidence (faults/commit_hold.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import redis
 
-from faults import probes
+from faults import commit_hold, probes
 from faults.base import (
     Check,
     Evidence,
@@ -78,6 +80,14 @@ class _NodeFault:
         self.spec = spec
         self.node: Any = None
         self.pid_before: int | None = None
+        self.commit_watch: commit_hold.CommitLogWatch | None = None  # at_commit: the broker logs from the apply on
+        self.commit_checks: list[Check] = []
+
+    def _commit_outcome(self) -> list[Check]:
+        """at_commit: the heal's observation of the broker's commit lines since the apply (none otherwise)."""
+        if self.commit_watch is None:
+            return []
+        return [self.commit_watch.check(commit_hold.held_groups(self.commit_checks))]
 
     def _resolve(self, ctx: FaultContext) -> Any:
         if self.node is None:
@@ -147,6 +157,15 @@ class _StopFault(_NodeFault):
             ctx.note_node_event(node.name, "stop", fault_id=self.spec.id, pid=self.pid_before)
         elif self.spec.params.get("at_stage", "now") != "now":
             stage_check = self._kill_at_stage(ctx, node, self.spec.params["at_stage"])
+        elif self.spec.params.get("at_commit"):  # faults/commit_hold.py: Tansu killed with a commit held in flight
+            def kill() -> list[Check]:
+                node.kill()
+                ctx.note_node_event(node.name, "kill", fault_id=self.spec.id, pid=self.pid_before, at_commit=True)
+                return self._down_checks(ctx)
+
+            self.commit_watch = commit_hold.CommitLogWatch(ctx.topology)
+            self.commit_checks = commit_hold.at_commit(self.spec, ctx, node, kill)
+            return Evidence.of(*self.commit_checks)
         else:
             node.kill()
             ctx.note_node_event(node.name, "kill", fault_id=self.spec.id, pid=self.pid_before)
@@ -156,7 +175,7 @@ class _StopFault(_NodeFault):
         return Evidence.of(*checks)
 
     def heal(self, ctx: FaultContext) -> Evidence:
-        return self._bring_back(ctx)
+        return self._bring_back(ctx).plus(*self._commit_outcome())
 
     def _kill_at_stage(self, ctx: FaultContext, node: Any, stage: str) -> Check:
         """A kill timed by the broker's own stage: SIGUSR1 arms the reference broker's crash point (it SIGKILLs
@@ -195,11 +214,20 @@ class PauseFault(_NodeFault):
 
     def apply(self, ctx: FaultContext) -> Evidence:
         node = self._resolve(ctx)
+        if self.spec.params.get("at_commit"):  # faults/commit_hold.py: Tansu paused with a commit held in flight
+            self.commit_watch = commit_hold.CommitLogWatch(ctx.topology)
+            self.commit_checks = commit_hold.at_commit(self.spec, ctx, node,
+                                                       lambda: list(self._pause(ctx, node).checks))
+            return Evidence.of(*self.commit_checks)
+        return self._pause(ctx, node)
+
+    def _pause(self, ctx: FaultContext, node: Any) -> Evidence:
         # The process serving the port may be a descendant (an external target runs behind unshare + sh):
         # it must be stopped too, not only the process we started.
         listener = probes.listener_pid(self.pid_before, node.host, node.port)
         node.pause()
-        ctx.note_node_event(node.name, "pause", fault_id=self.spec.id, pid=self.pid_before)
+        ctx.note_node_event(node.name, "pause", fault_id=self.spec.id, pid=self.pid_before,
+                            **({"at_commit": True} if self.spec.params.get("at_commit") else {}))
         pids = [self.pid_before] + ([listener] if listener not in (None, self.pid_before) else [])
         # SIGSTOP is delivered asynchronously: a running process shows 'R' for a moment.
         stopped, observed, waited = wait_until(
@@ -220,7 +248,7 @@ class PauseFault(_NodeFault):
                         state is not None and not probes.is_stopped(self.pid_before))]
         if self.node in (getattr(ctx.topology, "redis_nodes", []) or []):
             checks.append(_answers_ping(self.node, ctx.effect_timeout_s))
-        return Evidence.of(*checks)
+        return Evidence.of(*checks, *self._commit_outcome())
 
 
 def _answers_ping(node: Any, timeout_s: float) -> Check:
@@ -302,12 +330,14 @@ _WAIT_PROMOTION = Param("wait_promotion", bool, True,
 register(KindInfo(
     name="process_kill", category="process", target="node", factory=_factory(KillFault),
     description="SIGKILL the target node (at once, or for a reference-broker node at_stage = "
-                "\"persisted_commit\": right after its next persisted-topic commit); heal starts it again",
+                "\"persisted_commit\": right after its next persisted-topic commit, or for kafka at_commit: while "
+                "a consumer's offset commit is held in flight); heal starts it again",
     params=(_WAIT_PROMOTION,
             Param("at_stage", str, "now", "when the node dies: now, or (reference broker) right after its next "
                   "persisted-topic commit", choices=("now", "persisted_commit")),
             Param("stage_timeout_s", float, 5.0, "at_stage: SIGKILL from outside if the stage is not reached "
-                  "within this time", min=0.1, max=60.0)),
+                  "within this time", min=0.1, max=60.0),
+            *commit_hold.AT_COMMIT_PARAMS),
 ))
 register(KindInfo(
     name="process_stop", category="process", target="node", factory=_factory(StopFault),
@@ -317,8 +347,9 @@ register(KindInfo(
 ))
 register(KindInfo(
     name="process_pause", category="process", target="node", factory=_factory(PauseFault),
-    description="SIGSTOP the target node; heal sends SIGCONT",
-    params=(),
+    description="SIGSTOP the target node (for kafka at_commit: while a consumer's offset commit is held in "
+                "flight); heal sends SIGCONT",
+    params=commit_hold.AT_COMMIT_PARAMS,
 ))
 register(KindInfo(
     name="process_restart", category="process", target="node", factory=_factory(RestartFault), instant=True,

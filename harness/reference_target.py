@@ -167,11 +167,13 @@ class ReferenceTarget:
         (faults/latency.py) get the harness' toxiproxy, and the topology a router (harness/toxiproxy/routing.py)
         that makes each such node's proxy as the node is created: Tansu advertises its proxy, every Redis node
         announces its own.  A kept topology's nodes started unproxied, so such a seed runs on a fresh topology.
-        Nothing when the plan has none."""
+        Nothing when the plan has none.  A kill / pause of Kafka ``at_commit`` (faults/commit_hold.py) holds the
+        commit on the broker -> Kafka link's proxy: it routes that link too."""
+        from faults.commit_hold import at_commit_links
         from faults.latency import LINK_ATTRIBUTE, PREPARED_LINKS, proxied_links
         from harness.toxiproxy import LinkRouter
 
-        links = sorted(proxied_links(plan.faults) & set(PREPARED_LINKS))
+        links = sorted((proxied_links(plan.faults) | at_commit_links(plan.faults)) & set(PREPARED_LINKS))
         if not links:
             return []
         refusal = (f"link faults on {', '.join(links)} need Tansu advertising / the Redis nodes announcing a proxy "

@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import signal
@@ -93,12 +94,185 @@ UPSTREAM_ONLY = ("hold_requests",)  # it parses Kafka requests: the client -> se
 HELD_LISTED = 20  # hold_requests: how many held requests GET lists (``held`` counts them all)
 CHUNK = 32 * 1024
 LOOPBACK_PREFIX = "127."
+_SERIALS = itertools.count(1)
 
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+# --- Kafka request framing (the hold_requests toxic) -----------------------------------------------------------
+
+# The group APIs whose request body starts with the group id, and the version from which each is "flexible"
+# (KIP-482: request header v2 with tagged fields, compact strings): OffsetCommit, OffsetFetch (v8+: a list of
+# groups instead), JoinGroup, Heartbeat, LeaveGroup, SyncGroup.
+GROUP_FIRST_FLEXIBLE_FROM = {8: 8, 9: 6, 11: 6, 12: 4, 13: 4, 14: 4}
+GROUP_FIRST_UNTIL = {9: 7}  # OffsetFetch v8+ carries a list of groups: no single group id first
+HEAD_MAX = 4 + 1024  # bytes of a request's beginning kept to parse its header and group id
+
+
+@dataclass(frozen=True)
+class KafkaRequest:
+    """The beginning of one Kafka request as far as the bytes seen allow (None: not seen yet)."""
+
+    size: int  # the 4-byte length prefix: bytes after it
+    api_key: int
+    api_version: int | None = None
+    correlation_id: int | None = None
+    client_id: str | None = None
+    group_id: str | None = None
+    group_unknown: bool = False  # this API / version has no group id first, or it cannot be parsed
+
+
+def _uvarint(data: bytes, at: int) -> tuple[int, int] | None:
+    value = shift = 0
+    while at < len(data):
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+        if shift > 35:
+            return None
+    return None
+
+
+def parse_kafka_request(head: bytes) -> KafkaRequest | None:
+    """Parse what ``head`` (a request's first bytes, size prefix included) holds: None before the api key.
+    Header v1 (api_key, api_version, correlation_id, nullable int16 client id), v2 for flexible versions (then
+    tagged fields); the group id of the group APIs (int16 string, or a compact string when flexible)."""
+    if len(head) < 6:
+        return None
+    size = int.from_bytes(head[0:4], "big")
+    api_key = int.from_bytes(head[4:6], "big", signed=True)
+    if len(head) < 12:
+        return KafkaRequest(size, api_key)
+    version = int.from_bytes(head[6:8], "big", signed=True)
+    correlation = int.from_bytes(head[8:12], "big", signed=True)
+    partial = KafkaRequest(size, api_key, version, correlation)
+    if len(head) < 14:
+        return partial
+    length = int.from_bytes(head[12:14], "big", signed=True)
+    at = 14 + max(length, 0)
+    if len(head) < at:
+        return partial
+    client_id = head[14:at].decode("utf-8", "replace") if length >= 0 else None
+    named = KafkaRequest(size, api_key, version, correlation, client_id)
+    flexible_from = GROUP_FIRST_FLEXIBLE_FROM.get(api_key)
+    if flexible_from is None or version > GROUP_FIRST_UNTIL.get(api_key, version) or version < 0:
+        return KafkaRequest(size, api_key, version, correlation, client_id, group_unknown=True)
+    if version >= flexible_from:
+        tags = _uvarint(head, at)  # the header's tagged fields: count, then (tag, size, data) each
+        if tags is None:
+            return named
+        count, at = tags
+        for _ in range(count):
+            tag = _uvarint(head, at)
+            sized = _uvarint(head, tag[1]) if tag else None
+            if sized is None:
+                return named
+            at = sized[1] + sized[0]
+        compact = _uvarint(head, at)
+        if compact is None:
+            return named
+        length, at = compact[0] - 1, compact[1]
+    else:
+        if len(head) < at + 2:
+            return named
+        length, at = int.from_bytes(head[at:at + 2], "big", signed=True), at + 2
+    if length < 0:
+        return KafkaRequest(size, api_key, version, correlation, client_id, group_unknown=True)
+    if len(head) < at + length:
+        return named
+    return KafkaRequest(size, api_key, version, correlation, client_id, head[at:at + length].decode("utf-8", "replace"))
+
+
+class KafkaRequestHold:
+    """One connection's upstream as Kafka requests: which bytes pass and which are held.
+
+    ``feed(data, wants)`` returns the bytes to send on now and the requests newly held (with what ``wants``
+    said of each: the toxic that holds it), each once all of it (or HEAD_MAX of it) is held.  ``wants(request, complete)`` -> a truthy value (hold it), False
+    (pass it) or None (more of its bytes are needed to say); ``wants=None``: nothing is held, the framing is
+    only followed.  A request's bytes wait until it is decided; once one is held, every byte after it on the
+    connection is held too (``holding``), and the requests among them that ``wants`` holds are counted as held.
+    ``release()`` returns everything held and lets the stream pass again.  Pure: no I/O, any chunking."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.held = bytearray()
+        self._head = bytearray()  # the current request's first bytes (up to HEAD_MAX)
+        self._seen = 0  # bytes of the current request so far, size prefix included
+        self._total: int | None = None  # its length with the prefix, once the prefix is in
+        self._decided: Any = None  # None: not yet; False: passes; else held (what wants said)
+        self._pending = bytearray()  # its bytes while undecided (not holding)
+        self._reported = False  # the current request, held, is in ``feed``'s newly held
+
+    def feed(self, data: bytes, wants: Any = None) -> tuple[bytes, list[tuple[KafkaRequest, Any]]]:
+        out = bytearray()
+        newly: list[tuple[KafkaRequest, Any]] = []
+        at = 0
+        while at < len(data):
+            if self._total is None:
+                take = data[at:at + 4 - self._seen]
+            else:
+                take = data[at:at + self._total - self._seen]
+            at += len(take)
+            self._seen += len(take)
+            if len(self._head) < HEAD_MAX:
+                self._head += take[:HEAD_MAX - len(self._head)]
+            if self.holding:
+                self.held += take
+            elif self._decided is False:
+                out += take
+            else:
+                self._pending += take
+            if self._total is None and self._seen >= 4:
+                self._total = 4 + int.from_bytes(self._head[:4], "big")
+            complete = self._total is not None and self._seen >= self._total
+            if self._decided is None:
+                self._decide(wants, complete, out)
+            if self._decided not in (None, False) and not self._reported and (complete or len(self._head) >= HEAD_MAX):
+                self._reported = True  # reported once its header is in: correlation id, client and group ids
+                newly.append((parse_kafka_request(bytes(self._head)), self._decided))
+            if complete:
+                self._reported = False
+                self._head.clear()
+                self._seen, self._total, self._decided = 0, None, None
+        return bytes(out), newly
+
+    def _decide(self, wants: Any, complete: bool, out: bytearray) -> None:
+        request = parse_kafka_request(bytes(self._head))
+        if wants is None:
+            decision = False
+        elif request is None:
+            decision = False if complete else None
+        else:
+            decision = wants(request, complete or len(self._head) >= HEAD_MAX)
+            if decision is None and (complete or len(self._head) >= HEAD_MAX):
+                decision = False
+        if decision is None:
+            return
+        self._decided = decision
+        if decision is not False:
+            if not self.holding:
+                self.holding = True
+                self.held += self._pending
+                self._pending.clear()
+        if not self.holding:
+            out += self._pending
+            self._pending.clear()
+
+    def release(self) -> bytes:
+        """Everything held, in order; the stream passes from here on (the rest of a request begun is sent)."""
+        data = bytes(self.held)
+        self.held.clear()
+        if self.holding and self._seen:
+            self._decided = False  # the rest of the request under way passes
+        self.holding = False
+        return data
 
 
 @dataclass
@@ -169,7 +343,7 @@ def parse_toxic(body: dict[str, Any], existing: Toxic | None = None) -> Toxic:
             raise ApiError(400, f"toxic type {kind!r} has no attribute {key!r}; allowed: "
                                 f"{', '.join(TOXIC_TYPES[kind])}")
         if key in READ_ONLY.get(kind, ()):
-            if value in (0, attributes[key]):
+            if value in (0, existing.hold.count if existing else 0):
                 continue  # as GET reported it: a client sending the toxic back
             raise ApiError(400, f"attribute {key!r} of toxic type {kind!r} is reported by the proxy, not set")
         if isinstance(TOXIC_TYPES[kind][key], str):
@@ -210,6 +384,10 @@ class Connection:
         self.timers: dict[tuple[str, int], asyncio.Task] = {}
         self.closed = False
         self.tasks: list[asyncio.Task] = []
+        self.serial = next(_SERIALS)  # names the connection in a hold_requests toxic's held_requests
+        self.requests = KafkaRequestHold()  # the upstream read as Kafka requests (only a hold_requests toxic acts)
+        self.queues: dict[str, asyncio.Queue] = {}  # stream -> its delivery queue (_pump)
+        self.last_at: dict[str, float] = dict.fromkeys(STREAMS, 0.0)  # when a stream's last chunk is delivered
 
     def affected(self, toxic: Toxic) -> bool:
         key = (toxic.name, id(toxic))
@@ -221,8 +399,15 @@ class Connection:
         return [t for t in self.proxy.toxics.values() if t.stream == stream and self.affected(t)]
 
     def toxics_changed(self) -> None:
-        """Start the timers of timeout / reset_peer toxics new to this connection, drop those removed."""
+        """Start the timers of timeout / reset_peer toxics new to this connection, drop those removed; send on
+        what a removed hold_requests toxic held (when none is left on this connection)."""
         live = {(t.name, id(t)): t for t in self.proxy.toxics.values()}
+        if self.requests.holding and not any(t.type == "hold_requests" for t in self.active("upstream")):
+            data = self.requests.release()
+            queue = self.queues.get("upstream")
+            if data and queue is not None and not self.closed:
+                self.last_at["upstream"] = at = max(time.monotonic(), self.last_at["upstream"])
+                queue.put_nowait((at, data))
         for key in [key for key in self.timers if key not in live]:
             self.timers.pop(key).cancel()
         for key, toxic in live.items():
@@ -246,8 +431,8 @@ class Connection:
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stream: str) -> None:
         queue: asyncio.Queue = asyncio.Queue()
+        self.queues[stream] = queue
         deliver = asyncio.ensure_future(self._deliver(queue, writer, stream))
-        last_at = 0.0  # when the previous chunk is delivered (bandwidth: one after another; order kept)
         try:
             while not self.closed:
                 try:
@@ -258,23 +443,43 @@ class Connection:
                     break
                 arrived = time.monotonic()
                 toxics = self.active(stream)
+                if stream == "upstream":  # framed from the first byte, whether a hold_requests toxic acts or not
+                    data = self._hold(data, toxics)
                 if any(t.type == "timeout" for t in toxics):
                     continue  # nothing passes while a timeout toxic lasts
+                if not data:
+                    continue  # held (hold_requests)
                 delay = 0.0
                 for toxic in toxics:
                     if toxic.type == "latency":
                         jitter = toxic.attributes["jitter"]
                         delay += max(0.0, toxic.attributes["latency"] + self.rng.uniform(-jitter, jitter)) / 1000
-                at = max(arrived + delay, last_at)
+                at = max(arrived + delay, self.last_at[stream])
                 for toxic in toxics:
                     if toxic.type == "bandwidth" and toxic.attributes["rate"] > 0:
                         at += len(data) / (toxic.attributes["rate"] * 1000)
-                last_at = at
+                self.last_at[stream] = at
                 await queue.put((at, data))
         finally:
             await queue.put(None)  # end of stream
             with contextlib.suppress(asyncio.CancelledError):
                 await deliver
+
+    def _hold(self, data: bytes, toxics: list[Toxic]) -> bytes:
+        """The upstream bytes that pass now (hold_requests: a matching request and what follows it are held)."""
+        holds = [t for t in toxics if t.type == "hold_requests"]
+
+        def wants(request: KafkaRequest, complete: bool) -> Any:
+            answers = [(toxic, toxic.wants(request, complete)) for toxic in holds]
+            for toxic, answer in answers:
+                if answer:
+                    return toxic
+            return None if any(answer is None for _, answer in answers) else False
+
+        passed, newly = self.requests.feed(data, wants if holds else None)
+        for request, toxic in newly:
+            toxic.hold.add(request, self.serial)
+        return passed
 
     async def _deliver(self, queue: asyncio.Queue, writer: asyncio.StreamWriter, stream: str) -> None:
         while True:

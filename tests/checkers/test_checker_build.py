@@ -143,6 +143,7 @@ def test_a_one_run_aggregate_groups_by_the_real_keys_and_sorts_its_rows_once(spa
         assert sorts(grouped_with_literal) > 1  # the control: what the literal key cost
 
 
+@pytest.mark.nightly  # for its time (about 55 s); the plan shapes themselves are judged in CI (test_checkers_anomalies.py)
 def test_the_warm_up_checks_both_plan_shapes_and_finds_what_it_planted(spark, tmp_path):
     """``api.warm_up`` (`ordeal spark start --warm-up`) checks a run-sized history with the small plan and a bulk
     one with the big plan, the bulk one ``big_rounds`` times; each check finds exactly its planted anomalies, and

@@ -37,6 +37,7 @@ print(json.dumps({"compiled": counts, "verdicts": verdicts}))
 """
 
 
+@pytest.mark.nightly  # for its time (about 45 s): what a repeated check costs, not what it answers
 def test_a_repeated_check_compiles_no_code(tmp_path):
     # Offline windows, a fault and a lost message: the rules' lookups (offline windows, fault spans, sessions)
     # and the loss path all take part.

@@ -86,6 +86,9 @@ def catalog_dirs(tmp_path_factory):
 
 @pytest.mark.spark
 @pytest.mark.timeout(1200)
+# Nightly for its time (about 2 minutes): CI keeps the same agreement on a real run (tests/integration/
+# test_spark_connect_run.py) and checks the catalog on the classic session (test_checkers_anomalies.py).
+@pytest.mark.nightly
 def test_connect_and_classic_agree_on_the_anomaly_catalog(server, catalog_dirs, tmp_path):
     """Both in child processes, so whichever engine this pytest process holds does not matter."""
     connect = _check_in_child(catalog_dirs, tmp_path / "connect.json")
@@ -125,6 +128,9 @@ def test_a_second_command_reuses_the_running_server(server, catalog_dirs):
 
 @pytest.mark.spark
 @pytest.mark.timeout(900)
+# Nightly for its time (about 100 s): how fast a warm server answers, not what it answers; CI's commands use
+# a server of their own either way (tests/conftest.py).
+@pytest.mark.nightly
 def test_spark_start_warms_the_running_server_up_once(server):
     """`ordeal spark start --warm-up` on a running server: both plan shapes checked there (each finding what its
     history plants), the record in `ordeal spark status` belongs to that server, and a second warm-up of the

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.spark
+@pytest.mark.nightly  # for its time (about 25 s): where a check's time goes, the benchmark's tool (benchmarks/stages.py)
 def test_a_real_checks_event_log_gives_its_jobs(tmp_path):
     """A classic JVM started with $ORDEAL_SPARK_EVENT_LOG writes a log in which a labelled check's jobs, task
     CPU and operators are found (Spark's own format, which tests/unit/test_stages.py imitates)."""

@@ -69,16 +69,26 @@ def _defect_scenario(directory: Path) -> Path:
     return path
 
 
+# The runs each test reads: (scenario, provider).  The fixture makes only those of the selected tests.
+NEEDS = {
+    "test_p2p_smoke_same_verdicts_on_both_providers": [("p2p-smoke", "local"), ("p2p-smoke", "containers")],
+    "test_redis_master_kill_same_verdicts_and_failover_evidence": [("redis-master-kill", "local"),
+                                                                   ("redis-master-kill", "containers")],
+    "test_partition_bites_with_counters_and_passes": [("partition-client-broker", "containers")],
+    "test_planted_defect_is_caught_on_containers": [("dup-defect", "containers")],
+}
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
-    """Every run of this module, made once and checked in one Spark session: (scenario, provider) -> run dir."""
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    """The runs the selected tests of this module read, each made once and checked in one Spark session:
+    (scenario, provider) -> run dir."""
     from harness.run import run_scenario
     from ordeal.pipeline import check_runs_later
 
     out = tmp_path_factory.mktemp("container-runs")
-    plan = [("p2p-smoke", "local"), ("p2p-smoke", "containers"), ("redis-master-kill", "local"),
-            ("redis-master-kill", "containers"), ("partition-client-broker", "containers"),
-            ("dup-defect", "containers")]
+    selected = [item.originalname for item in request.session.items if item.module is request.module]
+    plan = list(dict.fromkeys(run for name in selected for run in NEEDS.get(name, [])))
     made: dict[tuple[str, str], Path] = {}
     timings: dict[str, float] = {}
     for scenario, provider in plan:
@@ -101,6 +111,7 @@ def test_p2p_smoke_same_verdicts_on_both_providers(runs):
     assert topology["provider"] == "containers" and len(topology["redis"]["startup_nodes"]) == 6
 
 
+@pytest.mark.nightly  # for its time (two runs with a failover, about 70 s); CI compares p2p-smoke on both providers
 def test_redis_master_kill_same_verdicts_and_failover_evidence(runs):
     local, containers = runs[("redis-master-kill", "local")], runs[("redis-master-kill", "containers")]
     assert _verdicts(containers) == _verdicts(local)
@@ -112,6 +123,7 @@ def test_redis_master_kill_same_verdicts_and_failover_evidence(runs):
     assert not _history_rows(containers, "fault_error")
 
 
+@pytest.mark.nightly  # for its time; CI partitions the local provider (test_faults_network.py)
 def test_partition_bites_with_counters_and_passes(runs):
     run_dir = runs[("partition-client-broker", "containers")]
     assert json.loads((run_dir / "summary.json").read_text())["exit_code"] == 0

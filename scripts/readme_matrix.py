@@ -1,6 +1,12 @@
 """Paste the detection matrix of one or more self-test runs into README.md (between the matrix markers).
 
     .venv/bin/python scripts/readme_matrix.py runs/selftest-full/selftest.json [more selftest.json ...]
+    .venv/bin/python scripts/readme_matrix.py      # every part kept in docs/detection-matrix/, in name order
+
+The parts the README's table comes from are kept in docs/detection-matrix/ (each the ``tier``, ``exit_code``,
+``verdict``, ``defects`` and ``false_alarms`` of one ``selftest.json``), so the table can be made again from the
+tree alone; ``earlier-runs.json`` holds the rows of runs whose own files were not kept, read back from the table
+they generated.
 
 Takes the per-defect summaries (the shipped scenario, the invariants that must fail, the seeds that caught
 it out of those run, the outcome against the entry's need, the median time to detection) and the
@@ -69,9 +75,15 @@ def matrix_markdown(document: dict, source: str) -> str:
     return "\n".join(lines)
 
 
+PARTS = README.parent / "docs" / "detection-matrix"
+
+
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: readme_matrix.py SELFTEST_JSON [SELFTEST_JSON ...]", file=sys.stderr)
+        argv = [str(path.relative_to(README.parent)) for path in sorted(PARTS.glob("*.json"))]
+    if not argv:
+        print(f"usage: readme_matrix.py SELFTEST_JSON [SELFTEST_JSON ...] (no parts in {PARTS} either)",
+              file=sys.stderr)
         return 1
     documents = []
     for name in argv:

@@ -102,11 +102,12 @@ def shared_table(spark, pub, per_message, timelines: dict[str, Timeline], topics
     got = (per_message.join(members_b, ["run_id", "client"])
            .join(clients_b.select("run_id", "client", "disconnects"), ["run_id", "client"], "left")
            .select("run_id", "group", "publisher", "pub_seq", "n_deliveries", F.struct(
-               "client", F.col("first.t").alias("t"), F.col("first_ack_t").alias("ack_t"),
+               F.col("first.t").alias("t"), "client", F.col("first_ack_t").alias("ack_t"),
                first_disconnect_after("first_ack_t").alias("ack_end"),
                first_disconnect_after("first.t").alias("conn_end")).alias("got")))
     got = got.groupBy("run_id", "group", "publisher", "pub_seq").agg(
-        F.collect_list("got").alias("got"), F.count(F.lit(1)).alias("n_members"),
+        # in the order the members first got it (a struct sorts by its first field): the same witness every time
+        F.array_sort(F.collect_list("got")).alias("got"), F.count(F.lit(1)).alias("n_members"),
         F.sum("n_deliveries").alias("n_deliveries"), F.min("got.t").alias("t_first"))
     rows = (pub.filter(F.col("n_invoke") > 0).join(groups_b, ["run_id", "topic"])
             .join(got, ["run_id", "group", "publisher", "pub_seq"], "left")

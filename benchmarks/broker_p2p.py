@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pstats
 import statistics
 import struct
@@ -382,6 +383,7 @@ def run(args: argparse.Namespace) -> dict:
     plan = schedule(args.pattern, args.rounds)
     workloads = {"p2p": p2p_workload(args.pairs), "fan-in": fanin_workload(args.publishers, args.subscribers)}
     run_dir = Path(tempfile.mkdtemp(prefix="broker-p2p-"))
+    load_before = os.getloadavg()[0]  # the machine is shared: how busy it was, beside the figures
     topology = LocalTopology(TopologyConfig(kafka_storage=args.kafka_storage), run_dir / "topology")
     topology.start()
     brokers: list[ProcessNode] = []
@@ -408,13 +410,16 @@ def run(args: argparse.Namespace) -> dict:
             print(f"round {number}/{len(plan)} {name}: {figures['throughput_msg_s_in_plus_out']} msg/s in+out, "
                   f"{figures['msg_s_per_core']} msg/s per core, e2e p50/p99 {figures['e2e_latency_ms_p50']}/"
                   f"{figures['e2e_latency_ms_p99']} ms, lost {figures['lost']}, duplicates "
-                  f"{figures['duplicates']}", file=sys.stderr, flush=True)
+                  f"{figures['duplicates']}, redelivered from earlier rounds {figures['from_earlier_rounds']}",
+                  file=sys.stderr, flush=True)
+        load_after = os.getloadavg()[0]
     finally:
         for node in brokers:
             node.stop(15)
         topology.stop()
     setup = {"broker_nodes": args.brokers, "producer_acks": args.acks, "partitions": args.partitions,
-             "kafka_storage": args.kafka_storage, "broker_checkout": str(checkout or Path.cwd())}
+             "kafka_storage": args.kafka_storage, "broker_checkout": str(checkout or Path.cwd()),
+             "load_avg_1m_start": round(load_before, 2), "load_avg_1m_end": round(load_after, 2)}
     if plan == ["p2p"]:
         # one P2P round: the figures as this benchmark always printed them
         only = {k: v for k, v in rounds[0].items() if k not in ("round", "pattern", "publishers", "subscribers")}

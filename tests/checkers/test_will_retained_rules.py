@@ -182,4 +182,5 @@ def test_no_retained_publish_no_will_nothing_applicable():
     rows = [{**r, "seq": i} for i, r in enumerate(s.generate(BASE), 1) if r["kind"] in SMALL_KINDS]
     timeline = build_timeline("r", rows, Guarantees())
     assert set(timeline.inapplicable) == {"will.missing", "will.after_normal_disconnect", "will.early",
-                                          "retained.not_last"}
+                                          "retained.not_last",  # and no shared subscription either:
+                                          "shared.lost", "shared.redelivered_after_ack", "shared.duplicates"}

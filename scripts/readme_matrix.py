@@ -5,7 +5,7 @@
 
 The parts the README's table comes from are kept in docs/detection-matrix/ (each the ``tier``, ``exit_code``,
 ``verdict``, ``defects`` and ``false_alarms`` of one ``selftest.json``), so the table can be made again from the
-tree alone; ``earlier-runs.json`` holds the rows of runs whose own files were not kept, read back from the table
+tree alone; ``1-earlier-runs.json`` holds the rows of runs whose own files were not kept, read back from the table
 they generated.
 
 Takes the per-defect summaries (the shipped scenario, the invariants that must fail, the seeds that caught

@@ -11,6 +11,7 @@ from contracts.invariants import BY_ID, Invariant
 from oracle.model import Model, build, phase_problems
 from oracle.rules import RULES, Item
 from oracle.run import Run, load
+from oracle.topics import shared
 
 PASS, FAIL, UNKNOWN, NOT_APPLICABLE, ALLOWED = "pass", "fail", "unknown", "not_applicable", "allowed"
 # The invariants with a rule here.  Not judged by the oracle: the log oracle's two (another table, judged by
@@ -78,6 +79,8 @@ def decide(invariant: Invariant, count: int, m: Model, incomplete: list[str], un
         return NOT_APPLICABLE, f"queue policy {d.queue_policy}"
     if invariant.mqtt5_only and not m.mqtt5():
         return NOT_APPLICABLE, "no MQTT 5 connection"
+    if invariant.id.startswith("shared.") and not any(shared(s.topic_filter) for s in m.subscriptions):
+        return NOT_APPLICABLE, "no shared subscription"
     if invariant.id == "meta.history_complete" and incomplete:
         return UNKNOWN, "; ".join(incomplete)
     if unknown:

@@ -189,6 +189,51 @@ def _only_shared(m: Model, client: str, topic: str | None) -> bool:
     return bool(mine) and all(shared(s.topic_filter) for s in mine)
 
 
+def _groups(m: Model) -> dict[str, list]:
+    """Each shared subscription's text -> the members' granted subscriptions to it."""
+    groups: dict[str, list] = {}
+    for sub in m.subscriptions:
+        if shared(sub.topic_filter) and (sub.granted or 0) > 0:
+            groups.setdefault(sub.topic_filter, []).append(sub)
+    return groups
+
+
+def _held_to_the_end(subs: list, t: int) -> bool:
+    """Some member held the group at ``t`` and, member after member, until the history's end."""
+    reach = None  # how far the members holding it so far reach (NEVER: to the end)
+    for sub in sorted(subs, key=lambda x: x.t_from):
+        end = NEVER if sub.t_to is None else sub.t_to
+        if reach is None:
+            if sub.t_from < t and end > t:
+                reach = end
+        elif sub.t_from <= reach:
+            reach = max(reach, end)
+    return reach == NEVER
+
+
+@rule("shared.lost")
+def shared_lost(m: Model) -> list[Item]:
+    """A message a group was owed that none of its members acknowledged, nor held on a connection open at the
+    end.  Owed: QoS 1 (QoS 2 while no member's subscription ended), acknowledged to its publisher while the group
+    was held, held from then to the end, not expirable by the end."""
+    end = max((r["t_mono_us"] for r in m.run.rows), default=0)
+    out: list[Item] = []
+    for name, subs in sorted(_groups(m).items()):
+        members = {s.client for s in subs}
+        stable = all(s.t_to is None for s in subs)
+        for p in m.messages.values():
+            if (p.invokes == 0 or p.topic is None or p.t_ack is None or not matches(name, p.topic)
+                    or not (p.qos == 1 or (p.qos == 2 and stable)) or deadline(p, m.declared) <= end
+                    or not _held_to_the_end(subs, p.t_invoke)):
+                continue
+            copies = [m.got[(c, p.publisher, p.pub_seq)] for c in members if (c, p.publisher, p.pub_seq) in m.got]
+            settled = any(d.acked for r in copies for d in r.all) or any(
+                not any(seq > r.first.seq for seq, _ in m.lives[r.client].disconnects) for r in copies)
+            if not settled:
+                out.append((name, p.publisher, p.pub_seq))
+    return out
+
+
 @rule("order.dup_flag")
 def dup_flag(m: Model) -> list[Item]:
     """DUP on a first delivery over a connection established before the publish (item: the message), DUP

@@ -97,6 +97,7 @@ def _max_unacknowledged(rows: list[dict]) -> dict[str, int]:
     return {c: n for c, n in worst.items() if c and c.startswith("test_sub")}
 
 
+@pytest.mark.nightly  # two runs (about 35 s); the broker's own Receive Maximum tests stay (test_broker_mqtt5_delivery.py)
 def test_receive_maximum_kept_by_the_correct_broker_and_not_by_the_defect(out):
     correct = _run(out, "mqtt5-receive-maximum")
     connects = [json.loads(r["detail"]) for r in correct if r["kind"] == Kind.CONNECT
@@ -142,6 +143,7 @@ def test_pubrel_resent_by_the_correct_broker_and_not_by_the_defect(out):
     assert len(_unreleased_after_resume(broken)) >= 2
 
 
+@pytest.mark.nightly  # a run of its own (about 30 s); the broker's own Maximum Packet Size tests stay in CI
 def test_maximum_packet_size_honoured(out):
     rows = _run(out, "mqtt5-packet-size")
     limits = {r["client"]: json.loads(r["detail"]).get("maximum_packet_size") for r in rows

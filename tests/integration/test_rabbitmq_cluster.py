@@ -53,6 +53,9 @@ def test_the_cluster_forms_clients_use_every_node_and_take_sessions_over_across_
 
 
 @pytest.mark.timeout(1200)
+# Nightly for its time (about 70 s): CI forms the cluster and moves sessions across its nodes (the test above);
+# the nightly tier also plays rabbitmq-cluster-kill over five seeds (scripts/nightly-clusters.sh).
+@pytest.mark.nightly
 def test_a_one_node_kill_bites_with_evidence_heals_and_the_cluster_re_forms(out):
     from harness.run import SilentReporter, run_scenario
 

@@ -577,7 +577,15 @@ def _install_signal_handlers(stop: threading.Event) -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
 
+    signalled = []
+
     def handler(signum: int, frame: Any) -> None:
+        # A second signal (a process-group kill reaches this process twice, say) runs this handler again in the
+        # main thread, possibly inside the first one's stop.set(), which holds the Event's lock: setting it again
+        # would wait on that lock for ever (the run hung, children and mounts alive).  So only the first sets it.
+        if signalled:
+            return
+        signalled.append(signum)
         stop.set()  # the executor's loop notices within 0.1 s and the run unwinds through finally
 
     previous = {}

@@ -2,7 +2,7 @@
 
 P2P (``--pattern p2p``, the default): N pairs: publisher ``test_pub_client_<i>_0`` publishes QoS 1, 62-byte
 payloads to ``europe/ua/kyiv/<i>/0`` at ``--rate`` msg/s; subscriber ``test_sub_client_<i>_0`` is a persistent
-DEVICE client (clean session 0) on ``europe/ua/kyiv/<i>/+``.
+DEVICE client (`CleanSession = 0`) on ``europe/ua/kyiv/<i>/+``.
 
 Fan-in (``--pattern fan-in``): ``--publishers`` device publishers ``test_pub_client_<j>_0`` publish the same way
 to ``europe/ua/kyiv/fanin/<j>`` (the topics of Ordeal's fan-in plans), and ``--subscribers`` persistent

@@ -31,10 +31,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from faults.base import Check, FaultContext, FaultNotApplicable, FaultSpec, FaultSpecError, Param
+from faults.failure_paths import BrokerLogWatch
 from faults.latency import BROKER_KAFKA, LINK_ATTRIBUTE, _call
 from faults.redis_cluster_view import wait_until
 from faults.selectors import kafka_role_of
@@ -94,7 +94,7 @@ def provider_param_gap(provider: str, kind: str, params: Mapping[str, Any]) -> s
     return ""
 
 
-class CommitLogWatch:
+class CommitLogWatch(BrokerLogWatch):
     """The broker nodes' log lines about commits from the apply on (an observation for the heal's evidence):
     aiokafka's "Error sending OffsetCommitRequest ... marking coordinator dead" when the held commit's connection
     went with Kafka, the broker's own "commit of ... failed"."""
@@ -102,24 +102,8 @@ class CommitLogWatch:
     PATTERN = re.compile(r"OffsetCommitRequest|Marking the coordinator dead|commit of .* failed|commit failed")
     SAMPLE = 5
 
-    def __init__(self, topology: Any) -> None:
-        self.offsets: dict[str, tuple[Path, int]] = {}
-        for node in getattr(topology, "brokers", []) or []:
-            path = getattr(node, "log_path", None)
-            if path is not None:
-                path = Path(path)
-                self.offsets[node.name] = (path, path.stat().st_size if path.exists() else 0)
-
     def check(self, groups: list[str]) -> Check:
-        lines: list[str] = []
-        for name, (path, offset) in sorted(self.offsets.items()):
-            try:
-                with path.open("rb") as log:
-                    log.seek(offset)
-                    text = log.read().decode("utf-8", "replace")
-            except OSError:
-                continue
-            lines += [f"{name}: {line[:300]}" for line in text.splitlines() if self.PATTERN.search(line)]
+        lines = [f"{name}: {line[:300]}" for name, line in self.lines_since() if self.PATTERN.search(line)]
         naming = [line for line in lines if any(group in line for group in groups)]
         return Check("the broker's commits met the outage (an observation)", {
             "commit_lines": len(lines), "naming_a_held_group": len(naming), "held_groups": groups,

@@ -82,11 +82,9 @@ class BrokerLogWatch:
             path = Path(path)
             self.offsets[node.name] = (path, path.stat().st_size if path.exists() else 0)
 
-    def since(self) -> dict[str, Any]:
-        """{"counts": {pattern: n}, "max_attempt": k, "lines": [a few], "nodes": [...]} over every node."""
-        counts = dict.fromkeys(BROKER_FAILURE_PATTERNS, 0)
-        sample: list[str] = []
-        max_attempt = 0
+    def lines_since(self) -> list[tuple[str, str]]:
+        """(node name, line) of every line each broker node's log got since the watch began, node by node."""
+        out: list[tuple[str, str]] = []
         for name, (path, offset) in sorted(self.offsets.items()):
             try:
                 with path.open("rb") as log:
@@ -94,17 +92,25 @@ class BrokerLogWatch:
                     text = log.read().decode("utf-8", "replace")
             except OSError:
                 continue
-            for line in text.splitlines():
-                hit = False
-                for pattern_name, pattern in BROKER_FAILURE_PATTERNS.items():
-                    match = re.search(pattern, line)
-                    if match:
-                        counts[pattern_name] += 1
-                        hit = True
-                        if pattern_name == "processing_failed":
-                            max_attempt = max(max_attempt, int(match.group(1)))
-                if hit and len(sample) < MAX_SAMPLE_LINES:
-                    sample.append(f"{name}: {line[:300]}")
+            out += [(name, line) for line in text.splitlines()]
+        return out
+
+    def since(self) -> dict[str, Any]:
+        """{"counts": {pattern: n}, "max_attempt": k, "lines": [a few], "nodes": [...]} over every node."""
+        counts = dict.fromkeys(BROKER_FAILURE_PATTERNS, 0)
+        sample: list[str] = []
+        max_attempt = 0
+        for name, line in self.lines_since():
+            hit = False
+            for pattern_name, pattern in BROKER_FAILURE_PATTERNS.items():
+                match = re.search(pattern, line)
+                if match:
+                    counts[pattern_name] += 1
+                    hit = True
+                    if pattern_name == "processing_failed":
+                        max_attempt = max(max_attempt, int(match.group(1)))
+            if hit and len(sample) < MAX_SAMPLE_LINES:
+                sample.append(f"{name}: {line[:300]}")
         return {"counts": {k: v for k, v in counts.items() if v}, "max_attempt": max_attempt, "lines": sample,
                 "nodes": sorted(self.offsets)}
 

@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 from support.capabilities import missing_capability
+from support.scenarios import durable_reference
 
 from contracts.exit_codes import EXIT_PASS
 from harness import reaper
@@ -29,23 +30,7 @@ duration_s = 12
 drain_quiet_s = 2
 drain_timeout_s = 90
 
-[topology]
-redis_masters = 3
-redis_replicas_per_master = 1
-broker_nodes = 1
-
-[target]
-kind = "reference"
-
-[broker]
-producer_acks = "all"
-redis_wait_replicas = 1
-incoming_failure_strategy = "retry_forever"
-persisted_failure_strategy = "retry_forever"
-application_clients = [{{ client_id = "test_sub_client_*" }}]
-application_retries = 0
-
-[workload]
+""" + durable_reference(broker='application_clients = [{{ client_id = "test_sub_client_*" }}]\napplication_retries = 0') + """[workload]
 pattern = "fan-in"
 publishers = 3
 subscribers = 3

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 from support.capabilities import missing_capability
+from support.scenarios import durable_reference
 
 from faults.base import FaultContext
 from faults.catalog import build_fault, validate_spec
@@ -329,21 +330,7 @@ duration_s = 10
 drain_quiet_s = 2
 drain_timeout_s = 60
 
-[topology]
-redis_masters = 3
-redis_replicas_per_master = 1
-broker_nodes = 1
-
-[target]
-kind = "reference"
-
-[broker]
-producer_acks = "all"
-redis_wait_replicas = 1
-incoming_failure_strategy = "retry_forever"
-persisted_failure_strategy = "retry_forever"
-
-[workload]
+""" + durable_reference() + """[workload]
 pattern = "p2p"
 qos_mix = { qos1 = 1 }
 protocol_mix = { mqtt311 = 1 }

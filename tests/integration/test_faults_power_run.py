@@ -16,6 +16,7 @@ import shutil
 
 import pytest
 from support.capabilities import missing_capability
+from support.scenarios import durable_reference
 
 from harness import reaper
 from harness.lazyfs import mount_points
@@ -31,22 +32,7 @@ duration_s = 10
 drain_quiet_s = 2
 drain_timeout_s = 60
 
-[topology]
-redis_masters = 3
-redis_replicas_per_master = 1
-broker_nodes = 1
-redis_appendfsync = "no"
-
-[target]
-kind = "reference"
-
-[broker]
-producer_acks = "all"
-redis_wait_replicas = 1
-incoming_failure_strategy = "retry_forever"
-persisted_failure_strategy = "retry_forever"
-
-[workload]
+""" + durable_reference(topology='redis_appendfsync = "no"') + """[workload]
 pattern = "p2p"
 qos_mix = { qos1 = 1 }
 protocol_mix = { mqtt311 = 1 }

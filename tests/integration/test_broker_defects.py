@@ -4,10 +4,12 @@ test_broker_flow.py, or in the same test as a control."""
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 import uuid
 
+import orjson
 import pytest
 import test_broker_application as app
 import test_broker_flow
@@ -312,27 +314,58 @@ def test_defect_app_resend_without_dup(brokers, version):
     assert not any(d.dup for d in again)                                      # ... and DUP = 0
 
 
-def _wait_app_end_offset(cluster, client_id: str, count: int, timeout: float = 20.0) -> None:
-    """Until the end offset of the client's own topic reaches ``count``."""
+def _app_topic_reads(cluster, client_id: str):
+    """(end offset, records from the start) of the client's own topic: two fresh consumers, no group."""
     import asyncio
 
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    async def end() -> int:
-        consumer = AIOKafkaConsumer(bootstrap_servers=cluster.topology.kafka_bootstrap(), enable_auto_commit=False)
-        await consumer.start()
-        try:
-            tp = TopicPartition(app.app_topic(client_id), 0)
-            return (await consumer.end_offsets([tp]))[tp]
-        finally:
-            await consumer.stop()
+    tp = TopicPartition(app.app_topic(client_id), 0)
 
+    async def consumer() -> AIOKafkaConsumer:
+        started = AIOKafkaConsumer(bootstrap_servers=cluster.topology.kafka_bootstrap(), enable_auto_commit=False)
+        await started.start()
+        return started
+
+    async def end() -> int:
+        reader = await consumer()
+        try:
+            return (await reader.end_offsets([tp]))[tp]
+        finally:
+            await reader.stop()
+
+    async def held() -> list[tuple[int, bytes]]:
+        reader = await consumer()
+        try:
+            reader.assign([tp])
+            await reader.seek_to_beginning(tp)
+            records = []
+            while batches := await reader.getmany(tp, timeout_ms=1000):
+                records += [(r.offset, base64.b64decode(orjson.loads(r.value)["payload"])) for r in batches[tp]]
+            return records
+        finally:
+            await reader.stop()
+
+    return lambda: asyncio.run(end()), lambda: asyncio.run(held())
+
+
+def _wait_app_topic(cluster, client_id: str, records: int = 0, end_offset: int = 0, timeout: float = 20.0) -> None:
+    """Until the client's own topic holds ``records`` records and reports an end offset of ``end_offset`` or more.
+    On timeout the failure says both, and what the broker logged: a stalled fan-out and a short end offset read
+    differently."""
+    end, held = _app_topic_reads(cluster, client_id)
     deadline = time.monotonic() + timeout
-    seen = [asyncio.run(end())]
-    while seen[-1] < count:
-        assert time.monotonic() < deadline, f"the topic's end offset never reached the backlog: {seen}"
-        time.sleep(0.3)
-        seen.append(asyncio.run(end()))
+    seen: list[int] = []
+    while (not seen or seen[-1] < end_offset) or (records and len(held()) < records):
+        if time.monotonic() >= deadline:
+            got = held()
+            log = cluster.log().splitlines()
+            raise AssertionError(f"wanted {records} records and an end offset of {end_offset} or more; the end offsets "
+                                 f"read: {seen}; the topic holds {len(got)} records {got}; the broker log ends:\n"
+                                 + "\n".join(log[-40:]))
+        if seen:
+            time.sleep(0.3)
+        seen.append(end())
 
 
 @pytest.mark.parametrize("version", [4, 5])
@@ -342,12 +375,15 @@ def test_defect_app_backlog_from_end(brokers, version):
     sub = app.connect_app(cluster, client_id, version, clean=True)
     sub.subscribe(FILTER, 1)
     sub.disconnect()
-    # the offline backlog, in two produce batches: Tansu reports the end offset as the last batch's start
+    # The offline backlog, and the end offset the defect seeks to past it.  Tansu's end offset on S3 is the first
+    # offset of the stored batch with the newest Last-Modified, plus one; Last-Modified has whole seconds, and a tie
+    # keeps the lowest offset (docs/recipes.md).  So the backlog's second half is written a second after the first
+    # is all stored: the end offset then lands inside it, never at the first half's start.
     app.publish_many(cluster, 30, prefix=b"a")
-    _wait_app_end_offset(cluster, client_id, 1)
-    time.sleep(0.5)
+    _wait_app_topic(cluster, client_id, records=30)
+    time.sleep(1.1)
     app.publish_many(cluster, 30, prefix=b"b")
-    _wait_app_end_offset(cluster, client_id, 30)
+    _wait_app_topic(cluster, client_id, end_offset=31)
     sub.clear()
     assert reconnect(sub) is True                    # session present 1 ...
     app.publish_many(cluster, 3, prefix=b"n")

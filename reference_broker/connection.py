@@ -257,7 +257,9 @@ class Connection:
             for shared_text in self.shared:
                 self.broker.leave_shared(self, shared_text)  # its unacknowledged messages go to another member
             if self.app is not None:
-                await self.app.stop()  # also when the connection ended between its start and the CONNACK
+                # before connection_lost releases the session (also when the connection ended between the app's
+                # start and the CONNACK)
+                await self.app.finish()
             if self.connected.is_set() and self.config.has("pubrel_not_resent"):
                 await self._forget_released_flows()
             if self.connected.is_set():
@@ -389,7 +391,7 @@ class Connection:
         self.tasks.append(asyncio.create_task(self.acker()))
         self.tasks.append(asyncio.create_task(self.delivery_loop(session_present)))
         if self.app is not None:
-            self.tasks.append(asyncio.create_task(self.app.run()))
+            self.tasks.append(self.app.start())
         if self.config.has("resend_within_connection"):
             self.tasks.append(asyncio.create_task(self._resend_unacked()))
         for shared_text, qos in self.shared.items():  # a resumed session's shared subscriptions

@@ -123,6 +123,31 @@ def test_unacknowledged_messages_come_again_with_dup_and_the_same_packet_ids(bro
     assert not any(d.dup for d in fresh)
 
 
+@pytest.mark.parametrize("version", [4, 5])
+def test_what_the_client_acknowledged_right_before_a_normal_disconnect_is_committed(brokers, version):
+    """The PUBACKs of a whole pack and the DISCONNECT at once: the ending connection commits them before it
+    releases the session, so the resumed session gets none of them again (docs/findings.md, "an APPLICATION
+    client's last acknowledged pack read again")."""
+    cluster = brokers(application_clients=APP_RULES)
+    client_id = app_id()
+    sub = connect_app(cluster, client_id, version, clean=True, auto_ack=False)
+    sub.subscribe(FILTER, 1)
+    publish_many(cluster, 30)
+    first = sub.wait_for(30)
+    for delivery in first:
+        sub.ack(delivery)
+    sub.disconnect()
+    deadline = time.monotonic() + 5
+    while committed_offset(cluster, client_id) != 30 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert committed_offset(cluster, client_id) == 30
+    sub.clear()
+    sub.auto_ack = True
+    assert test_broker_flow.reconnect(sub) is True
+    publish_many(cluster, 3, prefix=b"n")
+    assert [d.payload for d in sub.settle(1.0)] == [b"n00000", b"n00001", b"n00002"]
+
+
 def test_node_kill_loses_nothing_acknowledged(brokers):
     """The client's node is killed with part of its backlog delivered and not acknowledged; the client moves to
     the other node: everything the publisher had acknowledged arrives, what was delivered before comes with DUP = 1

@@ -18,7 +18,9 @@ PASS, FAIL, UNKNOWN, NOT_APPLICABLE, ALLOWED = "pass", "fail", "unknown", "not_a
 # the scenario's declared patterns), health.unresponsive (which faults cover a node needs the fault catalog's
 # kinds, above the contracts), meta.checker_error (about the checker itself), and the Will and retained rules
 # (will.*, retained.not_last: the generated histories carry no Will and no retained publish, so the checkers
-# answer not applicable there; tests/checkers/test_will_retained_rules.py plants them).
+# answer not applicable there; tests/checkers/test_will_retained_rules.py plants them).  Their traffic is read
+# as the checkers read it: the Will flow is no published message (model.py), a retained copy no forward of its
+# stream (order.out_of_order), so the catalog's Will and retained cases pass every rule judged here.
 COVERED: tuple[str, ...] = (*RULES, "meta.history_complete")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.history_schema import Kind
+from contracts.history_schema import WILL_TOPIC_PREFIX, Kind
 from oracle.sessions import Life
 
 PUBLISH_KINDS = (Kind.PUBLISH_INVOKE, Kind.PUBLISH_ACK, Kind.PUBLISH_FAIL, Kind.PUBLISH_INDETERMINATE)
@@ -115,6 +115,13 @@ class Delivery:
     def reused(self) -> bool:
         """Another message in a slot that still held one unacknowledged."""
         return self._slot_held and (self.prev.get("publisher"), self.prev.get("pub_seq")) != self.key
+
+
+def is_will_flow(row: dict[str, Any]) -> bool:
+    """A row of the watcher's Will flow: a delivery on a will topic, or its ack (contracts/history_schema.py
+    WILL_TOPIC_PREFIX)."""
+    return (row["kind"] in (Kind.DELIVERY, Kind.DELIVERY_ACK_SENT, Kind.QOS2_RECEIVED)
+            and str(row.get("topic") or "").startswith(WILL_TOPIC_PREFIX))
 
 
 def deliveries(rows: tuple[dict[str, Any], ...], lives: dict[str, Life]) -> list[Delivery]:

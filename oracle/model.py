@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.history_schema import Kind, Phase
-from oracle.messages import Delivery, Publish, Received, deliveries, publishes, received
+from oracle.messages import Delivery, Publish, Received, deliveries, is_will_flow, publishes, received
 from oracle.owed import Claim, claims, losses
 from oracle.run import NEVER, Declared, Run, detail
 from oracle.sessions import Life, Subscription, walk
@@ -77,8 +77,11 @@ def build(run: Run) -> Model:
     for client, rows in by_client.items():
         m.lives[client] = walk(client, rows, m.subscriptions)
     m.faults = _faults(run.rows)
-    m.messages = publishes(run.rows)
-    m.deliveries = deliveries(run.rows, m.lives)
+    # a Will carries no payload identity and is no published message: its flow is left to the Will rules, which
+    # the oracle does not judge (judge.py)
+    traffic = tuple(row for row in run.rows if not is_will_flow(row))
+    m.messages = publishes(traffic)
+    m.deliveries = deliveries(traffic, m.lives)
     m.got = received(m.deliveries)
     m.claims = claims(m.messages, m.subscriptions, m.got, m.lives, m.declared)
     m.lost = losses(m.claims, m.lives, m.declared, m.unpromised_starts())

@@ -261,12 +261,15 @@ def dup_flag(m: Model) -> list[Item]:
 @rule("order.out_of_order")
 def out_of_order(m: Model) -> list[Item]:
     """Within a stream (subscriber, publisher, topic and QoS of the first delivery), in first-delivery order,
-    a pub_seq lower than one already received."""
+    a pub_seq lower than one already received.  A retained copy (first delivery RETAIN 1: the topic's stored
+    message sent for a new subscription, [MQTT-3.3.1-6]) is no forward of the stream: it is a stream of its own."""
     streams: dict[tuple, list[Received]] = {}
     for r in m.got.values():
-        streams.setdefault((r.client, r.publisher, r.first.row.get("topic"), r.first.row.get("qos")), []).append(r)
+        first = r.first.row
+        streams.setdefault((r.client, r.publisher, first.get("topic"), first.get("qos"), bool(first.get("retain"))),
+                           []).append(r)
     out = []
-    for (client, _, topic, _), members in streams.items():
+    for (client, _, topic, _, _), members in streams.items():
         if _only_shared(m, client, topic):  # a member's share keeps no order (MQTT 5 §4.8.2)
             continue
         highest = None

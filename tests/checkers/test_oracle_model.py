@@ -29,17 +29,7 @@ def catalog(tmp_path_factory) -> dict[str, Path]:
     return anomalies.write_runs(tmp_path_factory.mktemp("catalog"))
 
 
-# Catalog histories the oracle does not model yet: it reads a Will delivery as a message nobody published and a
-# retained copy as a forward in its stream's order (oracle/judge.py lists the will.* and retained.* rules as not
-# judged).  Strict: each fails until the oracle learns them.
-ORACLE_UNMODELLED = {"retained_copy_then_older_live_forward", "will_after_normal_disconnect", "will_before_its_delay",
-                     "will_published_after_abrupt_drop"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="the oracle does not model Wills and retained "
-                                                                   "copies yet (ORACLE_UNMODELLED)"))
-    if name in ORACLE_UNMODELLED else name for name in sorted(anomalies.CASES)])
+@pytest.mark.parametrize("name", sorted(anomalies.CASES))
 def test_the_oracle_fails_what_the_anomaly_catalog_plants(catalog, name):
     expected = set(anomalies.CASES[name][2]) & set(COVERED)
     verdicts = judge(catalog[name]).verdicts

@@ -234,6 +234,48 @@ def shared_lost(m: Model) -> list[Item]:
     return out
 
 
+def _group_copies(m: Model):
+    """Each (group, published message on a topic its filter matches, what its members got of it: Received)."""
+    for name, subs in sorted(_groups(m).items()):
+        members = sorted({s.client for s in subs})
+        for p in m.messages.values():
+            if p.invokes == 0 or p.topic is None or not matches(name, p.topic):
+                continue
+            yield name, p, [m.got[(c, p.publisher, p.pub_seq)] for c in members if (c, p.publisher, p.pub_seq) in m.got]
+
+
+def _ended_after(m: Model, client: str, t: int) -> int | None:
+    """When the client's first connection end at or after ``t`` came (None: none before the history's end)."""
+    return min((at for _, at in m.lives[client].disconnects if at >= t), default=None)
+
+
+@rule("shared.redelivered_after_ack")
+def shared_redelivered_after_ack(m: Model) -> list[Item]:
+    """A member acknowledged the message, its connection lived on for the clock tolerance after (the PUBACK left
+    its socket), and later than that tolerance another member got it, with no fault or node event between."""
+    tol, slack = m.declared.tol, m.declared.slack
+    out: list[Item] = []
+    for name, p, copies in _group_copies(m):
+        for a in copies:
+            ack_t = a.first_ack_t
+            if ack_t is None:
+                continue
+            ended = _ended_after(m, a.client, ack_t)
+            if ended is not None and ended - ack_t < tol:
+                continue
+            if any(b.client != a.client and b.t_first > ack_t + tol
+                   and not any(s <= b.t_first and e + slack >= ack_t for s, e in m.disturbances()) for b in copies):
+                out.append((name, p.publisher, p.pub_seq))
+                break
+    return out
+
+
+@rule("shared.duplicates")
+def shared_duplicates(m: Model) -> list[Item]:
+    """A message of a group that more than one member got (counted, never failing)."""
+    return [(name, p.publisher, p.pub_seq) for name, p, copies in _group_copies(m) if len(copies) > 1]
+
+
 @rule("order.dup_flag")
 def dup_flag(m: Model) -> list[Item]:
     """DUP on a first delivery over a connection established before the publish (item: the message), DUP

@@ -26,6 +26,18 @@ def reports(spark, runs):
     return dict(zip(runs, check_runs(list(runs.values()), spark=spark), strict=True))
 
 
+def test_the_oracle_gives_every_catalog_case_the_checkers_verdicts_and_counts(runs, reports):
+    """The oracle (oracle/) beside the checkers on the whole catalog, planted cases and near misses alike: per
+    invariant both judge, the same verdict and the same count (the generated histories of
+    test_oracle_property.py carry no shared group, no Will and no retained copy; the catalog does)."""
+    from oracle import judge
+    from oracle.compare import disagreements
+
+    found = {name: [(d.invariant, d.checker, d.oracle) for d in disagreements(reports[name], judge(run_dir))]
+             for name, run_dir in runs.items()}
+    assert not {name: d for name, d in found.items() if d}
+
+
 def _judged(report):
     return {i["id"]: (i["verdict"], i["count"], json.dumps(i["witnesses"], sort_keys=True)) for i in report["invariants"]}
 
